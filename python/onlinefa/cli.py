@@ -1,0 +1,54 @@
+"""The ``onlinefa`` command: ``fit``, ``demo`` and ``experiment <name>``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit code 2, no traceback."""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .experiments import available
+
+    parser = argparse.ArgumentParser(
+        prog="onlinefa",
+        description="Online factor analysis of high-dimensional streams (online EM / SGA, VIFA).",
+    )
+    parser.add_argument("--version", action="version", version=f"onlinefa {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from . import _cli_fit, _cli_demo
+
+    _cli_fit.add_parser(commands)
+    _cli_demo.add_parser(commands)
+
+    experiment = commands.add_parser("experiment", help="reproduce an experiment of the thesis")
+    names = experiment.add_subparsers(dest="experiment", required=True, metavar="NAME")
+    for name, module in available().items():
+        sub = names.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except CommandError as err:
+        print(f"onlinefa {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("onlinefa: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Small helpers shared by the experiments: output folders, CSV rows, progress bars."""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def output_dir(path: str | os.PathLike[str]) -> Path:
+    """Create (if needed) and return the experiment's output folder."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def progress(items: Iterable[T], *, total: int | None = None, desc: str = "") -> Iterator[T]:
+    """Wrap ``items`` in a tqdm progress bar (on stderr)."""
+    from tqdm import tqdm
+
+    yield from tqdm(items, total=total, desc=desc, leave=False, dynamic_ncols=True)
+
+
+def append_rows(path: Path, rows: Iterable[Mapping[str, Any]], fieldnames: list[str]) -> None:
+    """Append ``rows`` to the CSV at ``path``, writing the header if the file is new."""
+    new_file = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fieldnames)
+        if new_file:
+            writer.writeheader()
+        for row in rows:
+            writer.writerow(row)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Read every row of a CSV written by :func:`append_rows` (empty list if absent)."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))

@@ -1,0 +1,49 @@
+//! The one error type of the crate.
+
+use thiserror::Error;
+
+/// Everything that can go wrong in onlinefa's core. Every variant is a user-facing condition:
+/// the Python binding maps them all to `ValueError` with this message.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum FaError {
+    /// A hyper-parameter is out of its valid range (checked at construction).
+    #[error("invalid parameter `{name}`: {reason}")]
+    InvalidParameter {
+        /// Parameter name as the user spells it.
+        name: &'static str,
+        /// What was wrong and what is allowed.
+        reason: String,
+    },
+    /// An array has the wrong shape.
+    #[error("{what} has shape {got:?}, expected {expected}")]
+    Shape {
+        /// Which argument.
+        what: &'static str,
+        /// Expected shape, in words (e.g. "(n_samples, 1000)").
+        expected: String,
+        /// Actual shape.
+        got: Vec<usize>,
+    },
+    /// A sample contains NaN or ±Inf (or a value too large for the state's dtype).
+    #[error("row {row} of the batch contains {kind}; no row of this batch was applied")]
+    BadValue {
+        /// Index of the first offending row in the batch.
+        row: usize,
+        /// Description of the problem ("NaN or infinity", "a value with |x| > 1e100", ...).
+        kind: String,
+    },
+    /// A K×K matrix that must be symmetric positive definite is not (numerical breakdown).
+    #[error("numerical breakdown: {0} is not positive definite")]
+    NotPositiveDefinite(&'static str),
+    /// A serialized state is inconsistent (wrong lengths, non-finite values, unknown version).
+    #[error("invalid state: {0}")]
+    InvalidState(String),
+}
+
+/// Result alias used throughout the crate.
+pub type Result<T> = std::result::Result<T, FaError>;
+
+/// Build an [`FaError::InvalidParameter`].
+pub(crate) fn invalid(name: &'static str, reason: impl Into<String>) -> FaError {
+    FaError::InvalidParameter { name, reason: reason.into() }
+}

@@ -1,0 +1,38 @@
+//! onlinefa: online factor analysis N(c, F Fᵀ + Ψ) of very high-dimensional streams.
+//!
+//! The Rust core is pure ndarray/nalgebra/rayon; the Python binding lives in `python.rs` behind the
+//! `python` feature. Thesis notation: D features, K factors, F (D×K) loadings, ψ (D) noise variances,
+//! c = θ̄ the mean. Equation numbers refer to Brownlie (2021), "Extending the Bayesian Deep Learning
+//! Method MultiSWAG".
+
+pub mod error;
+pub mod init;
+pub mod linalg;
+pub mod online_em;
+pub mod online_sga;
+mod pass;
+pub mod scalar;
+pub mod schedule;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use error::{FaError, Result};
+pub use online_em::{EmConfig, OnlineEm};
+pub use online_sga::{OnlineSga, SgaConfig};
+pub use scalar::Real;
+pub use schedule::StepSize;
+
+#[cfg(test)]
+mod send_sync {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn public_types_are_send_and_sync() {
+        assert_send_sync::<crate::OnlineEm<f32>>();
+        assert_send_sync::<crate::OnlineEm<f64>>();
+        assert_send_sync::<crate::OnlineSga<f32>>();
+        assert_send_sync::<crate::OnlineSga<f64>>();
+        assert_send_sync::<crate::FaError>();
+    }
+}

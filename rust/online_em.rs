@@ -1,0 +1,492 @@
+//! Online EM for factor analysis (thesis Algorithm 2), one streaming pass over the D×K state per sample.
+//!
+//! State (thesis names): θ̄ (`mean`, D), Ā (`a_bar`, D×K), d̄² (`dsq_bar`, D), B̄ (`b_bar`, K×K).
+//! F and ψ are not stored: after warm-up they are functions of the statistics,
+//! F = Ā H̄⁻¹ (4.33) and ψ = d̄² − rowsum(F ⊙ Ā) (4.35 with F H̄ = Ā), H̄ = Σ + B̄.
+//!
+//! One pass per sample: the rank-1 update Ā_t = Ā_{t−1} + ρ_t (d_t m_tᵀ − Ā_{t−1}) (line 12) is row-local,
+//! so it is left *pending* and applied by the next pass while that pass reads the same row to build the
+//! next E-step's sums S = C F and u = C d (4.23). The only cross-row quantities are S (K×K) and u (K).
+
+use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
+
+use crate::error::{invalid, FaError, Result};
+use crate::linalg::{lower_triangular_inverse, SpdFactor};
+use crate::pass::{
+    accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block,
+    Sums, BLOCK_ROWS, TASK_ROWS,
+};
+use crate::scalar::{stored, Real};
+use crate::schedule::StepSize;
+
+/// Hyper-parameters of [`OnlineEm`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmConfig {
+    /// Samples during which F and ψ stay at their initial values while the averages are updated.
+    pub n_warmup: u64,
+    /// Lower bound on every ψ_d (absolute, in squared data units).
+    pub noise_floor: f64,
+    /// Step sizes ρ_t of the running averages.
+    pub step_size: StepSize,
+    /// Apply the whitening (PX-EM) step after every M-step: F ← F R, Ā ← Ā R⁻ᵀ, H̄ ← I (R Rᵀ = H̄).
+    pub whiten: bool,
+}
+
+impl Default for EmConfig {
+    fn default() -> Self {
+        EmConfig { n_warmup: 100, noise_floor: 1e-10, step_size: StepSize::Harmonic, whiten: false }
+    }
+}
+
+/// Where the E-step of the next sample takes F and ψ from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Source<T> {
+    /// Still within warm-up (+1): the initial loadings F₀ (D×K, row-major) with ψ = 1.
+    Initial(Vec<T>),
+    /// F = Ā H̄⁻¹ with this H̄⁻¹ (K×K).
+    Stats(Array2<f64>),
+    /// Whitened basis: H̄ = I, so F = Ā.
+    Whitened,
+}
+
+/// The not-yet-applied update of Ā from the last sample: Ā ← ((1−ρ) Ā + ρ d mᵀ) W.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Pending {
+    pub(crate) rho: f64,
+    pub(crate) m: Array1<f64>,
+    /// Whitening transform W = R⁻ᵀ (K×K), if the last M-step whitened.
+    pub(crate) transform: Option<Array2<f64>>,
+}
+
+/// Online EM factor analysis with state stored in `T` (f32 or f64).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnlineEm<T: Real> {
+    pub(crate) n_features: usize,
+    pub(crate) n_components: usize,
+    pub(crate) config: EmConfig,
+    pub(crate) n_seen: u64,
+    pub(crate) mean: Vec<T>,
+    pub(crate) a_bar: Vec<T>,
+    pub(crate) dsq_bar: Vec<T>,
+    /// d_t of the last sample, needed by the pending rank-1 update.
+    pub(crate) d_last: Vec<T>,
+    pub(crate) b_bar: Array2<f64>,
+    /// Σ of the last E-step.
+    pub(crate) sigma: Array2<f64>,
+    pub(crate) source: Source<T>,
+    pub(crate) pending: Option<Pending>,
+}
+
+/// Check (D, K) and the common hyper-parameters.
+pub(crate) fn validate_dims(n_features: usize, n_components: usize, noise_floor: f64) -> Result<()> {
+    if n_components < 1 {
+        return Err(invalid("n_components", format!("must be >= 1, got {n_components}")));
+    }
+    if n_components >= n_features {
+        return Err(invalid(
+            "n_components",
+            format!("must be < n_features = {n_features}, got {n_components}"),
+        ));
+    }
+    if !(noise_floor.is_finite() && noise_floor > 0.0) {
+        return Err(invalid("noise_floor", format!("must be finite and > 0, got {noise_floor}")));
+    }
+    Ok(())
+}
+
+/// Check an initial loading matrix (D×K, finite) and convert it to storage.
+pub(crate) fn checked_init<T: Real>(init: ArrayView2<f64>, d: usize, k: usize) -> Result<Vec<T>> {
+    if init.dim() != (d, k) {
+        return Err(FaError::Shape { what: "init", expected: format!("({d}, {k})"), got: init.shape().to_vec() });
+    }
+    if init.iter().any(|v| !(v.abs() <= T::MAX_INPUT)) {
+        return Err(invalid("init", "must contain only finite values"));
+    }
+    Ok(init.iter().map(|&v| T::from_f64(v)).collect())
+}
+
+/// One task's rows of the state.
+struct Rows<'a, T> {
+    lo: usize,
+    a: &'a mut [T],
+    mean: &'a mut [T],
+    dsq: &'a mut [T],
+    d_last: &'a mut [T],
+}
+
+/// Everything a pass needs besides the rows.
+struct PassCtx<'a, T> {
+    pending: Option<&'a Pending>,
+    source: &'a Source<T>,
+    rho: f64,
+    floor: f64,
+    k: usize,
+}
+
+impl<T: Real> OnlineEm<T> {
+    /// New model. `init` is F₀ (D×K); ψ starts at 1, θ̄ at 0.
+    pub fn new(n_features: usize, n_components: usize, init: ArrayView2<f64>, config: EmConfig) -> Result<Self> {
+        validate_dims(n_features, n_components, config.noise_floor)?;
+        config.step_size.validate()?;
+        let init = checked_init::<T>(init, n_features, n_components)?;
+        let k = n_components;
+        Ok(OnlineEm {
+            n_features,
+            n_components,
+            config,
+            n_seen: 0,
+            mean: vec![T::default(); n_features],
+            a_bar: vec![T::default(); n_features * k],
+            dsq_bar: vec![T::default(); n_features],
+            d_last: vec![T::default(); n_features],
+            b_bar: Array2::zeros((k, k)),
+            sigma: Array2::eye(k),
+            source: Source::Initial(init),
+            pending: None,
+        })
+    }
+
+    /// Number of samples applied so far.
+    pub fn n_seen(&self) -> u64 {
+        self.n_seen
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &EmConfig {
+        &self.config
+    }
+
+    /// D.
+    pub fn n_features(&self) -> usize {
+        self.n_features
+    }
+
+    /// K.
+    pub fn n_components(&self) -> usize {
+        self.n_components
+    }
+
+    /// Apply the rows of `x` (n×D) in order. Validates the whole batch first: on error nothing is applied.
+    pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
+        validate_batch::<T, X>(&x, self.n_features)?;
+        for row in x.rows() {
+            self.step(row)?;
+        }
+        Ok(())
+    }
+
+    /// One sample: the fused pass (pending Ā update + E-step sums + running averages), then the K×K step.
+    fn step<X: Real>(&mut self, x: ArrayView1<X>) -> Result<()> {
+        let t = self.n_seen + 1;
+        let rho = self.config.step_size.rho(t);
+        let sums = self.pass(x, rho);
+        self.finish(t, rho, sums)
+    }
+
+    fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64) -> Sums {
+        let k = self.n_components;
+        let ctx = PassCtx {
+            pending: self.pending.as_ref(),
+            source: &self.source,
+            rho,
+            floor: self.config.noise_floor,
+            k,
+        };
+        let tasks: Vec<Rows<T>> = self
+            .a_bar
+            .chunks_mut(TASK_ROWS * k)
+            .zip(self.mean.chunks_mut(TASK_ROWS))
+            .zip(self.dsq_bar.chunks_mut(TASK_ROWS))
+            .zip(self.d_last.chunks_mut(TASK_ROWS))
+            .enumerate()
+            .map(|(i, (((a, mean), dsq), d_last))| Rows { lo: i * TASK_ROWS, a, mean, dsq, d_last })
+            .collect();
+        let parallel = use_parallel(self.n_features, k);
+        reduce_tasks(tasks, parallel, k, |rows| em_task(rows, &x, &ctx))
+    }
+
+    /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
+    fn finish(&mut self, t: u64, rho: f64, sums: Sums) -> Result<()> {
+        let k = self.n_components;
+        // (4.23): Σ = (I + C F)⁻¹, m = Σ C d — by Cholesky of the K×K matrix I + C F.
+        let precision = Array2::<f64>::eye(k) + &sums.s;
+        let factor = SpdFactor::new(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
+        let sigma = factor.inverse();
+        let m = factor.solve(sums.u.view());
+        // Line 10: B̄_t = B̄_{t−1} + ρ_t (m mᵀ − B̄_{t−1}).
+        let b_bar = &self.b_bar + &((outer(&m) - &self.b_bar) * rho);
+        let mut transform = None;
+        let source = if t > self.config.n_warmup {
+            // Line 11: H̄ = Σ + B̄; line 13: F = Ā H̄⁻¹ (applied lazily through `Source`).
+            let h_bar = &sigma + &b_bar;
+            let h_factor = SpdFactor::new(h_bar.view(), "H̄ = Σ + B̄")?;
+            if self.config.whiten {
+                // Whitening (PX-EM): R Rᵀ = H̄; Ā ← Ā R⁻ᵀ and H̄ ← I, i.e. B̄ ← I − Σ. F Āᵀ and F H̄ Fᵀ are
+                // unchanged, so ψ is too; afterwards F = Ā.
+                transform = Some(lower_triangular_inverse(h_factor.lower().view())?.reversed_axes());
+                Some(Source::Whitened)
+            } else {
+                Some(Source::Stats(h_factor.inverse()))
+            }
+        } else {
+            None
+        };
+        self.b_bar = if transform.is_some() { Array2::eye(k) - &sigma } else { b_bar };
+        if let Some(source) = source {
+            self.source = source;
+        }
+        self.sigma = sigma;
+        self.pending = Some(Pending { rho, m, transform });
+        self.n_seen = t;
+        Ok(())
+    }
+
+    /// Ā with the pending update applied, as the next pass will store it (D×K, f64).
+    fn current_a_bar(&self) -> Array2<f64> {
+        let k = self.n_components;
+        let mut out = Array2::<f64>::zeros((self.n_features, k));
+        let mut blk = Block::new(k);
+        for (b, (a, d_last)) in self.a_bar.chunks(BLOCK_ROWS * k).zip(self.d_last.chunks(BLOCK_ROWS)).enumerate() {
+            let nb = d_last.len();
+            load_rows(a, &mut blk.a, nb);
+            apply_pending::<T>(&mut blk, d_last, self.pending.as_ref(), nb);
+            out.slice_mut(s![b * BLOCK_ROWS..b * BLOCK_ROWS + nb, ..]).assign(&blk.a.slice(s![..nb, ..]));
+        }
+        out
+    }
+
+    /// Loadings F (D×K) as the next E-step will use them.
+    pub fn loadings(&self) -> Array2<f64> {
+        match &self.source {
+            Source::Initial(f0) => {
+                Array2::from_shape_fn((self.n_features, self.n_components), |(i, j)| {
+                    f0[i * self.n_components + j].to_f64()
+                })
+            }
+            Source::Stats(h_inv) => self.current_a_bar().dot(h_inv),
+            Source::Whitened => self.current_a_bar(),
+        }
+    }
+
+    /// Noise variances ψ (D) as the next E-step will use them: ψ = max(d̄² − rowsum(F ⊙ Ā), floor).
+    pub fn noise_variance(&self) -> Array1<f64> {
+        match &self.source {
+            Source::Initial(_) => Array1::ones(self.n_features),
+            Source::Stats(_) | Source::Whitened => {
+                let a = self.current_a_bar();
+                let f = self.loadings();
+                Array1::from_shape_fn(self.n_features, |i| {
+                    let fa: f64 = f.row(i).dot(&a.row(i));
+                    (self.dsq_bar[i].to_f64() - fa).max(self.config.noise_floor)
+                })
+            }
+        }
+    }
+
+    /// Running mean θ̄ (D).
+    pub fn mean(&self) -> Array1<f64> {
+        self.mean.iter().map(|v| v.to_f64()).collect()
+    }
+
+    /// Σ of the last E-step (K×K).
+    pub fn latent_covariance(&self) -> &Array2<f64> {
+        &self.sigma
+    }
+}
+
+/// Ā rows of the block ← ((1 − ρ) Ā + ρ d mᵀ) W, rounded to storage precision (line 12 of Algorithm 2,
+/// plus the optional whitening transform). `blk.a[..nb]` holds the stored rows on entry.
+fn apply_pending<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pending>, nb: usize) {
+    let Some(p) = pending else { return };
+    let k = blk.a.ncols();
+    for i in 0..nb {
+        let d = d_last[i].to_f64();
+        for j in 0..k {
+            let a = blk.a[[i, j]];
+            blk.a[[i, j]] = a + p.rho * (d * p.m[j] - a);
+        }
+    }
+    if let Some(w) = &p.transform {
+        block_times(&blk.a, w.view(), &mut blk.tmp, nb);
+        std::mem::swap(&mut blk.a, &mut blk.tmp);
+    }
+    for v in blk.a.slice_mut(s![..nb, ..]).iter_mut() {
+        *v = stored::<T>(*v).1;
+    }
+}
+
+/// The fused pass over one task's rows. Shapes: rows.a is n×K (row-major), the other slices n, x is D.
+fn em_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>) -> Sums {
+    let k = ctx.k;
+    let n = rows.mean.len();
+    let mut sums = Sums::zeros(k);
+    let mut blk = Block::new(k);
+    for b0 in (0..n).step_by(BLOCK_ROWS) {
+        let nb = (n - b0).min(BLOCK_ROWS);
+        let a_rows = &mut rows.a[b0 * k..(b0 + nb) * k];
+        // 1. Pending line 12 of the previous sample: Ā_{t−1} from Ā_{t−2}; write it back.
+        load_rows(a_rows, &mut blk.a, nb);
+        apply_pending::<T>(&mut blk, &rows.d_last[b0..b0 + nb], ctx.pending, nb);
+        if ctx.pending.is_some() {
+            for (dst, src) in a_rows.iter_mut().zip(blk.a.slice(s![..nb, ..]).iter()) {
+                *dst = T::from_f64(*src);
+            }
+        }
+        // 2. F and ψ of the previous sample (lines 13, 15), or F₀ and ψ = 1 during warm-up.
+        loadings_block(&mut blk, &rows.dsq[b0..b0 + nb], rows.lo + b0, ctx, nb);
+        // 3. Lines 5, 6, 14: θ̄_t, d_t = θ_t − θ̄_t, d̄²_t (after ψ used d̄²_{t−1}).
+        for i in 0..nb {
+            let r = b0 + i;
+            let xi = x[rows.lo + r].to_f64();
+            let mean = rows.mean[r].to_f64();
+            let (mean_s, mean) = stored::<T>(mean + ctx.rho * (xi - mean));
+            rows.mean[r] = mean_s;
+            let d = xi - mean;
+            let dsq = rows.dsq[r].to_f64();
+            rows.dsq[r] = T::from_f64(dsq + ctx.rho * (d * d - dsq));
+            rows.d_last[r] = T::from_f64(d);
+            blk.d[i] = d;
+        }
+        // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
+        accumulate_estep(&mut blk, nb, &mut sums);
+    }
+    sums
+}
+
+/// blk.f[..nb] and blk.psi[..nb] for rows starting at global row `row0`:
+/// F = Ā H̄⁻¹ and ψ = max(d̄² − rowsum(F ⊙ Ā), floor) (4.33, 4.35), or F₀ and 1 during warm-up.
+fn loadings_block<T: Real>(blk: &mut Block, dsq: &[T], row0: usize, ctx: &PassCtx<T>, nb: usize) {
+    let k = ctx.k;
+    match ctx.source {
+        Source::Initial(f0) => {
+            load_rows(&f0[row0 * k..(row0 + nb) * k], &mut blk.f, nb);
+            blk.psi[..nb].fill(1.0);
+            return;
+        }
+        Source::Stats(h_inv) => block_times(&blk.a, h_inv.view(), &mut blk.f, nb),
+        Source::Whitened => blk.f.slice_mut(s![..nb, ..]).assign(&blk.a.slice(s![..nb, ..])),
+    }
+    for i in 0..nb {
+        let fa: f64 = (0..k).map(|j| blk.f[[i, j]] * blk.a[[i, j]]).sum();
+        blk.psi[i] = (dsq[i].to_f64() - fa).max(ctx.floor);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::init::{fill_standard_normal, orthonormal_loadings};
+
+    fn stream(n: usize, d: usize, seed: u64) -> Array2<f64> {
+        let mut x = Array2::zeros((n, d));
+        fill_standard_normal(x.view_mut(), seed);
+        // Give the features different scales and a shared factor so F has something to find.
+        for mut row in x.rows_mut() {
+            let common = row[0];
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = *v * (1.0 + j as f64 * 0.1) + common * 2.0 + j as f64;
+            }
+        }
+        x
+    }
+
+    #[test]
+    fn batch_equals_row_by_row_and_mean_is_exact() {
+        let (d, k) = (40, 3);
+        let f0 = orthonormal_loadings(d, k, 1).expect("init");
+        let x = stream(300, d, 2);
+        let cfg = EmConfig { n_warmup: 20, ..EmConfig::default() };
+        let mut batch = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
+        batch.update(x.view()).expect("update");
+        let mut single = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+        for row in x.rows() {
+            single.update(row.insert_axis(ndarray::Axis(0))).expect("update");
+        }
+        assert_eq!(batch, single);
+        let mean = x.mean_axis(ndarray::Axis(0)).expect("mean");
+        for (a, b) in batch.mean().iter().zip(mean.iter()) {
+            assert!((a - b).abs() < 1e-12 * b.abs().max(1.0));
+        }
+        assert!(batch.noise_variance().iter().all(|&p| p > 0.0));
+    }
+
+    #[test]
+    fn parallel_pass_equals_serial_pass() {
+        let (d, k) = (40_000, 4);
+        let f0 = orthonormal_loadings(d, k, 3).expect("init");
+        let x = stream(6, d, 4);
+        let cfg = EmConfig { n_warmup: 2, ..EmConfig::default() };
+        let mut par = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
+        par.update(x.view()).expect("update");
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
+        let mut ser = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+        pool.install(|| ser.update(x.view())).expect("update");
+        assert_eq!(par, ser);
+    }
+
+    #[test]
+    fn bad_rows_leave_state_untouched() {
+        let (d, k) = (10, 2);
+        let f0 = orthonormal_loadings(d, k, 5).expect("init");
+        let mut em = OnlineEm::<f64>::new(d, k, f0.view(), EmConfig::default()).expect("new");
+        em.update(stream(5, d, 6).view()).expect("update");
+        let before = em.clone();
+        let mut x = stream(4, d, 7);
+        x[[2, 3]] = f64::NAN;
+        match em.update(x.view()) {
+            Err(FaError::BadValue { row, .. }) => assert_eq!(row, 2),
+            other => panic!("expected BadValue, got {other:?}"),
+        }
+        assert_eq!(em, before);
+        let wrong = Array2::<f64>::zeros((2, d + 1));
+        assert!(matches!(em.update(wrong.view()), Err(FaError::Shape { .. })));
+        assert_eq!(em, before);
+    }
+
+    #[test]
+    fn invalid_hyper_parameters_are_rejected() {
+        let f0 = Array2::<f64>::zeros((5, 2));
+        assert!(OnlineEm::<f64>::new(5, 5, Array2::zeros((5, 5)).view(), EmConfig::default()).is_err());
+        assert!(OnlineEm::<f64>::new(5, 0, Array2::zeros((5, 0)).view(), EmConfig::default()).is_err());
+        assert!(OnlineEm::<f64>::new(6, 2, f0.view(), EmConfig::default()).is_err());
+        let bad_floor = EmConfig { noise_floor: 0.0, ..EmConfig::default() };
+        assert!(OnlineEm::<f64>::new(5, 2, f0.view(), bad_floor).is_err());
+    }
+
+    #[test]
+    fn whitening_is_a_change_of_latent_basis() {
+        let (d, k) = (30, 3);
+        let f0 = orthonormal_loadings(d, k, 8).expect("init");
+        let x = stream(200, d, 9);
+        let cfg = EmConfig { n_warmup: 50, ..EmConfig::default() };
+        let mut plain = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
+        plain.update(x.view()).expect("update");
+        // Whiten the current statistics by hand: R Rᵀ = H̄, Ā ← Ā R⁻ᵀ, B̄ ← I − Σ.
+        let mut white = plain.clone();
+        let h_bar = &white.sigma + &white.b_bar;
+        let r = SpdFactor::new(h_bar.view(), "h").expect("spd").lower();
+        let w = lower_triangular_inverse(r.view()).expect("inv").reversed_axes();
+        let a = white.current_a_bar().dot(&w);
+        white.a_bar = a.iter().copied().collect();
+        white.pending = None;
+        white.source = Source::Whitened;
+        white.b_bar = Array2::eye(k) - &white.sigma;
+        // The expanded model's covariance F H̄ Fᵀ + Ψ is what the step preserves: F' = F R, so
+        // F' F'ᵀ = F H̄ Fᵀ, and ψ = d̄² − rowsum(F ⊙ Ā) is unchanged; afterwards H̄ = I.
+        let f = plain.loadings();
+        let expanded = f.dot(&h_bar).dot(&f.t());
+        let f_white = white.loadings();
+        let whitened = f_white.dot(&f_white.t());
+        let scale = expanded.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (p, q) in expanded.iter().zip(whitened.iter()) {
+            assert!((p - q).abs() < 1e-10 * scale);
+        }
+        for (p, q) in plain.noise_variance().iter().zip(white.noise_variance().iter()) {
+            assert!((p - q).abs() < 1e-10 * p.abs().max(1.0));
+        }
+        let h_after = &white.sigma + &white.b_bar;
+        for ((i, j), v) in h_after.indexed_iter() {
+            assert!((v - if i == j { 1.0 } else { 0.0 }).abs() < 1e-12);
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! Online stochastic gradient ascent for factor analysis (thesis Algorithm 1), one pass per sample.
+//!
+//! State: θ̄ (`mean`, D), F (`loadings`, D×K), ψ (`psi`, D). The gradient step of sample t (lines 10–14)
+//! needs m_t and Σ_t, which depend on sums over all rows, so it is left pending and applied row by row
+//! by the next pass, which reads the same rows to build the next E-step's sums.
+
+use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
+
+use crate::error::{invalid, Result};
+use crate::online_em::{checked_init, validate_dims};
+use crate::pass::{
+    accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block,
+    Sums, BLOCK_ROWS, TASK_ROWS,
+};
+use crate::linalg::SpdFactor;
+use crate::scalar::{stored, Real};
+use crate::schedule::StepSize;
+
+/// Hyper-parameters of [`OnlineSga`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SgaConfig {
+    /// Learning rate α of plain SGD on F and β = log ψ.
+    pub lr: f64,
+    /// Samples during which only θ̄ is updated (F and ψ stay fixed).
+    pub n_warmup: u64,
+    /// Lower bound on every ψ_d.
+    pub noise_floor: f64,
+    /// Step sizes of the running mean θ̄.
+    pub step_size: StepSize,
+}
+
+impl Default for SgaConfig {
+    fn default() -> Self {
+        SgaConfig { lr: 1e-3, n_warmup: 100, noise_floor: 1e-10, step_size: StepSize::Harmonic }
+    }
+}
+
+/// The gradient step of the last sample, not yet applied: needs m_t and P_t = Σ_t + m_t m_tᵀ.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Pending {
+    pub(crate) m: Array1<f64>,
+    pub(crate) p: Array2<f64>,
+}
+
+/// Online SGA factor analysis with state stored in `T` (f32 or f64).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnlineSga<T: Real> {
+    pub(crate) n_features: usize,
+    pub(crate) n_components: usize,
+    pub(crate) config: SgaConfig,
+    pub(crate) n_seen: u64,
+    pub(crate) mean: Vec<T>,
+    pub(crate) f: Vec<T>,
+    pub(crate) psi: Vec<T>,
+    pub(crate) d_last: Vec<T>,
+    pub(crate) pending: Option<Pending>,
+}
+
+struct Rows<'a, T> {
+    lo: usize,
+    f: &'a mut [T],
+    psi: &'a mut [T],
+    mean: &'a mut [T],
+    d_last: &'a mut [T],
+}
+
+struct PassCtx<'a> {
+    pending: Option<&'a Pending>,
+    active: bool,
+    rho: f64,
+    lr: f64,
+    floor: f64,
+    k: usize,
+}
+
+impl<T: Real> OnlineSga<T> {
+    /// New model with initial loadings `init` (D×K); ψ = 1, θ̄ = 0.
+    pub fn new(n_features: usize, n_components: usize, init: ArrayView2<f64>, config: SgaConfig) -> Result<Self> {
+        validate_dims(n_features, n_components, config.noise_floor)?;
+        config.step_size.validate()?;
+        if !(config.lr.is_finite() && config.lr > 0.0) {
+            return Err(invalid("lr", format!("must be finite and > 0, got {}", config.lr)));
+        }
+        let f = checked_init::<T>(init, n_features, n_components)?;
+        Ok(OnlineSga {
+            n_features,
+            n_components,
+            config,
+            n_seen: 0,
+            mean: vec![T::default(); n_features],
+            f,
+            psi: vec![T::from_f64(1.0); n_features],
+            d_last: vec![T::default(); n_features],
+            pending: None,
+        })
+    }
+
+    /// Number of samples applied so far.
+    pub fn n_seen(&self) -> u64 {
+        self.n_seen
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &SgaConfig {
+        &self.config
+    }
+
+    /// D.
+    pub fn n_features(&self) -> usize {
+        self.n_features
+    }
+
+    /// K.
+    pub fn n_components(&self) -> usize {
+        self.n_components
+    }
+
+    /// Apply the rows of `x` (n×D) in order. Validates the whole batch first: on error nothing is applied.
+    pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
+        validate_batch::<T, X>(&x, self.n_features)?;
+        for row in x.rows() {
+            self.step(row)?;
+        }
+        Ok(())
+    }
+
+    fn step<X: Real>(&mut self, x: ArrayView1<X>) -> Result<()> {
+        let t = self.n_seen + 1;
+        let active = t > self.config.n_warmup;
+        let ctx = PassCtx {
+            pending: self.pending.as_ref(),
+            active,
+            rho: self.config.step_size.rho(t),
+            lr: self.config.lr,
+            floor: self.config.noise_floor,
+            k: self.n_components,
+        };
+        let k = self.n_components;
+        let tasks: Vec<Rows<T>> = self
+            .f
+            .chunks_mut(TASK_ROWS * k)
+            .zip(self.psi.chunks_mut(TASK_ROWS))
+            .zip(self.mean.chunks_mut(TASK_ROWS))
+            .zip(self.d_last.chunks_mut(TASK_ROWS))
+            .enumerate()
+            .map(|(i, (((f, psi), mean), d_last))| Rows { lo: i * TASK_ROWS, f, psi, mean, d_last })
+            .collect();
+        let parallel = use_parallel(self.n_features, k);
+        let sums = reduce_tasks(tasks, parallel, k, |rows| sga_task(rows, &x, &ctx));
+        self.pending = if active { Some(estep(sums, k)?) } else { None };
+        self.n_seen = t;
+        Ok(())
+    }
+
+    /// F and ψ with the pending gradient step applied (what the next E-step will use).
+    fn current(&self) -> (Array2<f64>, Array1<f64>) {
+        let k = self.n_components;
+        let mut f_out = Array2::<f64>::zeros((self.n_features, k));
+        let mut psi_out = Array1::<f64>::zeros(self.n_features);
+        let mut blk = Block::new(k);
+        let chunks = self.f.chunks(BLOCK_ROWS * k).zip(self.psi.chunks(BLOCK_ROWS)).zip(self.d_last.chunks(BLOCK_ROWS));
+        for (b, ((f, psi), d_last)) in chunks.enumerate() {
+            let nb = psi.len();
+            load_block(&mut blk, f, psi, nb);
+            apply_gradient::<T>(&mut blk, d_last, self.pending.as_ref(), self.config.lr, self.config.noise_floor, nb);
+            let lo = b * BLOCK_ROWS;
+            f_out.slice_mut(s![lo..lo + nb, ..]).assign(&blk.f.slice(s![..nb, ..]));
+            psi_out.slice_mut(s![lo..lo + nb]).assign(&ArrayView1::from(&blk.psi[..nb]));
+        }
+        (f_out, psi_out)
+    }
+
+    /// Loadings F (D×K).
+    pub fn loadings(&self) -> Array2<f64> {
+        self.current().0
+    }
+
+    /// Noise variances ψ (D).
+    pub fn noise_variance(&self) -> Array1<f64> {
+        self.current().1
+    }
+
+    /// Running mean θ̄ (D).
+    pub fn mean(&self) -> Array1<f64> {
+        self.mean.iter().map(|v| v.to_f64()).collect()
+    }
+}
+
+/// (4.23) from the sums: Σ = (I + C F)⁻¹, m = Σ C d, and P = Σ + m mᵀ for the gradients.
+fn estep(sums: Sums, k: usize) -> Result<Pending> {
+    let precision = Array2::<f64>::eye(k) + &sums.s;
+    let factor = SpdFactor::new(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
+    let sigma = factor.inverse();
+    let m = factor.solve(sums.u.view());
+    let p = sigma + outer(&m);
+    Ok(Pending { m, p })
+}
+
+fn load_block<T: Real>(blk: &mut Block, f: &[T], psi: &[T], nb: usize) {
+    load_rows(f, &mut blk.f, nb);
+    for (dst, src) in blk.psi.iter_mut().zip(psi.iter()).take(nb) {
+        *dst = src.to_f64();
+    }
+}
+
+/// Lines 10–14 of Algorithm 1 on a block of rows (F in blk.f, ψ in blk.psi), rounded to storage precision:
+/// ∇F = ψ⁻¹ ⊙ (d mᵀ − F P) (4.24), ∇β = ½ψ⁻¹ ⊙ (d² − 2 d ⊙ F m + rowsum(F P ⊙ F)) − ½ (4.25, 4.26),
+/// F ← F + α ∇F, β ← β + α ∇β with ψ = exp β, i.e. ψ ← ψ·exp(α ∇β), floored.
+fn apply_gradient<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pending>, lr: f64, floor: f64, nb: usize) {
+    let Some(p) = pending else { return };
+    let k = blk.f.ncols();
+    block_times(&blk.f, p.p.view(), &mut blk.tmp, nb);
+    for i in 0..nb {
+        let d = d_last[i].to_f64();
+        let inv_psi = 1.0 / blk.psi[i];
+        let mut f_m = 0.0;
+        let mut fp_f = 0.0;
+        for j in 0..k {
+            f_m += blk.f[[i, j]] * p.m[j];
+            fp_f += blk.tmp[[i, j]] * blk.f[[i, j]];
+        }
+        let grad_beta = 0.5 * inv_psi * (d * d - 2.0 * d * f_m + fp_f) - 0.5;
+        for j in 0..k {
+            let grad_f = inv_psi * (d * p.m[j] - blk.tmp[[i, j]]);
+            blk.f[[i, j]] = stored::<T>(blk.f[[i, j]] + lr * grad_f).1;
+        }
+        blk.psi[i] = stored::<T>((blk.psi[i] * (lr * grad_beta).exp()).max(floor)).1;
+    }
+}
+
+/// The fused pass over one task's rows: pending gradient step, running mean, E-step sums.
+fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx) -> Sums {
+    let k = ctx.k;
+    let n = rows.mean.len();
+    let mut sums = Sums::zeros(k);
+    let mut blk = Block::new(k);
+    for b0 in (0..n).step_by(BLOCK_ROWS) {
+        let nb = (n - b0).min(BLOCK_ROWS);
+        if ctx.active {
+            let f_rows = &mut rows.f[b0 * k..(b0 + nb) * k];
+            let psi_rows = &mut rows.psi[b0..b0 + nb];
+            load_block(&mut blk, f_rows, psi_rows, nb);
+            if ctx.pending.is_some() {
+                apply_gradient::<T>(&mut blk, &rows.d_last[b0..b0 + nb], ctx.pending, ctx.lr, ctx.floor, nb);
+                for (dst, src) in f_rows.iter_mut().zip(blk.f.slice(s![..nb, ..]).iter()) {
+                    *dst = T::from_f64(*src);
+                }
+                for (dst, src) in psi_rows.iter_mut().zip(blk.psi.iter()) {
+                    *dst = T::from_f64(*src);
+                }
+            }
+        }
+        for i in 0..nb {
+            let r = b0 + i;
+            let xi = x[rows.lo + r].to_f64();
+            let mean = rows.mean[r].to_f64();
+            let (mean_s, mean) = stored::<T>(mean + ctx.rho * (xi - mean));
+            rows.mean[r] = mean_s;
+            let d = xi - mean;
+            rows.d_last[r] = T::from_f64(d);
+            blk.d[i] = d;
+        }
+        if ctx.active {
+            accumulate_estep(&mut blk, nb, &mut sums);
+        }
+    }
+    sums
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::init::{fill_standard_normal, orthonormal_loadings};
+    use ndarray::Axis;
+
+    #[test]
+    fn batch_equals_row_by_row_and_psi_stays_positive() {
+        let (d, k) = (25, 2);
+        let f0 = orthonormal_loadings(d, k, 11).expect("init");
+        let mut x = Array2::zeros((150, d));
+        fill_standard_normal(x.view_mut(), 12);
+        let cfg = SgaConfig { n_warmup: 10, lr: 0.05, ..SgaConfig::default() };
+        let mut batch = OnlineSga::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
+        batch.update(x.view()).expect("update");
+        let mut single = OnlineSga::<f64>::new(d, k, f0.view(), cfg).expect("new");
+        for row in x.rows() {
+            single.update(row.insert_axis(Axis(0))).expect("update");
+        }
+        assert_eq!(batch, single);
+        assert!(batch.noise_variance().iter().all(|&p| p > 0.0));
+    }
+
+    #[test]
+    fn warm_up_keeps_parameters_fixed() {
+        let (d, k) = (12, 3);
+        let f0 = orthonormal_loadings(d, k, 13).expect("init");
+        let mut x = Array2::zeros((8, d));
+        fill_standard_normal(x.view_mut(), 14);
+        let cfg = SgaConfig { n_warmup: 8, ..SgaConfig::default() };
+        let mut sga = OnlineSga::<f64>::new(d, k, f0.view(), cfg).expect("new");
+        sga.update(x.view()).expect("update");
+        assert_eq!(sga.loadings(), f0);
+        assert!(sga.noise_variance().iter().all(|&p| p == 1.0));
+    }
+
+    #[test]
+    fn rejects_bad_learning_rate() {
+        let f0 = Array2::<f64>::zeros((5, 2));
+        for lr in [0.0, -1.0, f64::NAN] {
+            let cfg = SgaConfig { lr, ..SgaConfig::default() };
+            assert!(OnlineSga::<f64>::new(5, 2, f0.view(), cfg).is_err());
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Plumbing shared by the one-pass kernels: fixed row partition, deterministic reduction of the K×K and
+//! K sums, block scratch buffers, and input validation.
+//!
+//! Rows of the D×K state are processed in tasks of [`TASK_ROWS`] rows (run on rayon when the state is
+//! large) and, inside a task, in blocks of [`BLOCK_ROWS`] rows that are small enough to stay in L1/L2 and
+//! large enough for the per-block K×K GEMMs to vectorise. The partition does not depend on the number of
+//! threads and the partial sums are added in task order, so results are bit-identical for any thread count.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis};
+use rayon::prelude::*;
+
+use crate::error::{FaError, Result};
+use crate::scalar::Real;
+
+/// Rows per rayon task.
+pub(crate) const TASK_ROWS: usize = 8192;
+/// Rows per GEMM block inside a task.
+pub(crate) const BLOCK_ROWS: usize = 64;
+/// Below this many state elements (D·K) a pass runs on the calling thread only.
+pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
+
+/// The cross-row quantities of one E-step: S = Σ_d f_d f_dᵀ/ψ_d (= C F, K×K) and u = Σ_d f_d d_d/ψ_d (= C d, K).
+pub(crate) struct Sums {
+    pub(crate) s: Array2<f64>,
+    pub(crate) u: Array1<f64>,
+}
+
+impl Sums {
+    pub(crate) fn zeros(k: usize) -> Self {
+        Sums { s: Array2::zeros((k, k)), u: Array1::zeros(k) }
+    }
+
+    fn add(mut self, other: &Sums) -> Self {
+        self.s += &other.s;
+        self.u += &other.u;
+        self
+    }
+}
+
+/// Whether a state of `d` rows × `k` columns is worth splitting across threads.
+pub(crate) fn use_parallel(d: usize, k: usize) -> bool {
+    d.saturating_mul(k.max(1)) >= PARALLEL_MIN_ELEMENTS && rayon::current_num_threads() > 1
+}
+
+/// Run `kernel` on every task and add the partial sums in task order.
+pub(crate) fn reduce_tasks<W, F>(tasks: Vec<W>, parallel: bool, k: usize, kernel: F) -> Sums
+where
+    W: Send,
+    F: Fn(W) -> Sums + Sync + Send,
+{
+    let partials: Vec<Sums> = if parallel {
+        tasks.into_par_iter().map(&kernel).collect()
+    } else {
+        tasks.into_iter().map(&kernel).collect()
+    };
+    partials.iter().fold(Sums::zeros(k), Sums::add)
+}
+
+/// Per-task scratch: one block of rows in f64.
+pub(crate) struct Block {
+    /// Block of the stored matrix (Ā for EM, F for SGA), BLOCK_ROWS×K.
+    pub(crate) a: Array2<f64>,
+    /// Loadings rows used by the E-step, BLOCK_ROWS×K.
+    pub(crate) f: Array2<f64>,
+    /// Temporary BLOCK_ROWS×K product.
+    pub(crate) tmp: Array2<f64>,
+    /// ψ of each row.
+    pub(crate) psi: Vec<f64>,
+    /// Centred sample d of each row.
+    pub(crate) d: Vec<f64>,
+}
+
+impl Block {
+    pub(crate) fn new(k: usize) -> Self {
+        Block {
+            a: Array2::zeros((BLOCK_ROWS, k)),
+            f: Array2::zeros((BLOCK_ROWS, k)),
+            tmp: Array2::zeros((BLOCK_ROWS, k)),
+            psi: vec![0.0; BLOCK_ROWS],
+            d: vec![0.0; BLOCK_ROWS],
+        }
+    }
+}
+
+/// Copy `nb` stored rows (row-major, K wide) into the first `nb` rows of `dst` as f64.
+pub(crate) fn load_rows<T: Real>(src: &[T], dst: &mut Array2<f64>, nb: usize) {
+    let k = dst.ncols();
+    for (i, row) in src.chunks_exact(k).take(nb).enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            dst[[i, j]] = v.to_f64();
+        }
+    }
+}
+
+/// out[..nb] = a[..nb] · m for a K×K matrix m (one small GEMM per block).
+pub(crate) fn block_times(a: &Array2<f64>, m: ArrayView2<f64>, out: &mut Array2<f64>, nb: usize) {
+    let a_blk = a.slice(s![..nb, ..]);
+    let mut out_blk = out.slice_mut(s![..nb, ..]);
+    general_mat_mul(1.0, &a_blk, &m, 0.0, &mut out_blk);
+}
+
+/// Add this block's contribution to S = Σ f fᵀ/ψ and u = Σ f d/ψ  (the E-step sums of (4.23)).
+/// Overwrites `blk.tmp` with y = f/ψ.
+pub(crate) fn accumulate_estep(blk: &mut Block, nb: usize, sums: &mut Sums) {
+    let k = blk.f.ncols();
+    for i in 0..nb {
+        let inv_psi = 1.0 / blk.psi[i];
+        for j in 0..k {
+            let y = blk.f[[i, j]] * inv_psi;
+            blk.tmp[[i, j]] = y;
+            sums.u[j] += y * blk.d[i];
+        }
+    }
+    let y = blk.tmp.slice(s![..nb, ..]);
+    let f = blk.f.slice(s![..nb, ..]);
+    general_mat_mul(1.0, &y.t(), &f, 1.0, &mut sums.s);
+}
+
+/// Check a batch before any row is applied: shape (n, D), every value finite and |x| ≤ T::MAX_INPUT.
+pub(crate) fn validate_batch<T: Real, X: Real>(x: &ArrayView2<X>, n_features: usize) -> Result<()> {
+    if x.ncols() != n_features {
+        return Err(FaError::Shape {
+            what: "X",
+            expected: format!("(n_samples, {n_features}) or ({n_features},)"),
+            got: x.shape().to_vec(),
+        });
+    }
+    let bad = |row: ArrayView1<X>| row.iter().any(|v| !(v.to_f64().abs() <= T::MAX_INPUT));
+    let first_bad = if x.len() >= PARALLEL_MIN_ELEMENTS {
+        x.axis_iter(Axis(0)).into_par_iter().position_first(bad)
+    } else {
+        x.axis_iter(Axis(0)).position(bad)
+    };
+    match first_bad {
+        None => Ok(()),
+        Some(row) => {
+            let has_non_finite = x.row(row).iter().any(|v| !v.to_f64().is_finite());
+            let kind = if has_non_finite {
+                "NaN or infinity".to_string()
+            } else {
+                format!("a value with |x| > {:e} (the largest accepted with {} state)", T::MAX_INPUT, T::NAME)
+            };
+            Err(FaError::BadValue { row, kind })
+        }
+    }
+}
+
+/// Outer product v vᵀ.
+pub(crate) fn outer(v: &Array1<f64>) -> Array2<f64> {
+    let col = v.view().insert_axis(Axis(1));
+    let row = v.view().insert_axis(Axis(0));
+    col.dot(&row)
+}

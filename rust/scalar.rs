@@ -1,0 +1,47 @@
+//! Storage scalars: the D-sized state may be `f32` or `f64`; all K×K algebra and all sums are `f64`.
+
+/// A floating-point type the D-sized state (and input samples) can be stored in.
+pub trait Real: Copy + Send + Sync + Default + PartialOrd + std::fmt::Debug + 'static {
+    /// Largest magnitude accepted in an input sample for state of this type: squares of
+    /// deviations (the running `d̄²`) and the K×K sums must stay finite.
+    const MAX_INPUT: f64;
+    /// Short dtype name ("float32"/"float64").
+    const NAME: &'static str;
+    /// Widen to `f64` (exact).
+    fn to_f64(self) -> f64;
+    /// Round from `f64` to this type.
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Real for f64 {
+    const MAX_INPUT: f64 = 1e100;
+    const NAME: &'static str = "float64";
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
+impl Real for f32 {
+    const MAX_INPUT: f64 = 1e18;
+    const NAME: &'static str = "float32";
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+/// Round `v` to the storage type and back, so that a value used in this step equals the stored one.
+#[inline(always)]
+pub(crate) fn stored<T: Real>(v: f64) -> (T, f64) {
+    let s = T::from_f64(v);
+    (s, s.to_f64())
+}
