@@ -1,0 +1,162 @@
+"""Operations on a factor-analysis Gaussian N(mean, F Fᵀ + diag ψ) that never form a D×D matrix.
+
+One implementation serves every model class (OnlineEM, OnlineSGA, VIFA) through
+:class:`FactorGaussianMixin`. With M = I + Fᵀ Ψ⁻¹ F (K×K):
+
+* Woodbury: (F Fᵀ + Ψ)⁻¹ = Ψ⁻¹ − Ψ⁻¹ F M⁻¹ Fᵀ Ψ⁻¹ (thesis 4.54),
+* matrix determinant lemma: log|F Fᵀ + Ψ| = log|M| + Σ_d log ψ_d,
+* latent posterior: E[h | x] = M⁻¹ Fᵀ Ψ⁻¹ (x − mean) (4.23).
+
+Every cost here is O(n·D·K + K³).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from ._validation import as_sample_matrix, check_int
+
+#: Largest D for which :meth:`FactorGaussianMixin.covariance` builds the dense D×D matrix without
+#: ``force=True`` (5000² float64 numbers are 200 MB).
+MAX_DENSE_FEATURES = 5000
+
+FloatArray = NDArray[np.float64]
+
+
+def _precision_factor(loadings: FloatArray, noise_variance: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Return (Ψ⁻¹ F, lower Cholesky factor of M = I + Fᵀ Ψ⁻¹ F)."""
+    scaled = loadings / noise_variance[:, None]
+    m = np.eye(loadings.shape[1]) + loadings.T @ scaled
+    return scaled, np.linalg.cholesky(m)
+
+
+def log_prob(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray) -> FloatArray:
+    """Log density of each row of ``x`` (n×D) under N(mean, F Fᵀ + diag ψ); shape (n,)."""
+    scaled, chol = _precision_factor(loadings, noise_variance)
+    resid = x - mean
+    mahalanobis_diag = np.einsum("nd,nd->n", resid, resid / noise_variance)
+    projected = np.linalg.solve(chol, (resid @ scaled).T)  # L⁻¹ Fᵀ Ψ⁻¹ r, K×n
+    mahalanobis = mahalanobis_diag - np.einsum("kn,kn->n", projected, projected)
+    log_det = 2.0 * np.log(np.diag(chol)).sum() + np.log(noise_variance).sum()
+    n_features = x.shape[1]
+    out: FloatArray = -0.5 * (n_features * np.log(2.0 * np.pi) + log_det + mahalanobis)
+    return out
+
+
+def latent_mean(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray) -> FloatArray:
+    """E[h | x] = M⁻¹ Fᵀ Ψ⁻¹ (x − mean) for each row of ``x``; shape (n, K)."""
+    scaled, chol = _precision_factor(loadings, noise_variance)
+    rhs = ((x - mean) @ scaled).T
+    out: FloatArray = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs)).T
+    return out
+
+
+def draw(
+    n_samples: int, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray, seed: int | None
+) -> FloatArray:
+    """``n_samples`` draws θ = mean + F h + ψ^{1/2} ⊙ z (4.50), h ~ N(0, I_K), z ~ N(0, I_D)."""
+    rng = np.random.default_rng(seed)
+    n_features, n_components = loadings.shape
+    h = rng.standard_normal((n_samples, n_components))
+    z = rng.standard_normal((n_samples, n_features))
+    out: FloatArray = mean + h @ loadings.T + z * np.sqrt(noise_variance)
+    return out
+
+
+class FactorGaussianMixin:
+    """Gaussian helpers for any class exposing ``mean``, ``loadings`` and ``noise_variance``."""
+
+    @property
+    def mean(self) -> FloatArray:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    @property
+    def loadings(self) -> FloatArray:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    @property
+    def noise_variance(self) -> FloatArray:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    def _params(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        return self.mean, self.loadings, self.noise_variance
+
+    def covariance(self, force: bool = False) -> FloatArray:
+        """Dense covariance F Fᵀ + diag ψ, shape (D, D).
+
+        Parameters
+        ----------
+        force : bool, default=False
+            Build the matrix even when D exceeds ``MAX_DENSE_FEATURES`` (5000).
+
+        Returns
+        -------
+        ndarray of shape (n_features, n_features)
+
+        Raises
+        ------
+        ValueError
+            If D > ``MAX_DENSE_FEATURES`` and ``force`` is false.
+        """
+        _, loadings, noise_variance = self._params()
+        n_features = loadings.shape[0]
+        if n_features > MAX_DENSE_FEATURES and not force:
+            raise ValueError(
+                f"covariance() would build a dense {n_features}x{n_features} matrix; "
+                f"the limit is {MAX_DENSE_FEATURES} features unless force=True"
+            )
+        cov: FloatArray = loadings @ loadings.T
+        cov[np.diag_indices(n_features)] += noise_variance
+        return cov
+
+    def log_prob(self, X: ArrayLike) -> FloatArray:
+        """Log density of each sample under N(mean, F Fᵀ + diag ψ).
+
+        Uses the Woodbury identity and the matrix determinant lemma: O(n·D·K), no D×D matrix.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or (n_features,)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        mean, loadings, noise_variance = self._params()
+        x = as_sample_matrix(X, loadings.shape[0], np.float64)
+        return log_prob(x, mean, loadings, noise_variance)
+
+    def transform(self, X: ArrayLike) -> FloatArray:
+        """Posterior means of the latent factors, E[h | x] = (I + Fᵀ Ψ⁻¹ F)⁻¹ Fᵀ Ψ⁻¹ (x − mean).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or (n_features,)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_components)
+        """
+        mean, loadings, noise_variance = self._params()
+        x = as_sample_matrix(X, loadings.shape[0], np.float64)
+        return latent_mean(x, mean, loadings, noise_variance)
+
+    def sample(self, n_samples: int = 1, seed: int | None = None) -> FloatArray:
+        """Draw samples from N(mean, F Fᵀ + diag ψ) without forming the D×D covariance.
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+            Number of draws (>= 0).
+        seed : int or None, default=None
+            Seed of a :func:`numpy.random.default_rng` generator; the same seed gives the same draws.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features)
+        """
+        n = check_int(n_samples, "n_samples", 0)
+        mean, loadings, noise_variance = self._params()
+        return draw(n, mean, loadings, noise_variance, seed)
+

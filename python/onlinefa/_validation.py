@@ -1,0 +1,100 @@
+"""Input checks shared by the public classes: dtypes, shapes and hyper-parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
+
+#: dtypes read in place (no copy) by the Rust core.
+NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def as_sample_matrix(X: ArrayLike, n_features: int, dtype: DTypeLike | None = None) -> NDArray[Any]:
+    """Return ``X`` as an (n, D) float array, without copying when it already is float32/float64.
+
+    Booleans, integers and float16 are converted once to float64; complex, object, string and other
+    non-real inputs raise TypeError. A 1-D input of length D is one sample. ``dtype`` forces a dtype.
+
+    Raises
+    ------
+    TypeError
+        Non-numeric or complex input.
+    ValueError
+        Wrong number of dimensions or features.
+    """
+    arr = np.asarray(X)
+    kind = arr.dtype.kind
+    if kind not in "biuf":
+        raise TypeError(
+            f"expected real numeric samples (float32/float64, or ints/bools converted to float64), "
+            f"got an array of dtype {arr.dtype}"
+        )
+    if dtype is not None:
+        arr = arr.astype(dtype, copy=False)
+    elif arr.dtype not in NATIVE_FLOATS or not arr.dtype.isnative:
+        target = np.float32 if arr.dtype == np.float32 else np.float64
+        arr = arr.astype(target)
+    if arr.ndim == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2 or arr.shape[1] != n_features:
+        raise ValueError(
+            f"expected samples of shape (n_samples, {n_features}) or ({n_features},), got shape {np.shape(X)}"
+        )
+    return arr
+
+
+def check_int(value: object, name: str, minimum: int) -> int:
+    """Return ``value`` as int, raising TypeError for non-integers and ValueError below ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_positive_float(value: object, name: str) -> float:
+    """Return ``value`` as a finite float > 0 (ValueError otherwise, TypeError if not a number)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    out = float(value)
+    if not (np.isfinite(out) and out > 0.0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return out
+
+
+def check_seed(seed: object) -> int | None:
+    """Return ``seed`` as a non-negative int below 2**64, or None."""
+    if seed is None:
+        return None
+    out = check_int(seed, "seed", 0)
+    if out >= 2**64:
+        raise ValueError(f"seed must be < 2**64, got {seed}")
+    return out
+
+
+def check_dtype(dtype: object) -> str:
+    """Return the state dtype name, "float32" or "float64"."""
+    try:
+        name = np.dtype(dtype).name  # type: ignore[call-overload]
+    except TypeError as err:
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}") from err
+    if name not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+    return name
+
+
+def check_init(init: ArrayLike | None, n_features: int, n_components: int) -> NDArray[np.float64] | None:
+    """Validate an explicit initial loading matrix (D×K, finite) and return it as float64."""
+    if init is None:
+        return None
+    arr = np.asarray(init)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"init must be a real (D, K) array, got dtype {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=np.float64)
+    if arr.shape != (n_features, n_components):
+        raise ValueError(f"init has shape {arr.shape}, expected ({n_features}, {n_components})")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("init must contain only finite values")
+    return arr

@@ -1,0 +1,236 @@
+//! The Python binding (`onlinefa._core`). Each method borrows the NumPy input, releases the GIL, calls
+//! the pure-Rust core and converts the result back. All the documentation users read lives in the Python
+//! wrappers (python/onlinefa/_models.py); these classes are their engines.
+
+use std::sync::{Mutex, MutexGuard};
+
+use ndarray::{Array2, ArrayView2};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::error::FaError;
+use crate::init::{entropy_seed, orthonormal_loadings};
+use crate::online_em::{EmConfig, OnlineEm};
+use crate::online_sga::{OnlineSga, SgaConfig};
+use crate::scalar::Real;
+use crate::schedule::StepSize;
+
+fn to_py_err(err: FaError) -> PyErr {
+    PyValueError::new_err(err.to_string())
+}
+
+fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+    m.lock().map_err(|_| PyRuntimeError::new_err("model state is poisoned by an earlier internal panic"))
+}
+
+/// `init` if given, else orthonormal loadings drawn with `seed` (§4.4).
+fn initial_loadings(
+    init: Option<PyReadonlyArray2<'_, f64>>,
+    n_features: usize,
+    n_components: usize,
+    seed: Option<u64>,
+) -> PyResult<Array2<f64>> {
+    match init {
+        Some(a) => Ok(a.as_array().to_owned()),
+        None => {
+            if n_components < 1 || n_components >= n_features {
+                // Leave the message to the core's validation (same wording for both paths).
+                return Ok(Array2::zeros((n_features, n_components)));
+            }
+            orthonormal_loadings(n_features, n_components, seed.unwrap_or_else(entropy_seed)).map_err(to_py_err)
+        }
+    }
+}
+
+fn step_size(kind: &str, tau0: f64, kappa: f64, rho: f64) -> PyResult<StepSize> {
+    match kind {
+        "harmonic" => Ok(StepSize::Harmonic),
+        "power" => Ok(StepSize::Power { tau0, kappa }),
+        "constant" => Ok(StepSize::Constant(rho)),
+        other => Err(PyValueError::new_err(format!(
+            "schedule must be 'harmonic', 'power' or 'constant', got {other:?}"
+        ))),
+    }
+}
+
+/// A model with f32 or f64 state.
+enum Typed<A, B> {
+    F32(A),
+    F64(B),
+}
+
+macro_rules! with_model {
+    ($typed:expr, $m:ident => $body:expr) => {
+        match $typed {
+            Typed::F32($m) => $body,
+            Typed::F64($m) => $body,
+        }
+    };
+}
+
+/// Run `update` on a 2-D float32 or float64 array without copying it, with the GIL released.
+macro_rules! update_from_any {
+    ($self:ident, $py:ident, $x:ident) => {{
+        if let Ok(arr) = $x.cast::<PyArray2<f64>>() {
+            let ro = arr.readonly();
+            let view: ArrayView2<f64> = ro.as_array();
+            $py.detach(|| -> PyResult<()> {
+                let mut guard = lock(&$self.inner)?;
+                with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+            })
+        } else if let Ok(arr) = $x.cast::<PyArray2<f32>>() {
+            let ro = arr.readonly();
+            let view: ArrayView2<f32> = ro.as_array();
+            $py.detach(|| -> PyResult<()> {
+                let mut guard = lock(&$self.inner)?;
+                with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+            })
+        } else {
+            Err(PyTypeError::new_err("update expects a 2-D float32 or float64 numpy array"))
+        }
+    }};
+}
+
+/// Shared read-only accessors (mean, loadings, noise_variance, n_seen) computed with the GIL released.
+macro_rules! model_methods {
+    ($ty:ident, { $($ctor:tt)* }) => {
+        #[pymethods]
+        impl $ty {
+            $($ctor)*
+
+            fn update(&self, py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
+                update_from_any!(self, py, x)
+            }
+
+            #[getter]
+            fn n_seen(&self, py: Python<'_>) -> PyResult<u64> {
+                py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.n_seen())))
+            }
+
+            #[getter]
+            fn dtype(&self, py: Python<'_>) -> PyResult<&'static str> {
+                py.detach(|| {
+                    Ok(match &*lock(&self.inner)? {
+                        Typed::F32(_) => f32::NAME,
+                        Typed::F64(_) => f64::NAME,
+                    })
+                })
+            }
+
+            fn mean<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                let v = py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.mean())))?;
+                Ok(v.into_pyarray(py))
+            }
+
+            fn loadings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+                let v = py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.loadings())))?;
+                Ok(v.into_pyarray(py))
+            }
+
+            fn noise_variance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                let v =
+                    py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.noise_variance())))?;
+                Ok(v.into_pyarray(py))
+            }
+        }
+    };
+}
+
+/// Engine of `onlinefa.OnlineEM`.
+#[pyclass(frozen, module = "onlinefa._core")]
+pub struct OnlineEMCore {
+    inner: Mutex<Typed<OnlineEm<f32>, OnlineEm<f64>>>,
+}
+
+model_methods!(OnlineEMCore, {
+    #[new]
+    #[pyo3(signature = (n_features, n_components, *, init, seed, n_warmup, noise_floor, dtype,
+                        schedule, tau0, kappa, rho, whiten))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        n_features: usize,
+        n_components: usize,
+        init: Option<PyReadonlyArray2<'_, f64>>,
+        seed: Option<u64>,
+        n_warmup: u64,
+        noise_floor: f64,
+        dtype: &str,
+        schedule: &str,
+        tau0: f64,
+        kappa: f64,
+        rho: f64,
+        whiten: bool,
+    ) -> PyResult<Self> {
+        let step_size = step_size(schedule, tau0, kappa, rho)?;
+        let config = EmConfig { n_warmup, noise_floor, step_size, whiten };
+        let init = initial_loadings(init, n_features, n_components, seed)?;
+        let inner = py.detach(|| match dtype {
+            "float32" => OnlineEm::new(n_features, n_components, init.view(), config).map(Typed::F32),
+            "float64" => OnlineEm::new(n_features, n_components, init.view(), config).map(Typed::F64),
+            other => Err(crate::error::invalid("dtype", format!("must be 'float32' or 'float64', got {other:?}"))),
+        });
+        Ok(OnlineEMCore { inner: Mutex::new(inner.map_err(to_py_err)?) })
+    }
+});
+
+/// Engine of `onlinefa.OnlineSGA`.
+#[pyclass(frozen, module = "onlinefa._core")]
+pub struct OnlineSGACore {
+    inner: Mutex<Typed<OnlineSga<f32>, OnlineSga<f64>>>,
+}
+
+model_methods!(OnlineSGACore, {
+    #[new]
+    #[pyo3(signature = (n_features, n_components, *, init, seed, lr, n_warmup, noise_floor, dtype,
+                        schedule, tau0, kappa, rho))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        n_features: usize,
+        n_components: usize,
+        init: Option<PyReadonlyArray2<'_, f64>>,
+        seed: Option<u64>,
+        lr: f64,
+        n_warmup: u64,
+        noise_floor: f64,
+        dtype: &str,
+        schedule: &str,
+        tau0: f64,
+        kappa: f64,
+        rho: f64,
+    ) -> PyResult<Self> {
+        let step_size = step_size(schedule, tau0, kappa, rho)?;
+        let config = SgaConfig { lr, n_warmup, noise_floor, step_size };
+        let init = initial_loadings(init, n_features, n_components, seed)?;
+        let inner = py.detach(|| match dtype {
+            "float32" => OnlineSga::new(n_features, n_components, init.view(), config).map(Typed::F32),
+            "float64" => OnlineSga::new(n_features, n_components, init.view(), config).map(Typed::F64),
+            other => Err(crate::error::invalid("dtype", format!("must be 'float32' or 'float64', got {other:?}"))),
+        });
+        Ok(OnlineSGACore { inner: Mutex::new(inner.map_err(to_py_err)?) })
+    }
+});
+
+/// Draw an orthonormal D×K matrix (§4.4 initialisation) with a seed; exposed for tests and tools.
+#[pyfunction]
+#[pyo3(signature = (n_features, n_components, seed))]
+fn orthonormal_init<'py>(
+    py: Python<'py>,
+    n_features: usize,
+    n_components: usize,
+    seed: u64,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    if n_components < 1 || n_components > n_features {
+        return Err(PyValueError::new_err("need 1 <= n_components <= n_features"));
+    }
+    let q = py.detach(|| orthonormal_loadings(n_features, n_components, seed)).map_err(to_py_err)?;
+    Ok(q.into_pyarray(py))
+}
+
+#[pymodule]
+mod _core {
+    #[pymodule_export]
+    use super::{orthonormal_init, OnlineEMCore, OnlineSGACore};
+}
