@@ -5,9 +5,10 @@
 use std::sync::{Mutex, MutexGuard};
 
 use ndarray::{Array2, ArrayView2};
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayDyn, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use crate::error::FaError;
 use crate::init::{entropy_seed, orthonormal_loadings};
@@ -15,6 +16,7 @@ use crate::online_em::{EmConfig, OnlineEm};
 use crate::online_sga::{OnlineSga, SgaConfig};
 use crate::scalar::Real;
 use crate::schedule::StepSize;
+use crate::state::{Checkpoint, StateMap, StateValue};
 
 fn to_py_err(err: FaError) -> PyErr {
     PyValueError::new_err(err.to_string())
@@ -52,6 +54,53 @@ fn step_size(kind: &str, tau0: f64, kappa: f64, rho: f64) -> PyResult<StepSize> 
             "schedule must be 'harmonic', 'power' or 'constant', got {other:?}"
         ))),
     }
+}
+
+/// Convert a checkpoint map to a dict of NumPy arrays and Python scalars.
+fn state_to_dict<'py>(py: Python<'py>, state: StateMap) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (key, value) in state {
+        match value {
+            StateValue::F32(shape, data) => {
+                dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?
+            }
+            StateValue::F64(shape, data) => {
+                dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?
+            }
+            StateValue::Int(v) => dict.set_item(key, v)?,
+            StateValue::Float(v) => dict.set_item(key, v)?,
+            StateValue::Bool(v) => dict.set_item(key, v)?,
+            StateValue::Text(v) => dict.set_item(key, v)?,
+        }
+    }
+    Ok(dict)
+}
+
+/// Convert a dict written by `state_to_dict` (or read back from a checkpoint file) into a map.
+fn dict_to_state(dict: &Bound<'_, PyDict>) -> PyResult<StateMap> {
+    let mut state = StateMap::new();
+    for (key, value) in dict.iter() {
+        let key: String = key.extract()?;
+        let entry = if value.is_instance_of::<PyBool>() {
+            StateValue::Bool(value.extract()?)
+        } else if value.is_instance_of::<PyInt>() {
+            StateValue::Int(value.extract()?)
+        } else if value.is_instance_of::<PyFloat>() {
+            StateValue::Float(value.extract()?)
+        } else if value.is_instance_of::<PyString>() {
+            StateValue::Text(value.extract()?)
+        } else if let Ok(a) = value.cast::<PyArrayDyn<f64>>() {
+            StateValue::F64(a.shape().to_vec(), a.readonly().as_array().iter().copied().collect())
+        } else if let Ok(a) = value.cast::<PyArrayDyn<f32>>() {
+            StateValue::F32(a.shape().to_vec(), a.readonly().as_array().iter().copied().collect())
+        } else {
+            return Err(PyValueError::new_err(format!(
+                "invalid state: entry `{key}` must be a float32/float64 array or a Python scalar"
+            )));
+        };
+        state.insert(key, entry);
+    }
+    Ok(state)
 }
 
 /// A model with f32 or f64 state.
@@ -101,6 +150,27 @@ macro_rules! model_methods {
 
             fn update(&self, py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
                 update_from_any!(self, py, x)
+            }
+
+            /// Everything needed to resume exactly, as a dict of arrays and scalars.
+            fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                let state = py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.to_state())))?;
+                state_to_dict(py, state)
+            }
+
+            /// Rebuild an engine from `get_state()`'s output (validated; ValueError if inconsistent).
+            #[staticmethod]
+            fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
+                let map = dict_to_state(state)?;
+                let is_f32 = matches!(map.get("mean"), Some(StateValue::F32(..)));
+                let inner = py.detach(|| {
+                    if is_f32 {
+                        Checkpoint::from_state(&map).map(Typed::F32)
+                    } else {
+                        Checkpoint::from_state(&map).map(Typed::F64)
+                    }
+                });
+                Ok(Self { inner: Mutex::new(inner.map_err(to_py_err)?) })
             }
 
             #[getter]

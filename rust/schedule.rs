@@ -83,3 +83,29 @@ mod tests {
         assert!(StepSize::Constant(1.5).validate().is_err());
     }
 }
+
+/// Store a schedule in a checkpoint.
+pub(crate) fn write_schedule(w: &mut crate::state::StateWriter, s: &StepSize) {
+    use crate::state::StateValue::{Float, Text};
+    let (name, tau0, kappa, rho) = match *s {
+        StepSize::Harmonic => ("harmonic", 0.0, 1.0, 1.0),
+        StepSize::Power { tau0, kappa } => ("power", tau0, kappa, 1.0),
+        StepSize::Constant(rho) => ("constant", 0.0, 1.0, rho),
+    };
+    w.put("schedule", Text(name.into()));
+    w.put("tau0", Float(tau0));
+    w.put("kappa", Float(kappa));
+    w.put("rho", Float(rho));
+}
+
+/// Read a schedule from a checkpoint (validated).
+pub(crate) fn read_schedule(r: &crate::state::StateReader) -> Result<StepSize> {
+    let s = match r.text("schedule")? {
+        "harmonic" => StepSize::Harmonic,
+        "power" => StepSize::Power { tau0: r.float("tau0")?, kappa: r.float("kappa")? },
+        "constant" => StepSize::Constant(r.float("rho")?),
+        other => return Err(crate::error::FaError::InvalidState(format!("unknown schedule {other:?}"))),
+    };
+    s.validate().map_err(|e| crate::error::FaError::InvalidState(e.to_string()))?;
+    Ok(s)
+}
