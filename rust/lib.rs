@@ -13,6 +13,7 @@ pub mod online_sga;
 mod pass;
 pub mod scalar;
 pub mod schedule;
+mod small_k;
 pub mod state;
 
 #[cfg(feature = "python")]

@@ -13,8 +13,8 @@ use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 use crate::error::{invalid, FaError, Result};
 use crate::linalg::{lower_triangular_inverse, SpdFactor};
 use crate::pass::{
-    accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block,
-    Sums, BLOCK_ROWS, TASK_ROWS,
+    accumulate_estep, block_times, load_rows, outer, reduce_tasks, row_dots, use_parallel, validate_batch,
+    Block, Sums, BLOCK_ROWS, TASK_ROWS,
 };
 use crate::scalar::{stored, Real};
 use crate::schedule::StepSize;
@@ -244,15 +244,15 @@ impl<T: Real> OnlineEm<T> {
     /// Ā with the pending update applied, as the next pass will store it (D×K, f64).
     fn current_a_bar(&self) -> Array2<f64> {
         let k = self.n_components;
-        let mut out = Array2::<f64>::zeros((self.n_features, k));
+        let mut out = Vec::with_capacity(self.n_features * k);
         let mut blk = Block::new(k);
-        for (b, (a, d_last)) in self.a_bar.chunks(BLOCK_ROWS * k).zip(self.d_last.chunks(BLOCK_ROWS)).enumerate() {
+        for (a, d_last) in self.a_bar.chunks(BLOCK_ROWS * k).zip(self.d_last.chunks(BLOCK_ROWS)) {
             let nb = d_last.len();
-            load_rows(a, &mut blk.a, nb);
+            load_rows(a, &mut blk.a);
             apply_pending::<T>(&mut blk, d_last, self.pending.as_ref(), nb);
-            out.slice_mut(s![b * BLOCK_ROWS..b * BLOCK_ROWS + nb, ..]).assign(&blk.a.slice(s![..nb, ..]));
+            out.extend_from_slice(&blk.a[..nb * k]);
         }
-        out
+        Array2::from_shape_vec((self.n_features, k), out).expect("D·K values collected")
     }
 
     /// Loadings F (D×K) as the next E-step will use them.
@@ -295,22 +295,22 @@ impl<T: Real> OnlineEm<T> {
 }
 
 /// Ā rows of the block ← ((1 − ρ) Ā + ρ d mᵀ) W, rounded to storage precision (line 12 of Algorithm 2,
-/// plus the optional whitening transform). `blk.a[..nb]` holds the stored rows on entry.
+/// plus the optional whitening transform). `blk.a[..nb·K]` holds the stored rows on entry.
 fn apply_pending<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pending>, nb: usize) {
     let Some(p) = pending else { return };
-    let k = blk.a.ncols();
-    for i in 0..nb {
-        let d = d_last[i].to_f64();
-        for j in 0..k {
-            let a = blk.a[[i, j]];
-            blk.a[[i, j]] = a + p.rho * (d * p.m[j] - a);
+    let k = blk.k;
+    let m = p.m.as_slice().expect("m is contiguous");
+    for (a_row, d) in blk.a[..nb * k].chunks_exact_mut(k).zip(d_last.iter()) {
+        let d = d.to_f64();
+        for (a, &m_j) in a_row.iter_mut().zip(m.iter()) {
+            *a += p.rho * (d * m_j - *a);
         }
     }
     if let Some(w) = &p.transform {
         block_times(&blk.a, w.view(), &mut blk.tmp, nb);
         std::mem::swap(&mut blk.a, &mut blk.tmp);
     }
-    for v in blk.a.slice_mut(s![..nb, ..]).iter_mut() {
+    for v in blk.a[..nb * k].iter_mut() {
         *v = stored::<T>(*v).1;
     }
 }
@@ -325,27 +325,31 @@ fn em_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>)
         let nb = (n - b0).min(BLOCK_ROWS);
         let a_rows = &mut rows.a[b0 * k..(b0 + nb) * k];
         // 1. Pending line 12 of the previous sample: Ā_{t−1} from Ā_{t−2}; write it back.
-        load_rows(a_rows, &mut blk.a, nb);
-        apply_pending::<T>(&mut blk, &rows.d_last[b0..b0 + nb], ctx.pending, nb);
+        load_rows(a_rows, &mut blk.a);
         if ctx.pending.is_some() {
-            for (dst, src) in a_rows.iter_mut().zip(blk.a.slice(s![..nb, ..]).iter()) {
+            apply_pending::<T>(&mut blk, &rows.d_last[b0..b0 + nb], ctx.pending, nb);
+            for (dst, src) in a_rows.iter_mut().zip(blk.a.iter()) {
                 *dst = T::from_f64(*src);
             }
         }
         // 2. F and ψ of the previous sample (lines 13, 15), or F₀ and ψ = 1 during warm-up.
         loadings_block(&mut blk, &rows.dsq[b0..b0 + nb], rows.lo + b0, ctx, nb);
         // 3. Lines 5, 6, 14: θ̄_t, d_t = θ_t − θ̄_t, d̄²_t (after ψ used d̄²_{t−1}).
-        for i in 0..nb {
-            let r = b0 + i;
-            let xi = x[rows.lo + r].to_f64();
-            let mean = rows.mean[r].to_f64();
-            let (mean_s, mean) = stored::<T>(mean + ctx.rho * (xi - mean));
-            rows.mean[r] = mean_s;
-            let d = xi - mean;
-            let dsq = rows.dsq[r].to_f64();
-            rows.dsq[r] = T::from_f64(dsq + ctx.rho * (d * d - dsq));
-            rows.d_last[r] = T::from_f64(d);
-            blk.d[i] = d;
+        let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
+        let state = rows.mean[b0..b0 + nb]
+            .iter_mut()
+            .zip(rows.dsq[b0..b0 + nb].iter_mut())
+            .zip(rows.d_last[b0..b0 + nb].iter_mut());
+        for ((((mean, dsq), d_last), xi), d_out) in state.zip(x_blk.iter()).zip(blk.d.iter_mut()) {
+            let xi = xi.to_f64();
+            let m0 = mean.to_f64();
+            let (mean_s, m1) = stored::<T>(m0 + ctx.rho * (xi - m0));
+            *mean = mean_s;
+            let d = xi - m1;
+            let dsq0 = dsq.to_f64();
+            *dsq = T::from_f64(dsq0 + ctx.rho * (d * d - dsq0));
+            *d_last = T::from_f64(d);
+            *d_out = d;
         }
         // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
         accumulate_estep(&mut blk, nb, &mut sums);
@@ -359,16 +363,16 @@ fn loadings_block<T: Real>(blk: &mut Block, dsq: &[T], row0: usize, ctx: &PassCt
     let k = ctx.k;
     match ctx.source {
         Source::Initial(f0) => {
-            load_rows(&f0[row0 * k..(row0 + nb) * k], &mut blk.f, nb);
+            load_rows(&f0[row0 * k..(row0 + nb) * k], &mut blk.f);
             blk.psi[..nb].fill(1.0);
             return;
         }
         Source::Stats(h_inv) => block_times(&blk.a, h_inv.view(), &mut blk.f, nb),
-        Source::Whitened => blk.f.slice_mut(s![..nb, ..]).assign(&blk.a.slice(s![..nb, ..])),
+        Source::Whitened => blk.f[..nb * k].copy_from_slice(&blk.a[..nb * k]),
     }
-    for i in 0..nb {
-        let fa: f64 = (0..k).map(|j| blk.f[[i, j]] * blk.a[[i, j]]).sum();
-        blk.psi[i] = (dsq[i].to_f64() - fa).max(ctx.floor);
+    row_dots(&blk.f, &blk.a, k, nb, &mut blk.psi);
+    for (psi, dsq) in blk.psi[..nb].iter_mut().zip(dsq.iter()) {
+        *psi = (dsq.to_f64() - *psi).max(ctx.floor);
     }
 }
 

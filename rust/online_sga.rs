@@ -155,19 +155,19 @@ impl<T: Real> OnlineSga<T> {
     /// F and ψ with the pending gradient step applied (what the next E-step will use).
     fn current(&self) -> (Array2<f64>, Array1<f64>) {
         let k = self.n_components;
-        let mut f_out = Array2::<f64>::zeros((self.n_features, k));
-        let mut psi_out = Array1::<f64>::zeros(self.n_features);
+        let mut f_out = Vec::with_capacity(self.n_features * k);
+        let mut psi_out = Vec::with_capacity(self.n_features);
         let mut blk = Block::new(k);
         let chunks = self.f.chunks(BLOCK_ROWS * k).zip(self.psi.chunks(BLOCK_ROWS)).zip(self.d_last.chunks(BLOCK_ROWS));
-        for (b, ((f, psi), d_last)) in chunks.enumerate() {
+        for ((f, psi), d_last) in chunks {
             let nb = psi.len();
-            load_block(&mut blk, f, psi, nb);
+            load_block(&mut blk, f, psi);
             apply_gradient::<T>(&mut blk, d_last, self.pending.as_ref(), self.config.lr, self.config.noise_floor, nb);
-            let lo = b * BLOCK_ROWS;
-            f_out.slice_mut(s![lo..lo + nb, ..]).assign(&blk.f.slice(s![..nb, ..]));
-            psi_out.slice_mut(s![lo..lo + nb]).assign(&ArrayView1::from(&blk.psi[..nb]));
+            f_out.extend_from_slice(&blk.f[..nb * k]);
+            psi_out.extend_from_slice(&blk.psi[..nb]);
         }
-        (f_out, psi_out)
+        let f = Array2::from_shape_vec((self.n_features, k), f_out).expect("D·K values collected");
+        (f, Array1::from(psi_out))
     }
 
     /// Loadings F (D×K).
@@ -196,35 +196,36 @@ fn estep(sums: Sums, k: usize) -> Result<Pending> {
     Ok(Pending { m, p })
 }
 
-fn load_block<T: Real>(blk: &mut Block, f: &[T], psi: &[T], nb: usize) {
-    load_rows(f, &mut blk.f, nb);
-    for (dst, src) in blk.psi.iter_mut().zip(psi.iter()).take(nb) {
-        *dst = src.to_f64();
-    }
+fn load_block<T: Real>(blk: &mut Block, f: &[T], psi: &[T]) {
+    load_rows(f, &mut blk.f);
+    load_rows(psi, &mut blk.psi);
 }
 
 /// Lines 10–14 of Algorithm 1 on a block of rows (F in blk.f, ψ in blk.psi), rounded to storage precision:
 /// ∇F = ψ⁻¹ ⊙ (d mᵀ − F P) (4.24), ∇β = ½ψ⁻¹ ⊙ (d² − 2 d ⊙ F m + rowsum(F P ⊙ F)) − ½ (4.25, 4.26),
-/// F ← F + α ∇F, β ← β + α ∇β with ψ = exp β, i.e. ψ ← ψ·exp(α ∇β), floored.
+/// F ← F + α ∇F, β ← β + α ∇β with ψ = exp β, i.e. ψ ← ψ·exp(α ∇β), floored. Shapes: blk.f nb×K,
+/// P = Σ + m mᵀ K×K, m K.
 fn apply_gradient<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pending>, lr: f64, floor: f64, nb: usize) {
     let Some(p) = pending else { return };
-    let k = blk.f.ncols();
+    let k = blk.k;
+    let m = p.m.as_slice().expect("m is contiguous");
     block_times(&blk.f, p.p.view(), &mut blk.tmp, nb);
-    for i in 0..nb {
-        let d = d_last[i].to_f64();
-        let inv_psi = 1.0 / blk.psi[i];
+    let rows = blk.f[..nb * k].chunks_exact_mut(k).zip(blk.tmp[..nb * k].chunks_exact(k));
+    for (((f_row, fp_row), psi), d) in rows.zip(blk.psi[..nb].iter_mut()).zip(d_last.iter()) {
+        let d = d.to_f64();
+        let inv_psi = 1.0 / *psi;
         let mut f_m = 0.0;
         let mut fp_f = 0.0;
-        for j in 0..k {
-            f_m += blk.f[[i, j]] * p.m[j];
-            fp_f += blk.tmp[[i, j]] * blk.f[[i, j]];
+        for ((&f, &fp), &m_j) in f_row.iter().zip(fp_row.iter()).zip(m.iter()) {
+            f_m += f * m_j;
+            fp_f += fp * f;
         }
         let grad_beta = 0.5 * inv_psi * (d * d - 2.0 * d * f_m + fp_f) - 0.5;
-        for j in 0..k {
-            let grad_f = inv_psi * (d * p.m[j] - blk.tmp[[i, j]]);
-            blk.f[[i, j]] = stored::<T>(blk.f[[i, j]] + lr * grad_f).1;
+        for ((f, &fp), &m_j) in f_row.iter_mut().zip(fp_row.iter()).zip(m.iter()) {
+            let grad_f = inv_psi * (d * m_j - fp);
+            *f = stored::<T>(*f + lr * grad_f).1;
         }
-        blk.psi[i] = stored::<T>((blk.psi[i] * (lr * grad_beta).exp()).max(floor)).1;
+        *psi = stored::<T>((*psi * (lr * grad_beta).exp()).max(floor)).1;
     }
 }
 
@@ -239,10 +240,10 @@ fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx) -
         if ctx.active {
             let f_rows = &mut rows.f[b0 * k..(b0 + nb) * k];
             let psi_rows = &mut rows.psi[b0..b0 + nb];
-            load_block(&mut blk, f_rows, psi_rows, nb);
+            load_block(&mut blk, f_rows, psi_rows);
             if ctx.pending.is_some() {
                 apply_gradient::<T>(&mut blk, &rows.d_last[b0..b0 + nb], ctx.pending, ctx.lr, ctx.floor, nb);
-                for (dst, src) in f_rows.iter_mut().zip(blk.f.slice(s![..nb, ..]).iter()) {
+                for (dst, src) in f_rows.iter_mut().zip(blk.f.iter()) {
                     *dst = T::from_f64(*src);
                 }
                 for (dst, src) in psi_rows.iter_mut().zip(blk.psi.iter()) {
@@ -250,15 +251,16 @@ fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx) -
                 }
             }
         }
-        for i in 0..nb {
-            let r = b0 + i;
-            let xi = x[rows.lo + r].to_f64();
-            let mean = rows.mean[r].to_f64();
-            let (mean_s, mean) = stored::<T>(mean + ctx.rho * (xi - mean));
-            rows.mean[r] = mean_s;
-            let d = xi - mean;
-            rows.d_last[r] = T::from_f64(d);
-            blk.d[i] = d;
+        let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
+        let state = rows.mean[b0..b0 + nb].iter_mut().zip(rows.d_last[b0..b0 + nb].iter_mut());
+        for (((mean, d_last), xi), d_out) in state.zip(x_blk.iter()).zip(blk.d.iter_mut()) {
+            let xi = xi.to_f64();
+            let m0 = mean.to_f64();
+            let (mean_s, m1) = stored::<T>(m0 + ctx.rho * (xi - m0));
+            *mean = mean_s;
+            let d = xi - m1;
+            *d_last = T::from_f64(d);
+            *d_out = d;
         }
         if ctx.active {
             accumulate_estep(&mut blk, nb, &mut sums);

@@ -7,16 +7,17 @@
 //! threads and the partial sums are added in task order, so results are bit-identical for any thread count.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 use rayon::prelude::*;
 
 use crate::error::{FaError, Result};
 use crate::scalar::Real;
+use crate::small_k::{try_add_outer, try_rows_times};
 
 /// Rows per rayon task.
 pub(crate) const TASK_ROWS: usize = 8192;
 /// Rows per GEMM block inside a task.
-pub(crate) const BLOCK_ROWS: usize = 64;
+pub(crate) const BLOCK_ROWS: usize = 256;
 /// Below this many state elements (D·K) a pass runs on the calling thread only.
 pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
 
@@ -57,64 +58,92 @@ where
     partials.iter().fold(Sums::zeros(k), Sums::add)
 }
 
-/// Per-task scratch: one block of rows in f64.
+/// Per-task scratch: one block of rows in f64, each matrix row-major BLOCK_ROWS×K.
 pub(crate) struct Block {
-    /// Block of the stored matrix (Ā for EM, F for SGA), BLOCK_ROWS×K.
-    pub(crate) a: Array2<f64>,
-    /// Loadings rows used by the E-step, BLOCK_ROWS×K.
-    pub(crate) f: Array2<f64>,
-    /// Temporary BLOCK_ROWS×K product.
-    pub(crate) tmp: Array2<f64>,
+    /// Block of the stored matrix (Ā for EM, F for SGA).
+    pub(crate) a: Vec<f64>,
+    /// Loadings rows used by the E-step.
+    pub(crate) f: Vec<f64>,
+    /// Temporary product.
+    pub(crate) tmp: Vec<f64>,
     /// ψ of each row.
     pub(crate) psi: Vec<f64>,
     /// Centred sample d of each row.
     pub(crate) d: Vec<f64>,
+    /// K.
+    pub(crate) k: usize,
 }
 
 impl Block {
     pub(crate) fn new(k: usize) -> Self {
         Block {
-            a: Array2::zeros((BLOCK_ROWS, k)),
-            f: Array2::zeros((BLOCK_ROWS, k)),
-            tmp: Array2::zeros((BLOCK_ROWS, k)),
+            a: vec![0.0; BLOCK_ROWS * k],
+            f: vec![0.0; BLOCK_ROWS * k],
+            tmp: vec![0.0; BLOCK_ROWS * k],
             psi: vec![0.0; BLOCK_ROWS],
             d: vec![0.0; BLOCK_ROWS],
+            k,
         }
     }
 }
 
-/// Copy `nb` stored rows (row-major, K wide) into the first `nb` rows of `dst` as f64.
-pub(crate) fn load_rows<T: Real>(src: &[T], dst: &mut Array2<f64>, nb: usize) {
-    let k = dst.ncols();
-    for (i, row) in src.chunks_exact(k).take(nb).enumerate() {
-        for (j, v) in row.iter().enumerate() {
-            dst[[i, j]] = v.to_f64();
-        }
+/// Copy stored rows (row-major, K wide) into `dst` as f64 (`dst.len() >= src.len()`).
+#[inline]
+pub(crate) fn load_rows<T: Real>(src: &[T], dst: &mut [f64]) {
+    for (d, s) in dst.iter_mut().zip(src.iter()) {
+        *d = s.to_f64();
     }
 }
 
-/// out[..nb] = a[..nb] · m for a K×K matrix m (one small GEMM per block).
-pub(crate) fn block_times(a: &Array2<f64>, m: ArrayView2<f64>, out: &mut Array2<f64>, nb: usize) {
-    let a_blk = a.slice(s![..nb, ..]);
-    let mut out_blk = out.slice_mut(s![..nb, ..]);
+/// View the first `nb` rows of a row-major K-wide buffer as an nb×K matrix.
+#[inline]
+pub(crate) fn rows_view(buf: &[f64], nb: usize, k: usize) -> ArrayView2<'_, f64> {
+    ArrayView2::from_shape((nb, k), &buf[..nb * k]).expect("buffer holds nb rows of K")
+}
+
+/// out[..nb] = a[..nb] · m for a K×K matrix m (one small GEMM per block; matrixmultiply picks the
+/// SIMD kernel for this CPU at run time).
+pub(crate) fn block_times(a: &[f64], m: ArrayView2<f64>, out: &mut [f64], nb: usize) {
+    let k = m.nrows();
+    if let Some(m_flat) = m.as_slice() {
+        if try_rows_times(k, a, m_flat, out, nb) {
+            return;
+        }
+    }
+    let a_blk = rows_view(a, nb, k);
+    let mut out_blk = ArrayViewMut2::from_shape((nb, k), &mut out[..nb * k]).expect("buffer holds nb rows of K");
     general_mat_mul(1.0, &a_blk, &m, 0.0, &mut out_blk);
 }
 
 /// Add this block's contribution to S = Σ f fᵀ/ψ and u = Σ f d/ψ  (the E-step sums of (4.23)).
 /// Overwrites `blk.tmp` with y = f/ψ.
 pub(crate) fn accumulate_estep(blk: &mut Block, nb: usize, sums: &mut Sums) {
-    let k = blk.f.ncols();
-    for i in 0..nb {
-        let inv_psi = 1.0 / blk.psi[i];
-        for j in 0..k {
-            let y = blk.f[[i, j]] * inv_psi;
-            blk.tmp[[i, j]] = y;
-            sums.u[j] += y * blk.d[i];
+    let k = blk.k;
+    let u = sums.u.as_slice_mut().expect("u is contiguous");
+    let rows = blk.f[..nb * k].chunks_exact(k).zip(blk.tmp[..nb * k].chunks_exact_mut(k));
+    for ((f_row, y_row), (&psi, &d)) in rows.zip(blk.psi.iter().zip(blk.d.iter())) {
+        let inv_psi = 1.0 / psi;
+        for ((y, &f), u_j) in y_row.iter_mut().zip(f_row.iter()).zip(u.iter_mut()) {
+            *y = f * inv_psi;
+            *u_j += *y * d;
         }
     }
-    let y = blk.tmp.slice(s![..nb, ..]);
-    let f = blk.f.slice(s![..nb, ..]);
+    if let Some(s_flat) = sums.s.as_slice_mut() {
+        if try_add_outer(k, &blk.tmp, &blk.f, s_flat, nb) {
+            return;
+        }
+    }
+    let y = rows_view(&blk.tmp, nb, k);
+    let f = rows_view(&blk.f, nb, k);
     general_mat_mul(1.0, &y.t(), &f, 1.0, &mut sums.s);
+}
+
+/// Row-wise dot products: out[i] = Σ_j x[i,j] y[i,j] for nb rows of width k.
+#[inline]
+pub(crate) fn row_dots(x: &[f64], y: &[f64], k: usize, nb: usize, out: &mut [f64]) {
+    for ((o, xr), yr) in out[..nb].iter_mut().zip(x.chunks_exact(k)).zip(y.chunks_exact(k)) {
+        *o = xr.iter().zip(yr.iter()).map(|(a, b)| a * b).sum();
+    }
 }
 
 /// Check a batch before any row is applied: shape (n, D), every value finite and |x| ≤ T::MAX_INPUT.
