@@ -1,0 +1,38 @@
+"""float32 state tracks float64 state over a long (10⁵-sample) stream (issue: float32 state)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import onlinefa
+from onlinefa.datasets import make_fa_model, sample_fa
+
+N_SAMPLES = 100_000
+
+
+@pytest.fixture(scope="module")
+def stream() -> tuple[np.ndarray, np.ndarray]:
+    c, loadings, psi = make_fa_model(50, 3, spectrum=(1.0, 10.0), seed=0)
+    x = sample_fa(c, loadings, psi, N_SAMPLES, seed=1)
+    return x, loadings @ loadings.T + np.diag(psi)
+
+
+@pytest.mark.parametrize("cls", [onlinefa.OnlineEM, onlinefa.OnlineSGA])
+def test_float32_tracks_float64_over_1e5_samples(
+    cls: type[onlinefa.OnlineEM] | type[onlinefa.OnlineSGA], stream: tuple[np.ndarray, np.ndarray]
+) -> None:
+    x, true_cov = stream
+    m64 = cls(50, 3, seed=0).update(x)
+    m32 = cls(50, 3, seed=0, dtype="float32").update(x.astype(np.float32))
+    assert m32.dtype == "float32" and m64.dtype == "float64"
+    cov64, cov32 = m64.covariance(), m32.covariance()
+    drift = np.linalg.norm(cov32 - cov64) / np.linalg.norm(cov64)
+    estimation_error = np.linalg.norm(cov64 - true_cov) / np.linalg.norm(true_cov)
+    # float32 rounding (ε ≈ 6e-8) accumulated over 10⁵ updates measured ~7e-6 for EM, ~1e-6 for SGA; the
+    # bound 1e-4 leaves >10× margin and is still ~200× below the statistical error of the fit itself
+    # (~2.5e-2 here), i.e. float32 state costs nothing measurable in accuracy.
+    assert drift < 1e-4
+    assert drift < estimation_error / 100
+    # Means: |x| ~ 3 and the running mean is stored in float32, so ~1e-5 absolute after 10⁵ samples.
+    np.testing.assert_allclose(m32.mean, m64.mean, rtol=0, atol=1e-4)
