@@ -18,8 +18,23 @@ D, K                  ``n_features``, ``n_components``
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._models import OnlineEM, OnlineSGA
+
+if TYPE_CHECKING:
+    from .estimator import OnlineFactorAnalysis
 
 __version__ = "0.1.0"
 
-__all__ = ["OnlineEM", "OnlineSGA", "__version__"]
+__all__ = ["OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # The estimator is imported on first use: it imports scikit-learn when that is installed, and
+    # `import onlinefa` must stay numpy-only.
+    if name == "OnlineFactorAnalysis":
+        from .estimator import OnlineFactorAnalysis
+
+        return OnlineFactorAnalysis
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,29 +1,406 @@
-"""Checkpoint files (placeholder until the checkpoint module lands): versioned .npz, atomic writes."""
+"""Checkpoint files: a documented, versioned, portable ``.npz`` format, written atomically.
+
+Every model (``OnlineEM``, ``OnlineSGA``, ``VIFA``, ``OnlineFactorAnalysis``) checkpoints through the
+two functions of this module: the model turns itself into a *state* — a flat ``dict`` mapping names to
+NumPy arrays and Python scalars, everything needed to continue bit-identically — and
+:func:`save_state` / :func:`load_state` move that dict to and from disk.
+
+File format, version 1
+----------------------
+A checkpoint is an uncompressed zip archive of ``.npy`` files, i.e. a NumPy ``.npz`` file: it opens with
+``numpy.load(path, allow_pickle=False)`` and with any other ``.npy`` reader (no pickles anywhere). All
+arrays are stored little-endian and C-ordered, so files move between machines unchanged. Members:
+
+=================  ==========================  ==================================================
+member             stored as                   meaning
+=================  ==========================  ==================================================
+``__format__``     int64 scalar                format version, :data:`FORMAT_VERSION`
+``__class__``      unicode scalar              model class, e.g. ``"OnlineEM"``
+``__manifest__``   unicode scalar (JSON)       ``{name: type}`` for every state entry, type one of
+                                               ``"array"``, ``"int"``, ``"float"``, ``"bool"``,
+                                               ``"str"``, ``"none"``
+``__sha256__``     unicode scalar              SHA-256 digest of the content (hex), see below
+``<name>``         array / 0-d array           one state entry (none for type ``"none"``)
+=================  ==========================  ==================================================
+
+Scalar entries are 0-d arrays: ``"int"`` as int64 (uint64 above 2⁶³ − 1), ``"float"`` as float64,
+``"bool"`` as bool, ``"str"`` as unicode. ``"array"`` entries keep their dtype (bool, integer or float).
+
+The digest is SHA-256 over, in order: ``b"onlinefa-checkpoint\\0"``, the format version and class as
+``"<version>\\0<class>\\0"``, then for every entry in sorted name order
+``"<name>\\0<type>\\0<dtype.str>\\0<shape as comma-separated ints>\\0"`` (UTF-8) followed by the
+entry's little-endian C-order bytes (nothing for ``"none"``).
+
+Reading checks, in this order: the archive and every member's CRC (zip), the format version, the class,
+that the members are exactly the manifest's, the digest, then the entries' types. Anything wrong raises
+:class:`ValueError` naming the file and the problem, so a truncated, corrupted, foreign, future-version
+or wrong-class file never turns into a silently wrong model. The model's own ``from_state`` then checks
+every shape and value.
+
+Writing is atomic: the archive goes to a temporary file in the destination's directory, is flushed and
+``fsync``-ed, then renamed over the destination with :func:`os.replace`. A crash or exception mid-save
+leaves any previous checkpoint untouched and removes the temporary file.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
+import json
+import math
 import os
-from typing import Any
+import secrets
+import zipfile
+from collections.abc import Mapping
+from typing import IO, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+#: Version of the file layout written by :func:`save_state`; :func:`load_state` reads only this one.
 FORMAT_VERSION = 1
 
+_VERSION_KEY = "__format__"
+_CLASS_KEY = "__class__"
+_MANIFEST_KEY = "__manifest__"
+_DIGEST_KEY = "__sha256__"
+_RESERVED = (_VERSION_KEY, _CLASS_KEY, _MANIFEST_KEY, _DIGEST_KEY)
+_DIGEST_PREFIX = b"onlinefa-checkpoint\0"
+#: Fixed zip timestamp, so the same state always gives the same bytes.
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+_ARRAY_KINDS = "biuf"
+_ENTRY_TYPES = ("array", "int", "float", "bool", "str", "none")
 
-def save_state(path: str | os.PathLike[str], kind: str, state: dict[str, Any]) -> None:
-    """Write ``state`` atomically."""
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as handle:
-        np.savez(handle, __format__=np.int64(FORMAT_VERSION), __class__=np.str_(kind), **state)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+StateDict = dict[str, Any]
 
 
-def load_state(path: str | os.PathLike[str], kind: str) -> dict[str, Any]:
-    """Read a state written by :func:`save_state`."""
-    with np.load(path, allow_pickle=False) as data:
-        state = {k: data[k] for k in data.files}
-    state.pop("__format__")
-    state.pop("__class__")
-    return {k: (v.item() if v.ndim == 0 else v) for k, v in state.items()}
+# -- encoding ----------------------------------------------------------------------------------------
+def _encode_int(name: str, value: int) -> NDArray[Any]:
+    if -(2**63) <= value < 2**63:
+        return np.array(value, dtype="<i8")
+    if 0 <= value < 2**64:
+        return np.array(value, dtype="<u8")
+    raise ValueError(f"state entry {name!r}: integer {value} does not fit in 64 bits")
+
+
+def _encode_entry(name: str, value: object) -> tuple[str, NDArray[Any] | None]:
+    """Return (manifest type, stored little-endian array or None) for one state entry."""
+    if value is None:
+        return "none", None
+    if isinstance(value, (bool, np.bool_)):
+        return "bool", np.array(bool(value), dtype="|b1")
+    if isinstance(value, (int, np.integer)):
+        return "int", _encode_int(name, int(value))
+    if isinstance(value, (float, np.floating)):
+        return "float", np.array(float(value), dtype="<f8")
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError(f"state entry {name!r}: strings must not contain NUL characters")
+        return "str", np.array(value, dtype="<U")
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in _ARRAY_KINDS:
+            raise TypeError(
+                f"state entry {name!r}: arrays must be bool, integer or float, got dtype {value.dtype}"
+            )
+        return "array", np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+    raise TypeError(
+        f"state entry {name!r}: expected a NumPy array, int, float, bool, str or None, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"state entry names must be non-empty strings, got {name!r}")
+    if name.startswith("__") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"state entry name {name!r} is reserved or not a valid file name")
+    return name
+
+
+def _encode_state(state: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, NDArray[Any]]]:
+    """Validate ``state`` and return (manifest, stored arrays)."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a mapping of names to values, got {type(state).__name__}")
+    manifest: dict[str, str] = {}
+    arrays: dict[str, NDArray[Any]] = {}
+    for raw_name, value in state.items():
+        name = _check_name(raw_name)
+        entry_type, stored = _encode_entry(name, value)
+        manifest[name] = entry_type
+        if stored is not None:
+            arrays[name] = stored
+    return manifest, arrays
+
+
+# -- digest ------------------------------------------------------------------------------------------
+def _little_endian_bytes(array: NDArray[Any]) -> NDArray[np.uint8]:
+    """The C-order little-endian bytes of ``array`` (a view when it already is laid out so)."""
+    stored = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    as_bytes: NDArray[np.uint8] = stored.reshape(-1).view(np.uint8)
+    return as_bytes
+
+
+def state_digest(
+    version: int, kind: str, manifest: Mapping[str, str], arrays: Mapping[str, NDArray[Any]]
+) -> str:
+    """SHA-256 digest (hex) of a checkpoint's content, as specified in the module documentation.
+
+    Parameters
+    ----------
+    version : int
+        Format version stored in the file.
+    kind : str
+        Model class stored in the file.
+    manifest : mapping of str to str
+        Entry name → entry type.
+    arrays : mapping of str to ndarray
+        Entry name → stored array, for every entry whose type is not ``"none"``.
+
+    Returns
+    -------
+    str
+        64 hexadecimal digits.
+    """
+    digest = hashlib.sha256(_DIGEST_PREFIX)
+    digest.update(f"{version}\0{kind}\0".encode())
+    for name in sorted(manifest):
+        entry_type = manifest[name]
+        array = arrays.get(name)
+        if array is None:
+            digest.update(f"{name}\0{entry_type}\0\0\0".encode())
+            continue
+        little = array.dtype.newbyteorder("<")
+        shape = ",".join(str(n) for n in array.shape)
+        digest.update(f"{name}\0{entry_type}\0{little.str}\0{shape}\0".encode())
+        digest.update(_little_endian_bytes(array).data)
+    return digest.hexdigest()
+
+
+# -- writing -----------------------------------------------------------------------------------------
+def _write_member(archive: zipfile.ZipFile, name: str, array: NDArray[Any]) -> None:
+    info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
+    info.compress_type = zipfile.ZIP_STORED
+    with archive.open(info, mode="w", force_zip64=True) as member:
+        np.lib.format.write_array(member, array, allow_pickle=False)
+
+
+def _write_archive(handle: IO[bytes], members: Mapping[str, NDArray[Any]]) -> None:
+    with zipfile.ZipFile(handle, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in members.items():
+            _write_member(archive, name, array)
+
+
+def _open_temporary(directory: str, base_name: str) -> tuple[str, IO[bytes]]:
+    """Create a new file beside the destination (normal permissions, unique name) and open it."""
+    for _ in range(100):
+        temp_path = os.path.join(directory, f".{base_name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        except FileExistsError:
+            continue
+        return temp_path, os.fdopen(fd, "wb")
+    raise FileExistsError(f"could not create a temporary file in {directory!r}")  # pragma: no cover
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_state(path: str | os.PathLike[str], kind: str, state: Mapping[str, Any]) -> None:
+    """Write ``state`` of a ``kind`` model to ``path`` atomically, in the format described above.
+
+    Parameters
+    ----------
+    path : str or path-like
+        Destination, used exactly as given (no extension is added). Its directory must exist.
+    kind : str
+        Model class name stored in the file and checked by :func:`load_state`.
+    state : mapping of str to value
+        Values are NumPy arrays (bool, integer or float), Python/NumPy ints, floats, bools, str or None.
+        Names are non-empty, must not start with ``"__"`` and must not contain path separators.
+
+    Raises
+    ------
+    TypeError
+        An entry of an unsupported type, or a non-string name or kind.
+    ValueError
+        A reserved or invalid name, or an integer that does not fit in 64 bits.
+    OSError
+        Writing failed; the destination is then unchanged and the temporary file removed.
+    """
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"kind must be a non-empty string, got {kind!r}")
+    manifest, arrays = _encode_state(state)
+    members: dict[str, NDArray[Any]] = {
+        _VERSION_KEY: np.array(FORMAT_VERSION, dtype="<i8"),
+        _CLASS_KEY: np.array(kind, dtype="<U"),
+        _MANIFEST_KEY: np.array(json.dumps(manifest, sort_keys=True), dtype="<U"),
+        _DIGEST_KEY: np.array(state_digest(FORMAT_VERSION, kind, manifest, arrays), dtype="<U"),
+    }
+    members.update(arrays)
+    destination = os.path.abspath(os.fspath(path))
+    directory, base_name = os.path.split(destination)
+    temp_path, handle = _open_temporary(directory, base_name)
+    try:
+        with handle:
+            _write_archive(handle, members)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp_path, destination)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_path)
+        raise
+    _fsync_directory(directory)
+
+
+# -- reading -----------------------------------------------------------------------------------------
+class _Invalid(ValueError):
+    """Internal: the file is not a valid checkpoint (reported with the file name by load_state)."""
+
+
+def _parse_npy(name: str, data: bytes) -> NDArray[Any]:
+    """Decode one ``.npy`` member, checking its header against the member size before any allocation."""
+    stream = io.BytesIO(data)
+    major, _ = np.lib.format.read_magic(stream)
+    if major == 1:
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif major in (2, 3):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise _Invalid(f"member {name!r} has an unknown .npy version {major}")
+    if dtype.kind not in _ARRAY_KINDS + "U" or dtype.hasobject or dtype.fields is not None:
+        raise _Invalid(f"member {name!r} has an unsupported dtype {dtype}")
+    count = math.prod(shape)
+    offset = stream.tell()
+    if count * dtype.itemsize != len(data) - offset:
+        raise _Invalid(
+            f"member {name!r} holds {len(data) - offset} data bytes but its header needs "
+            f"{count * dtype.itemsize}"
+        )
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    array: NDArray[Any] = flat.reshape(shape, order="F" if fortran_order else "C")
+    return array
+
+
+def _read_members(handle: IO[bytes]) -> dict[str, NDArray[Any]]:
+    """Every member of the archive, decoded; zip verifies each member's CRC-32 while reading."""
+    members: dict[str, NDArray[Any]] = {}
+    with zipfile.ZipFile(handle) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                raise _Invalid(f"unexpected member {info.filename!r}")
+            name = info.filename[: -len(".npy")]
+            if name in members:
+                raise _Invalid(f"member {name!r} appears twice")
+            members[name] = _parse_npy(name, archive.read(info))
+    return members
+
+
+def _header_scalar(members: Mapping[str, NDArray[Any]], key: str, kinds: str) -> Any:
+    value = members.get(key)
+    if value is None or value.shape != () or value.dtype.kind not in kinds:
+        raise _Invalid(f"header entry {key} is missing or malformed")
+    return value.item()
+
+
+def _check_version_and_class(members: Mapping[str, NDArray[Any]], kind: str) -> None:
+    version = _header_scalar(members, _VERSION_KEY, "iu")
+    if version != FORMAT_VERSION:
+        newer = " (written by a newer onlinefa; upgrade to read it)" if version > FORMAT_VERSION else ""
+        raise _Invalid(
+            f"unsupported checkpoint format version {version}{newer}; this onlinefa reads version "
+            f"{FORMAT_VERSION}"
+        )
+    stored_kind = _header_scalar(members, _CLASS_KEY, "U")
+    if stored_kind != kind:
+        raise _Invalid(f"it holds a model of class {stored_kind!r}, not {kind!r}")
+
+
+def _read_manifest(members: Mapping[str, NDArray[Any]]) -> dict[str, str]:
+    try:
+        manifest = json.loads(_header_scalar(members, _MANIFEST_KEY, "U"))
+    except json.JSONDecodeError as err:
+        raise _Invalid(f"the manifest is not valid JSON ({err})") from err
+    if not isinstance(manifest, dict) or not all(
+        isinstance(name, str) and entry_type in _ENTRY_TYPES for name, entry_type in manifest.items()
+    ):
+        raise _Invalid("the manifest is malformed")
+    expected = {name for name, entry_type in manifest.items() if entry_type != "none"}
+    present = set(members) - set(_RESERVED)
+    if expected - present:
+        raise _Invalid(f"entries listed in the manifest are missing: {sorted(expected - present)}")
+    if present - expected:
+        raise _Invalid(f"entries not listed in the manifest: {sorted(present - expected)}")
+    return manifest
+
+
+def _decode_entry(name: str, entry_type: str, stored: NDArray[Any] | None) -> Any:
+    if stored is None:
+        return None
+    if entry_type == "array":
+        if stored.dtype.kind not in _ARRAY_KINDS:
+            raise _Invalid(f"entry {name!r} should be a numeric array, has dtype {stored.dtype}")
+        return np.array(stored, dtype=stored.dtype.newbyteorder("="), order="C")
+    allowed_kinds = {"int": "iu", "float": "f", "bool": "b", "str": "U"}[entry_type]
+    if stored.shape != () or stored.dtype.kind not in allowed_kinds:
+        raise _Invalid(f"entry {name!r} should be a {entry_type} scalar")
+    return stored.item()
+
+
+def _decode_members(members: Mapping[str, NDArray[Any]], kind: str) -> StateDict:
+    """Check header, manifest and digest of parsed members and return the state."""
+    _check_version_and_class(members, kind)
+    manifest = _read_manifest(members)
+    arrays = {name: members[name] for name, entry_type in manifest.items() if entry_type != "none"}
+    if _header_scalar(members, _DIGEST_KEY, "U") != state_digest(FORMAT_VERSION, kind, manifest, arrays):
+        raise _Invalid("its SHA-256 checksum does not match its content (the file was modified)")
+    return {name: _decode_entry(name, manifest[name], arrays.get(name)) for name in sorted(manifest)}
+
+
+def load_state(path: str | os.PathLike[str], kind: str) -> StateDict:
+    """Read a state written by :func:`save_state`, verifying format version, class and checksum.
+
+    Parameters
+    ----------
+    path : str or path-like
+        Checkpoint file.
+    kind : str
+        Expected model class name.
+
+    Returns
+    -------
+    dict
+        The state as saved: arrays (native byte order, writable, C-ordered) and Python scalars.
+
+    Raises
+    ------
+    ValueError
+        The file is not a checkpoint, is truncated or corrupted, has an unknown format version,
+        fails its checksum, or holds another class than ``kind``. The message names the file.
+    OSError
+        The file cannot be opened (e.g. :class:`FileNotFoundError`).
+    """
+    shown = os.fspath(path)
+    with open(path, "rb") as handle:
+        try:
+            members = _read_members(handle)
+        except Exception as err:  # any failure to parse what was opened means a damaged file
+            raise ValueError(
+                f"{shown!r} is not a valid onlinefa checkpoint (truncated or corrupted?): {err}"
+            ) from err
+    try:
+        return _decode_members(members, kind)
+    except _Invalid as err:
+        raise ValueError(f"{shown!r} is not a valid {kind} checkpoint: {err}") from err

@@ -1,0 +1,605 @@
+"""scikit-learn style estimator: :class:`OnlineFactorAnalysis`, a streaming ``FactorAnalysis``.
+
+With scikit-learn installed the class is a real ``BaseEstimator`` + ``TransformerMixin`` (it passes
+``sklearn.utils.estimator_checks``, works in pipelines, ``clone``, grid search, ``set_output``); without
+it, it is a plain class with the same methods (``get_params``/``set_params`` included). scikit-learn is
+imported when this module is first imported, never by ``import onlinefa`` itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
+from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA
+from ._validation import check_dtype, check_int, check_positive_float, check_seed
+from .interop import as_numpy
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+FloatArray = NDArray[np.float64]
+StreamingModel = OnlineEM | OnlineSGA
+
+#: Largest magnitude accepted by the query methods (transform, score, ...), as for fitting with
+#: float64 state: it keeps every intermediate of the Woodbury computations finite.
+MAX_QUERY_MAGNITUDE = 1e100
+
+_ALGORITHMS: dict[str, type[OnlineEM] | type[OnlineSGA]] = {"em": OnlineEM, "sga": OnlineSGA}
+_CHECKPOINT_KIND = "OnlineFactorAnalysis"
+
+
+class _ParamsMixin:
+    """``get_params``/``set_params``/``repr`` with scikit-learn's conventions (used without scikit-learn)."""
+
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        return sorted(p.name for p in parameters if p.name != "self" and p.kind != p.VAR_KEYWORD)
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """Constructor parameters of this estimator.
+
+        Parameters
+        ----------
+        deep : bool, default=True
+            Ignored (no sub-estimators); kept for scikit-learn compatibility.
+
+        Returns
+        -------
+        dict
+            Parameter name → value.
+        """
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params: Any) -> Self:
+        """Set constructor parameters; they take effect at the next ``fit`` (or first ``partial_fit``).
+
+        Parameters
+        ----------
+        **params
+            Parameter name → new value.
+
+        Returns
+        -------
+        self
+        """
+        valid = self._get_param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"Invalid parameter {name!r} for {type(self).__name__}; valid: {valid}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{name}={value!r}" for name, value in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+
+class _NotFittedError(ValueError, AttributeError):
+    """Raised when a fitted attribute or method is used before ``fit``/``partial_fit``."""
+
+
+if TYPE_CHECKING:
+    _EstimatorBase = _ParamsMixin
+    NotFittedError = _NotFittedError
+else:
+    try:
+        from sklearn.base import BaseEstimator, TransformerMixin
+        from sklearn.exceptions import NotFittedError
+    except ImportError:
+        _EstimatorBase = _ParamsMixin
+        NotFittedError = _NotFittedError
+    else:
+
+        class _EstimatorBase(TransformerMixin, BaseEstimator):
+            """scikit-learn's transformer bases, in the order scikit-learn requires."""
+
+
+def _seed_from(random_state: object) -> int | None:
+    """Seed for the model's initial loadings, following scikit-learn's ``random_state`` convention."""
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2**31 - 1))
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2**63 - 1))
+    try:
+        return check_seed(random_state)
+    except TypeError as err:
+        raise TypeError(
+            "random_state must be None, an int or a numpy RandomState/Generator, "
+            f"got {type(random_state).__name__}"
+        ) from err
+
+
+def _is_sparse(data: object) -> bool:
+    return hasattr(data, "toarray") and hasattr(data, "nnz")
+
+
+def _as_real_matrix(data: object) -> NDArray[Any]:
+    """``data`` as a 2-D real array (float32/float64 kept without copying; others to float64)."""
+    if _is_sparse(data):
+        raise TypeError("sparse input is not supported by OnlineFactorAnalysis; pass a dense array")
+    X = as_numpy(data)
+    if X.dtype.kind == "c":
+        raise ValueError("Complex data not supported; pass real-valued samples")
+    if X.dtype.kind == "O":
+        X = X.astype(np.float64)  # numbers stored as objects; anything else raises TypeError here
+    if X.dtype.kind not in "biuf":
+        raise TypeError(f"expected real numeric samples, got an array of dtype {X.dtype}")
+    if X.ndim != 2:
+        shape_name = "scalar" if X.ndim == 0 else f"{X.ndim}D"
+        raise ValueError(
+            f"Expected a 2D array of shape (n_samples, n_features), got a {shape_name} array instead. "
+            "Reshape your data either using array.reshape(-1, 1) if your data has a single feature or "
+            "array.reshape(1, -1) if it contains a single sample."
+        )
+    if X.dtype not in (np.float32, np.float64) or not X.dtype.isnative:
+        X = X.astype(np.float64)
+    return X
+
+
+def _check_finite(X: NDArray[Any], limit: float | None) -> None:
+    """Raise ValueError for NaN/±Inf, and for magnitudes above ``limit`` when one is given."""
+    if limit is None:
+        if not np.isfinite(X).all():
+            raise ValueError("Input X contains NaN or infinity")
+        return
+    within = np.abs(X) <= limit  # False for NaN too
+    if not within.all():
+        if not np.isfinite(X).all():
+            raise ValueError("Input X contains NaN or infinity")
+        raise ValueError(f"Input X contains a value with |x| > {limit:g}, the largest accepted")
+
+
+class OnlineFactorAnalysis(_EstimatorBase):
+    """Streaming factor analysis with scikit-learn's estimator API (a streaming ``FactorAnalysis``).
+
+    Fits N(``mean_``, ``components_ᵀ components_`` + diag ``noise_variance_``) in one pass over the
+    data, with online EM (thesis Algorithm 2) or online SGA (Algorithm 1), in O(D·K) memory. Unlike
+    ``sklearn.decomposition.FactorAnalysis`` it never forms a D×D matrix (except in
+    :meth:`get_covariance` / :meth:`get_precision`), so D can be in the millions.
+
+    Parameters
+    ----------
+    n_components : int
+        K, the number of latent factors, 1 <= K < n_features.
+    algorithm : {"em", "sga"}, default="em"
+        Online EM (:class:`onlinefa.OnlineEM`) or online stochastic gradient ascent
+        (:class:`onlinefa.OnlineSGA`).
+    n_warmup : int, default=100
+        Samples during which only the running averages move and the loadings keep their initial value.
+    lr : float, default=1e-3
+        Learning rate of ``algorithm="sga"`` (validated, unused by EM).
+    noise_floor : float, default=1e-10
+        Lower bound on every noise variance ψ_d (absolute, squared data units). A constant feature gets
+        ψ_d = ``noise_floor`` and a zero loading row; when the floor is not active the result equals
+        the thesis algorithm.
+    dtype : {"float64", "float32"}, default="float64"
+        Storage of the D-sized state (float32 halves memory; inputs must then stay below 1e18).
+    random_state : int, RandomState, Generator or None, default=None
+        Seed of the orthonormal initial loadings (thesis §4.4). None draws fresh entropy.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_components, n_features)
+        Loadings Fᵀ (scikit-learn's orientation).
+    noise_variance_ : ndarray of shape (n_features,)
+        Noise variances ψ.
+    mean_ : ndarray of shape (n_features,)
+        Running mean of the samples seen.
+    n_samples_seen_ : int
+        Number of samples seen since the last :meth:`fit`.
+    n_features_in_ : int
+        Number of features, fixed by the first :meth:`partial_fit` (or :meth:`fit`).
+
+    Notes
+    -----
+    Hyper-parameters are read by :meth:`fit` and by the first :meth:`partial_fit`; changing them with
+    ``set_params`` afterwards takes effect at the next :meth:`fit`. Rows are applied in order with
+    exact sequential semantics, so ``fit(X)`` equals any sequence of ``partial_fit`` calls on
+    consecutive chunks of ``X``. Fitting inputs are read in place when they are float32/float64
+    (NumPy arrays, memory maps, DLPack producers such as PyTorch/JAX CPU arrays).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from onlinefa import OnlineFactorAnalysis
+    >>> X = np.random.default_rng(0).standard_normal((1000, 8))
+    >>> fa = OnlineFactorAnalysis(2, n_warmup=50, random_state=0)
+    >>> for batch in np.array_split(X, 10):
+    ...     _ = fa.partial_fit(batch)
+    >>> fa.components_.shape, fa.n_samples_seen_
+    ((2, 8), 1000)
+    >>> fa.transform(X[:3]).shape
+    (3, 2)
+    """
+
+    _model: StreamingModel
+
+    def __init__(
+        self,
+        n_components: int,
+        *,
+        algorithm: str = "em",
+        n_warmup: int = 100,
+        lr: float = 1e-3,
+        noise_floor: float = DEFAULT_NOISE_FLOOR,
+        dtype: str = "float64",
+        random_state: int | np.random.RandomState | np.random.Generator | None = None,
+    ) -> None:
+        self.n_components = n_components
+        self.algorithm = algorithm
+        self.n_warmup = n_warmup
+        self.lr = lr
+        self.noise_floor = noise_floor
+        self.dtype = dtype
+        self.random_state = random_state
+
+    # -- construction of the streaming model ----------------------------------------------------------
+    def _model_class(self) -> type[OnlineEM] | type[OnlineSGA]:
+        if not isinstance(self.algorithm, str) or self.algorithm not in _ALGORITHMS:
+            raise ValueError(f"algorithm must be 'em' or 'sga', got {self.algorithm!r}")
+        return _ALGORITHMS[self.algorithm]
+
+    def _model_options(self) -> dict[str, Any]:
+        """Keyword arguments of the streaming model beyond the shared ones (one place to extend)."""
+        if self.algorithm == "sga":
+            return {"lr": self.lr}
+        return {}
+
+    def _new_model(self, n_features: int) -> StreamingModel:
+        """Validate the hyper-parameters and build a fresh streaming model for ``n_features``."""
+        model_class = self._model_class()
+        n_components = check_int(self.n_components, "n_components", 1)
+        if n_components >= n_features:
+            raise ValueError(
+                f"n_components={n_components} must be smaller than n_features = {n_features}"
+            )
+        check_positive_float(self.lr, "lr")
+        return model_class(
+            n_features,
+            n_components,
+            n_warmup=check_int(self.n_warmup, "n_warmup", 0),
+            seed=_seed_from(self.random_state),
+            noise_floor=check_positive_float(self.noise_floor, "noise_floor"),
+            dtype=check_dtype(self.dtype),
+            **self._model_options(),
+        )
+
+    # -- input checks ---------------------------------------------------------------------------------
+    def _fitting_input(self, X: object, *, first: bool) -> NDArray[Any]:
+        """Validate a fitting batch; ``first``: it fixes n_features (else it must match)."""
+        arr = _as_real_matrix(X)
+        n_samples, n_features = arr.shape
+        if n_samples < 1:
+            raise ValueError(
+                f"Found array with 0 sample(s) (shape={arr.shape}) while a minimum of 1 is required "
+                f"by {type(self).__name__}."
+            )
+        if first and n_features < 2:
+            raise ValueError(
+                f"Found array with {n_features} feature(s) (shape={arr.shape}) while a minimum of 2 is "
+                f"required by {type(self).__name__}."
+            )
+        if not first:
+            self._check_n_features(n_features)
+        _check_finite(arr, None)  # the core also rejects magnitudes beyond its dtype's range
+        return arr
+
+    def _query_input(self, X: object) -> FloatArray:
+        """Validate the input of a query method (fitted model, matching features, finite, float64)."""
+        self._fitted_model()
+        arr = _as_real_matrix(X)
+        if arr.shape[0] < 1:
+            raise ValueError(
+                f"Found array with 0 sample(s) (shape={arr.shape}) while a minimum of 1 is required."
+            )
+        self._check_n_features(arr.shape[1])
+        _check_finite(arr, MAX_QUERY_MAGNITUDE)
+        out: FloatArray = arr.astype(np.float64, copy=False)
+        return out
+
+    def _check_n_features(self, n_features: int) -> None:
+        expected = self._fitted_model().n_features
+        if n_features != expected:
+            raise ValueError(
+                f"X has {n_features} features, but {type(self).__name__} is expecting {expected} "
+                "features as input."
+            )
+
+    def _fitted_model(self) -> StreamingModel:
+        model: StreamingModel | None = self.__dict__.get("_model")
+        if model is None:
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' or 'partial_fit' "
+                "with appropriate arguments before using this estimator."
+            )
+        return model
+
+    def __sklearn_is_fitted__(self) -> bool:
+        """Whether :meth:`fit` or :meth:`partial_fit` has been called (scikit-learn protocol)."""
+        return "_model" in self.__dict__
+
+    # -- fitting --------------------------------------------------------------------------------------
+    def partial_fit(self, X: ArrayLike, y: object = None) -> Self:
+        """Update the model with one batch of samples, in row order.
+
+        The first call fixes ``n_features_in_`` and builds the model from the hyper-parameters.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            float32/float64 arrays are read in place; other real dtypes are converted once.
+        y : ignored
+            Present for scikit-learn API compatibility.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Wrong shape, a feature count different from ``n_features_in_``, an empty batch, NaN/±Inf or
+            values too large for the state dtype, or invalid hyper-parameters. Nothing is applied.
+        TypeError
+            Non-numeric, sparse or complex-object input, or a hyper-parameter of the wrong type.
+        """
+        model = self.__dict__.get("_model")
+        arr = self._fitting_input(X, first=model is None)
+        if model is None:
+            fresh = self._new_model(arr.shape[1])
+            fresh.update(arr)
+            self._model = fresh
+        else:
+            model.update(arr)
+        return self
+
+    def fit(self, X: ArrayLike, y: object = None) -> Self:
+        """Forget previous data, then stream the rows of ``X`` through a fresh model, in order.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError, TypeError
+            As :meth:`partial_fit`; on error the previous fit is kept unchanged.
+        """
+        arr = self._fitting_input(X, first=True)
+        fresh = self._new_model(arr.shape[1])
+        fresh.update(arr)
+        self._model = fresh
+        return self
+
+    def fit_transform(self, X: ArrayLike, y: object = None) -> FloatArray:
+        """:meth:`fit` to ``X``, then return ``transform(X)``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_components)
+        """
+        return self.fit(X).transform(X)
+
+    # -- queries --------------------------------------------------------------------------------------
+    def transform(self, X: ArrayLike) -> FloatArray:
+        """Posterior means of the latent factors, E[h | x] = (I + Fᵀ Ψ⁻¹ F)⁻¹ Fᵀ Ψ⁻¹ (x − mean).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_components)
+        """
+        arr = self._query_input(X)
+        return self._fitted_model().transform(arr)
+
+    def score_samples(self, X: ArrayLike) -> FloatArray:
+        """Log-likelihood of each sample under the fitted Gaussian, in O(n·D·K).
+
+        Uses the Woodbury identity and the matrix determinant lemma; no D×D matrix is formed.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        arr = self._query_input(X)
+        return self._fitted_model().log_prob(arr)
+
+    def score(self, X: ArrayLike, y: object = None) -> float:
+        """Average log-likelihood of the samples (as ``FactorAnalysis.score``).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        float
+        """
+        return float(np.mean(self.score_samples(X)))
+
+    def get_covariance(self) -> FloatArray:
+        """Dense model covariance, ``components_.T @ components_ + diag(noise_variance_)``.
+
+        Returns
+        -------
+        ndarray of shape (n_features, n_features)
+
+        Raises
+        ------
+        ValueError
+            If n_features exceeds 5000 (the matrix would be too large).
+        """
+        return self._fitted_model().covariance()
+
+    def get_precision(self) -> FloatArray:
+        """Dense inverse covariance by the Woodbury identity, Ψ⁻¹ − Ψ⁻¹F (I + FᵀΨ⁻¹F)⁻¹ FᵀΨ⁻¹.
+
+        Returns
+        -------
+        ndarray of shape (n_features, n_features)
+
+        Raises
+        ------
+        ValueError
+            If n_features exceeds 5000 (the matrix would be too large).
+        """
+        model = self._fitted_model()
+        if model.n_features > MAX_DENSE_FEATURES:
+            raise ValueError(
+                f"get_precision() would build a dense {model.n_features}x{model.n_features} matrix; "
+                f"the limit is {MAX_DENSE_FEATURES} features"
+            )
+        noise_variance = model.noise_variance
+        scaled, chol = _precision_factor(model.loadings, noise_variance)
+        half = np.linalg.solve(chol, scaled.T)  # L⁻¹ Fᵀ Ψ⁻¹, K×D
+        precision: FloatArray = -(half.T @ half)
+        precision[np.diag_indices(model.n_features)] += 1.0 / noise_variance
+        return precision
+
+    def get_feature_names_out(self, input_features: ArrayLike | None = None) -> NDArray[np.object_]:
+        """Names of the output columns of :meth:`transform`: ``onlinefactoranalysis0``, ...
+
+        Parameters
+        ----------
+        input_features : array-like of str, optional
+            Only checked for its length (it must equal ``n_features_in_``).
+
+        Returns
+        -------
+        ndarray of str objects, shape (n_components,)
+        """
+        model = self._fitted_model()
+        if input_features is not None and len(np.asarray(input_features)) != model.n_features:
+            raise ValueError("input_features should have length equal to number of features (n_features_in_)")
+        prefix = type(self).__name__.lower()
+        return np.array([f"{prefix}{i}" for i in range(model.n_components)], dtype=object)
+
+    # -- fitted attributes ----------------------------------------------------------------------------
+    @property
+    def components_(self) -> FloatArray:
+        """Loadings Fᵀ, shape (n_components, n_features)."""
+        return np.ascontiguousarray(self._fitted_model().loadings.T)
+
+    @property
+    def noise_variance_(self) -> FloatArray:
+        """Noise variances ψ, shape (n_features,)."""
+        return self._fitted_model().noise_variance
+
+    @property
+    def mean_(self) -> FloatArray:
+        """Running mean, shape (n_features,)."""
+        return self._fitted_model().mean
+
+    @property
+    def n_samples_seen_(self) -> int:
+        """Number of samples seen since the last :meth:`fit`."""
+        return self._fitted_model().n_seen
+
+    @property
+    def n_features_in_(self) -> int:
+        """Number of features seen during fitting."""
+        return self._fitted_model().n_features
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def _checkpoint_state(self) -> dict[str, Any]:
+        params = self.get_params()
+        if not (params["random_state"] is None or isinstance(params["random_state"], (int, np.integer))):
+            raise TypeError(
+                "save() stores random_state only when it is None or an int; set an int seed, or pickle "
+                "the estimator instead"
+            )
+        state: dict[str, Any] = {f"param.{name}": value for name, value in params.items()}
+        model = self.__dict__.get("_model")
+        if model is not None:
+            state["model.class"] = type(model).__name__
+            state.update({f"model.{key}": value for key, value in model.__getstate__()["state"].items()})
+        return state
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write an exact checkpoint (hyper-parameters and model state), atomically.
+
+        See :mod:`onlinefa.checkpoint` for the file format. ``load`` then continues bit-identically.
+
+        Parameters
+        ----------
+        path : str or path-like
+            Destination file, used as given.
+
+        Raises
+        ------
+        TypeError
+            A hyper-parameter that the portable format cannot store (e.g. a RandomState object).
+        """
+        from .checkpoint import save_state
+
+        save_state(path, _CHECKPOINT_KIND, self._checkpoint_state())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Self:
+        """Read a checkpoint written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or path-like
+            Checkpoint file.
+
+        Returns
+        -------
+        OnlineFactorAnalysis
+
+        Raises
+        ------
+        ValueError
+            The file is truncated, corrupted, of an unknown format version or holds another model.
+        """
+        from .checkpoint import load_state
+
+        state = load_state(path, _CHECKPOINT_KIND)
+        params = {key[len("param."):]: value for key, value in state.items() if key.startswith("param.")}
+        if set(params) != set(cls._get_param_names()):
+            raise ValueError(f"{os.fspath(path)!r}: the stored hyper-parameters do not match {cls.__name__}")
+        estimator = cls(**params)
+        if "model.class" in state:
+            estimator._model = _restore_model(state, os.fspath(path))
+        return estimator
+
+
+def _restore_model(state: dict[str, Any], shown_path: str) -> StreamingModel:
+    """Rebuild the streaming model saved under the ``model.`` prefix of an estimator checkpoint."""
+    class_name = state["model.class"]
+    model_class = {cls.__name__: cls for cls in _ALGORITHMS.values()}.get(class_name)
+    if model_class is None:
+        raise ValueError(f"{shown_path!r}: unknown model class {class_name!r} in the checkpoint")
+    model_state = {
+        key[len("model."):]: value
+        for key, value in state.items()
+        if key.startswith("model.") and key != "model.class"
+    }
+    model = model_class.__new__(model_class)
+    model.__setstate__({"class": class_name, "state": model_state})
+    return model

@@ -1,0 +1,334 @@
+"""OnlineFactorAnalysis: scikit-learn's estimator contract, and agreement with the engines and with
+scikit-learn's own FactorAnalysis for the same parameters."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from sklearn.base import BaseEstimator, TransformerMixin, clone
+from sklearn.decomposition import FactorAnalysis
+from sklearn.exceptions import NotFittedError
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import onlinefa
+from onlinefa import OnlineFactorAnalysis
+
+StreamFactory = Callable[[int, int, int, int], npt.NDArray[np.float64]]
+
+# Every check of scikit-learn's suite applies to a streaming model: fit() resets and streams the rows,
+# so fit is idempotent, order-invariant queries hold, and partial_fit exists. Nothing is listed as an
+# expected failure. The instances use n_components=1 because several checks fit 2-feature data
+# (n_components must be < n_features), and a short warm-up so that the loadings are actually learnt
+# on the checks' 20-100 row data sets.
+CHECKED_ESTIMATORS = [
+    OnlineFactorAnalysis(1, n_warmup=5, random_state=0),
+    OnlineFactorAnalysis(1, algorithm="sga", lr=1e-2, n_warmup=5, random_state=0),
+    OnlineFactorAnalysis(1, n_warmup=5, dtype="float32", random_state=0),
+]
+
+
+def no_expected_failures(estimator: Any) -> dict[str, str]:
+    """No check is exempted (see the comment above CHECKED_ESTIMATORS)."""
+    return {}
+
+
+@parametrize_with_checks(CHECKED_ESTIMATORS, expected_failed_checks=no_expected_failures)
+def test_scikit_learn_estimator_checks(estimator: Any, check: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The array-API check runs (with NumPy inputs, as for every estimator without array-API support)
+    # only when SCIPY_ARRAY_API is set; it only reads the variable, so set it for this check.
+    monkeypatch.setenv("SCIPY_ARRAY_API", "1")
+    check(estimator)
+
+
+def test_is_a_real_scikit_learn_transformer() -> None:
+    assert issubclass(OnlineFactorAnalysis, BaseEstimator)
+    assert issubclass(OnlineFactorAnalysis, TransformerMixin)
+    assert onlinefa.OnlineFactorAnalysis is OnlineFactorAnalysis
+
+
+# ---------------------------------------------------------------------------------------------------
+# Agreement with the streaming engines (exact)
+# ---------------------------------------------------------------------------------------------------
+
+D, K = 10, 3
+
+
+def engine_state(model: Any) -> dict[str, Any]:
+    """The full engine state (every hidden running average) of an onlinefa model."""
+    state: dict[str, Any] = model._core.get_state()
+    return state
+
+
+def assert_same_state(left: dict[str, Any], right: dict[str, Any]) -> None:
+    """Bit-for-bit equality of two engine states (arrays: dtype, shape and bytes; scalars: value)."""
+    assert left.keys() == right.keys()
+    for key, value in left.items():
+        if isinstance(value, np.ndarray):
+            assert value.dtype == right[key].dtype and value.shape == right[key].shape, key
+            assert value.tobytes() == right[key].tobytes(), key
+        else:
+            assert type(value) is type(right[key]) and value == right[key], key
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize(("algorithm", "engine", "extra"), [
+    ("em", onlinefa.OnlineEM, {}),
+    ("sga", onlinefa.OnlineSGA, {"lr": 5e-3}),
+])
+def test_partial_fit_streams_exactly_like_the_engine(
+    fa_stream: StreamFactory, algorithm: str, engine: Any, extra: dict[str, Any], dtype: str
+) -> None:
+    X = fa_stream(D, K, 400, 0)
+    fa = OnlineFactorAnalysis(K, algorithm=algorithm, n_warmup=20, dtype=dtype, random_state=7, **extra)
+    reference = engine(D, K, n_warmup=20, seed=7, dtype=dtype, **extra)
+    for batch in np.array_split(X, 9):
+        fa.partial_fit(batch)
+    reference.update(X)
+    assert_same_state(engine_state(fa._model), engine_state(reference))
+    np.testing.assert_array_equal(fa.components_, reference.loadings.T)
+    np.testing.assert_array_equal(fa.noise_variance_, reference.noise_variance)
+    np.testing.assert_array_equal(fa.mean_, reference.mean)
+    assert fa.n_samples_seen_ == 400 and fa.n_features_in_ == D
+    assert fa.components_.shape == (K, D) and fa.components_.flags.c_contiguous
+
+
+def test_fit_resets_then_streams(fa_stream: StreamFactory) -> None:
+    first, second = fa_stream(D, K, 300, 1), fa_stream(D, K, 250, 2)
+    refit = OnlineFactorAnalysis(K, n_warmup=20, random_state=3).fit(first).fit(second)
+    fresh = OnlineFactorAnalysis(K, n_warmup=20, random_state=3).fit(second)
+    chunked = OnlineFactorAnalysis(K, n_warmup=20, random_state=3)
+    for batch in np.array_split(second, 7):
+        chunked.partial_fit(batch)
+    assert_same_state(engine_state(refit._model), engine_state(fresh._model))
+    assert_same_state(engine_state(chunked._model), engine_state(fresh._model))
+    assert refit.n_samples_seen_ == 250
+
+
+def test_fit_transform_equals_fit_then_transform(fa_stream: StreamFactory) -> None:
+    X = fa_stream(D, K, 300, 4)
+    fa = OnlineFactorAnalysis(K, n_warmup=20, random_state=0)
+    np.testing.assert_array_equal(fa.fit_transform(X), clone(fa).fit(X).transform(X))
+
+
+def test_random_state_objects_follow_scikit_learn_conventions(fa_stream: StreamFactory) -> None:
+    X = fa_stream(D, K, 200, 5)
+    for random_state in (np.random.RandomState(0), np.random.default_rng(0)):
+        fa = OnlineFactorAnalysis(K, n_warmup=20, random_state=random_state).fit(X)
+        assert np.isfinite(fa.components_).all()
+    with pytest.raises(TypeError, match="random_state"):
+        OnlineFactorAnalysis(K, random_state="seed").fit(X)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Agreement with scikit-learn's FactorAnalysis for the same parameters
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fitted_pair() -> tuple[OnlineFactorAnalysis, FactorAnalysis, npt.NDArray[np.float64]]:
+    """Our fitted estimator, and a scikit-learn FactorAnalysis given exactly our parameters."""
+    rng = np.random.default_rng(11)
+    loadings = rng.standard_normal((D, K))
+    X = 2.0 + rng.standard_normal((600, K)) @ loadings.T + rng.standard_normal((600, D)) * 0.7
+    ours = OnlineFactorAnalysis(K, n_warmup=50, random_state=0).fit(X)
+    theirs = FactorAnalysis(K, random_state=0).fit(X)
+    theirs.components_ = ours.components_.copy()
+    theirs.noise_variance_ = ours.noise_variance_.copy()
+    theirs.mean_ = ours.mean_.copy()
+    queries = rng.standard_normal((40, D)) * 3.0
+    return ours, theirs, queries
+
+
+# Both sides evaluate the same closed form in float64 (ours by Woodbury + the determinant lemma,
+# scikit-learn through the dense D×D precision); 1e-10 relative allows only rounding differences.
+SAME_FORMULA_RTOL = 1e-10
+
+
+def test_score_samples_matches_scikit_learn_factor_analysis(fitted_pair: Any) -> None:
+    ours, theirs, queries = fitted_pair
+    np.testing.assert_allclose(ours.score_samples(queries), theirs.score_samples(queries), rtol=SAME_FORMULA_RTOL)
+    assert ours.score(queries) == pytest.approx(theirs.score(queries), rel=SAME_FORMULA_RTOL)
+
+
+def test_transform_covariance_precision_match_scikit_learn(fitted_pair: Any) -> None:
+    ours, theirs, queries = fitted_pair
+    np.testing.assert_allclose(ours.transform(queries), theirs.transform(queries), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(ours.get_covariance(), theirs.get_covariance(), rtol=SAME_FORMULA_RTOL)
+    np.testing.assert_allclose(ours.get_precision(), theirs.get_precision(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(ours.get_precision() @ ours.get_covariance(), np.eye(D), atol=1e-10)
+
+
+def test_score_samples_equals_dense_gaussian_log_density(fitted_pair: Any) -> None:
+    ours, _, queries = fitted_pair
+    covariance = ours.components_.T @ ours.components_ + np.diag(ours.noise_variance_)
+    resid = queries - ours.mean_
+    _, log_det = np.linalg.slogdet(covariance)
+    expected = -0.5 * (D * np.log(2 * np.pi) + log_det + np.einsum("nd,nd->n", resid, np.linalg.solve(covariance, resid.T).T))
+    np.testing.assert_allclose(ours.score_samples(queries), expected, rtol=1e-10)
+
+
+def test_get_feature_names_out(fitted_pair: Any) -> None:
+    ours, _, _ = fitted_pair
+    names = ours.get_feature_names_out()
+    assert names.dtype == object and list(names) == [f"onlinefactoranalysis{i}" for i in range(K)]
+
+
+def test_works_inside_a_pipeline(fa_stream: StreamFactory) -> None:
+    X = fa_stream(D, K, 300, 6)
+    pipe = make_pipeline(StandardScaler(), OnlineFactorAnalysis(K, n_warmup=20, random_state=0)).fit(X)
+    assert pipe.transform(X).shape == (300, K)
+    assert np.isfinite(pipe.score(X))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_feature_count_is_fixed_by_the_first_partial_fit(fa_stream: StreamFactory) -> None:
+    X = fa_stream(D, K, 50, 7)
+    fa = OnlineFactorAnalysis(K, n_warmup=5, random_state=0).partial_fit(X)
+    before = engine_state(fa._model)
+    for method in (fa.partial_fit, fa.transform, fa.score_samples, fa.score):
+        with pytest.raises(ValueError, match=f"X has {D - 1} features, but OnlineFactorAnalysis is expecting {D}"):
+            method(X[:, :-1])
+    assert_same_state(engine_state(fa._model), before)
+
+
+def test_unfitted_estimator_raises_not_fitted() -> None:
+    fa = OnlineFactorAnalysis(2)
+    X = np.zeros((3, 5))
+    for call in (lambda: fa.transform(X), lambda: fa.score_samples(X), lambda: fa.score(X), fa.get_covariance,
+                 fa.get_precision, fa.get_feature_names_out):
+        with pytest.raises(NotFittedError, match="not fitted"):
+            call()
+    for attribute in ("components_", "noise_variance_", "mean_", "n_samples_seen_", "n_features_in_"):
+        assert not hasattr(fa, attribute)
+
+
+@pytest.mark.parametrize(("params", "error", "needle"), [
+    ({"n_components": 0}, ValueError, "n_components"),
+    ({"n_components": 5}, ValueError, "n_components=5 must be smaller than n_features = 5"),
+    ({"n_components": 1.5}, TypeError, "n_components"),
+    ({"n_components": 2, "algorithm": "gibbs"}, ValueError, "algorithm"),
+    ({"n_components": 2, "n_warmup": -1}, ValueError, "n_warmup"),
+    ({"n_components": 2, "lr": 0.0}, ValueError, "lr"),
+    ({"n_components": 2, "noise_floor": float("nan")}, ValueError, "noise_floor"),
+    ({"n_components": 2, "dtype": "float16"}, ValueError, "dtype"),
+    ({"n_components": 2, "random_state": -3}, ValueError, "seed"),
+])
+def test_hyper_parameters_are_validated_at_fit_not_init(params: dict[str, Any], error: type, needle: str) -> None:
+    fa = OnlineFactorAnalysis(**params)  # scikit-learn convention: __init__ only stores
+    X = np.random.default_rng(0).standard_normal((20, 5))
+    with pytest.raises(error, match=needle):
+        fa.fit(X)
+    with pytest.raises(error, match=needle):
+        fa.partial_fit(X)
+    assert not hasattr(fa, "n_features_in_")
+
+
+def test_failed_fit_keeps_the_previous_model(fa_stream: StreamFactory) -> None:
+    X = fa_stream(D, K, 80, 8)
+    fa = OnlineFactorAnalysis(K, n_warmup=5, random_state=0).fit(X)
+    before = engine_state(fa._model)
+    bad = X.copy()
+    bad[-1, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        fa.fit(bad)
+    with pytest.raises(ValueError, match="n_components"):
+        fa.set_params(n_components=D).fit(X)
+    assert_same_state(engine_state(fa._model), before)
+
+
+@pytest.mark.parametrize(("data", "error", "needle"), [
+    (np.zeros((0, 4)), ValueError, "0 sample"),
+    (np.zeros(4), ValueError, "Reshape your data"),
+    (np.zeros((3, 4, 2)), ValueError, "2D array"),
+    (np.ones((3, 4)) * (1 + 1j), ValueError, "Complex data not supported"),
+    (np.array([["a", "b"], ["c", "d"]]), TypeError, "numeric"),
+])
+def test_query_input_errors(data: Any, error: type, needle: str) -> None:
+    ours = OnlineFactorAnalysis(2, n_warmup=5, random_state=0).fit(np.random.default_rng(0).standard_normal((30, 4)))
+    for method in (ours.transform, ours.score_samples, ours.partial_fit):
+        with pytest.raises(error, match=needle):
+            method(data)
+
+
+def test_query_rejects_values_beyond_the_documented_magnitude(fitted_pair: Any) -> None:
+    ours, _, queries = fitted_pair
+    huge = queries[:2].copy()
+    huge[1, 0] = 1e101
+    with pytest.raises(ValueError, match="1e\\+100"):
+        ours.score_samples(huge)
+    huge[1, 0] = 1e100  # the bound itself is accepted, and the log density stays finite
+    assert np.isfinite(ours.score_samples(huge)).all()
+
+
+def test_pickle_round_trip_preserves_predictions(fitted_pair: Any) -> None:
+    ours, _, queries = fitted_pair
+    restored = pickle.loads(pickle.dumps(ours))
+    np.testing.assert_array_equal(restored.score_samples(queries), ours.score_samples(queries))
+    assert restored.get_params() == ours.get_params()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Without scikit-learn
+# ---------------------------------------------------------------------------------------------------
+
+WITHOUT_SKLEARN = textwrap.dedent(
+    """
+    import pickle, sys
+    sys.modules["sklearn"] = None  # any `import sklearn...` now raises ImportError
+    import numpy as np
+    import onlinefa
+    assert "sklearn" not in sys.modules or sys.modules["sklearn"] is None
+    from onlinefa import OnlineFactorAnalysis
+    from onlinefa.estimator import NotFittedError
+    assert [c.__name__ for c in OnlineFactorAnalysis.__mro__] == [
+        "OnlineFactorAnalysis", "_ParamsMixin", "object"], OnlineFactorAnalysis.__mro__
+    fa = OnlineFactorAnalysis(2, n_warmup=10, random_state=0)
+    assert fa.get_params()["n_components"] == 2 and fa.set_params(n_warmup=5) is fa
+    assert repr(fa).startswith("OnlineFactorAnalysis(")
+    try:
+        fa.transform(np.zeros((2, 6)))
+    except NotFittedError as err:
+        assert isinstance(err, ValueError) and isinstance(err, AttributeError)
+    else:
+        raise AssertionError("no NotFittedError")
+    try:
+        fa.set_params(bogus=1)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("set_params accepted an unknown parameter")
+    X = np.random.default_rng(0).standard_normal((100, 6))
+    Z = fa.fit_transform(X)
+    assert Z.shape == (100, 2) and np.isfinite(fa.score(X))
+    again = pickle.loads(pickle.dumps(fa))
+    assert np.array_equal(again.transform(X), Z)
+    print("ok")
+    """
+)
+
+
+def test_estimator_works_without_scikit_learn() -> None:
+    result = subprocess.run([sys.executable, "-c", WITHOUT_SKLEARN], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_import_onlinefa_does_not_import_scikit_learn() -> None:
+    code = "import sys, onlinefa; print('sklearn' in sys.modules, 'scipy' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False"]
