@@ -28,7 +28,8 @@ def _precision_factor(loadings: FloatArray, noise_variance: FloatArray) -> tuple
     """Return (Ψ⁻¹ F, lower Cholesky factor of M = I + Fᵀ Ψ⁻¹ F)."""
     scaled = loadings / noise_variance[:, None]
     m = np.eye(loadings.shape[1]) + loadings.T @ scaled
-    return scaled, np.linalg.cholesky(m)
+    chol = np.asarray(np.linalg.cholesky(m), dtype=np.float64)
+    return scaled, chol
 
 
 def log_prob(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray) -> FloatArray:

@@ -8,7 +8,7 @@ per sample, in the Rust core. Thesis symbols ↔ attributes: c = θ̄ ↔ ``mean
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from . import _core
+from . import _core as _engine
 from ._gaussian import FactorGaussianMixin
 from ._validation import (
     as_sample_matrix,
@@ -33,7 +33,24 @@ Schedule = Literal["harmonic", "power", "constant"]
 DEFAULT_NOISE_FLOOR = 1e-10
 
 
-def _schedule_args(schedule: str, tau0: float, kappa: float, rho: float) -> dict[str, object]:
+class _ScheduleArgs(TypedDict):
+    schedule: str
+    tau0: float
+    kappa: float
+    rho: float
+
+
+class _CommonArgs(TypedDict):
+    n_features: int
+    n_components: int
+    n_warmup: int
+    init: NDArray[np.float64] | None
+    seed: int | None
+    noise_floor: float
+    dtype: str
+
+
+def _schedule_args(schedule: str, tau0: float, kappa: float, rho: float) -> _ScheduleArgs:
     if schedule not in ("harmonic", "power", "constant"):
         raise ValueError(f"schedule must be 'harmonic', 'power' or 'constant', got {schedule!r}")
     return {"schedule": schedule, "tau0": float(tau0), "kappa": float(kappa), "rho": float(rho)}
@@ -42,7 +59,7 @@ def _schedule_args(schedule: str, tau0: float, kappa: float, rho: float) -> dict
 def _common_args(
     n_features: object, n_components: object, n_warmup: object, init: ArrayLike | None,
     seed: object, noise_floor: object, dtype: object,
-) -> dict[str, object]:
+) -> _CommonArgs:
     d = check_int(n_features, "n_features", 2)
     k = check_int(n_components, "n_components", 1)
     if k >= d:
@@ -61,8 +78,8 @@ def _common_args(
 class _StreamingModel(FactorGaussianMixin):
     """Shared front of the Rust engines: input conversion, properties, Gaussian helpers."""
 
-    _core: _core.OnlineEMCore | _core.OnlineSGACore
-    _core_class: type[_core.OnlineEMCore] | type[_core.OnlineSGACore]
+    _core: _engine.OnlineEMCore | _engine.OnlineSGACore
+    _core_class: type[_engine.OnlineEMCore] | type[_engine.OnlineSGACore]
     _n_features: int
     _n_components: int
 
@@ -221,7 +238,7 @@ class OnlineEM(_StreamingModel):
     ((20, 3), (20,), 500)
     """
 
-    _core_class = _core.OnlineEMCore
+    _core_class = _engine.OnlineEMCore
 
     def __init__(
         self,
@@ -240,9 +257,9 @@ class OnlineEM(_StreamingModel):
         rho: float = 0.01,
     ) -> None:
         args = _common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
-        self._n_features = int(args["n_features"])  # type: ignore[call-overload]
-        self._n_components = int(args["n_components"])  # type: ignore[call-overload]
-        self._core = _core.OnlineEMCore(
+        self._n_features = args["n_features"]
+        self._n_components = args["n_components"]
+        self._core = _engine.OnlineEMCore(
             **args, whiten=bool(whiten), **_schedule_args(schedule, tau0, kappa, rho)
         )
 
@@ -278,7 +295,7 @@ class OnlineSGA(_StreamingModel):
         Step sizes of the running mean, as in :class:`OnlineEM`.
     """
 
-    _core_class = _core.OnlineSGACore
+    _core_class = _engine.OnlineSGACore
 
     def __init__(
         self,
@@ -297,8 +314,8 @@ class OnlineSGA(_StreamingModel):
         rho: float = 0.01,
     ) -> None:
         args = _common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
-        self._n_features = int(args["n_features"])  # type: ignore[call-overload]
-        self._n_components = int(args["n_components"])  # type: ignore[call-overload]
-        self._core = _core.OnlineSGACore(
+        self._n_features = args["n_features"]
+        self._n_components = args["n_components"]
+        self._core = _engine.OnlineSGACore(
             **args, lr=check_positive_float(lr, "lr"), **_schedule_args(schedule, tau0, kappa, rho)
         )

@@ -77,7 +77,7 @@ def check_seed(seed: object) -> int | None:
 def check_dtype(dtype: object) -> str:
     """Return the state dtype name, "float32" or "float64"."""
     try:
-        name = np.dtype(dtype).name  # type: ignore[call-overload]
+        name = str(np.dtype(dtype).name)  # type: ignore[call-overload]
     except TypeError as err:
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}") from err
     if name not in ("float32", "float64"):
