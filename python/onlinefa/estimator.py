@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +33,8 @@ MAX_QUERY_MAGNITUDE = 1e100
 
 _ALGORITHMS: dict[str, type[OnlineEM] | type[OnlineSGA]] = {"em": OnlineEM, "sga": OnlineSGA}
 _CHECKPOINT_KIND = "OnlineFactorAnalysis"
+#: Guards the installation of the model by the first partial_fit when several threads race for it.
+_FIRST_MODEL_LOCK = threading.Lock()
 
 
 class _ParamsMixin:
@@ -116,6 +119,16 @@ def _seed_from(random_state: object) -> int | None:
         ) from err
 
 
+def _state_dtype(dtype: object) -> str:
+    """``dtype`` as "float32" or "float64"; ValueError for anything else, whatever NumPy makes of it."""
+    try:
+        return check_dtype(dtype)
+    except ValueError:
+        raise
+    except Exception as err:  # np.dtype raises SyntaxError, KeyError, ... for some strings
+        raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}") from err
+
+
 def _is_sparse(data: object) -> bool:
     return hasattr(data, "toarray") and hasattr(data, "nnz")
 
@@ -145,7 +158,7 @@ def _as_real_matrix(data: object) -> NDArray[Any]:
 
 def _check_finite(X: NDArray[Any], limit: float | None) -> None:
     """Raise ValueError for NaN/±Inf, and for magnitudes above ``limit`` when one is given."""
-    if limit is None:
+    if limit is None or float(np.finfo(X.dtype).max) <= limit:  # e.g. float32: finite implies within limit
         if not np.isfinite(X).all():
             raise ValueError("Input X contains NaN or infinity")
         return
@@ -199,6 +212,8 @@ class OnlineFactorAnalysis(_EstimatorBase):
 
     Notes
     -----
+    Thread safety: concurrent :meth:`partial_fit` calls are serialised by the engine (each batch is
+    applied atomically, the GIL is released meanwhile); queries may run concurrently with them.
     Hyper-parameters are read by :meth:`fit` and by the first :meth:`partial_fit`; changing them with
     ``set_params`` afterwards takes effect at the next :meth:`fit`. Rows are applied in order with
     exact sequential semantics, so ``fit(X)`` equals any sequence of ``partial_fit`` calls on
@@ -267,7 +282,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
             n_warmup=check_int(self.n_warmup, "n_warmup", 0),
             seed=_seed_from(self.random_state),
             noise_floor=check_positive_float(self.noise_floor, "noise_floor"),
-            dtype=check_dtype(self.dtype),
+            dtype=_state_dtype(self.dtype),
             **self._model_options(),
         )
 
@@ -352,13 +367,26 @@ class OnlineFactorAnalysis(_EstimatorBase):
         """
         model = self.__dict__.get("_model")
         arr = self._fitting_input(X, first=model is None)
-        if model is None:
-            fresh = self._new_model(arr.shape[1])
-            fresh.update(arr)
-            self._model = fresh
-        else:
-            model.update(arr)
+        if model is None and self._publish_first_model(arr):
+            return self
+        self._check_n_features(arr.shape[1])
+        self._fitted_model().update(arr)
         return self
+
+    def _publish_first_model(self, arr: NDArray[Any]) -> bool:
+        """Fit a fresh model to ``arr`` and install it unless another thread installed one meanwhile.
+
+        The model is installed only after its first batch succeeded, so a failed first ``partial_fit``
+        leaves the estimator unfitted. Returns False when another thread won the race; the caller then
+        applies ``arr`` to that model (the result is the serial order "their batch, then ours").
+        """
+        fresh = self._new_model(arr.shape[1])
+        fresh.update(arr)
+        with _FIRST_MODEL_LOCK:
+            if "_model" in self.__dict__:
+                return False
+            self._model = fresh
+        return True
 
     def fit(self, X: ArrayLike, y: object = None) -> Self:
         """Forget previous data, then stream the rows of ``X`` through a fresh model, in order.

@@ -80,7 +80,7 @@ def as_numpy(data: object) -> NDArray[Any]:
 
 def _gaussian_parameters(model: object) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(mean, loadings F of shape (D, K), noise variances ψ) of a streaming model or estimator."""
-    if hasattr(model, "components_") and hasattr(model, "noise_variance_"):
+    if hasattr(type(model), "components_"):  # estimator: an unfitted one raises NotFittedError here
         mean = np.asarray(getattr(model, "mean_"), dtype=np.float64)
         loadings = np.asarray(getattr(model, "components_"), dtype=np.float64).T
         noise_variance = np.asarray(getattr(model, "noise_variance_"), dtype=np.float64)
