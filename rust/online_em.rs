@@ -13,7 +13,7 @@ use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 use crate::error::{invalid, FaError, Result};
 use crate::linalg::{lower_triangular_inverse, SpdFactor};
 use crate::pass::{
-    accumulate_estep, block_times, load_rows, outer, reduce_tasks, row_dots, use_parallel, validate_batch,
+    accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel, validate_batch,
     Block, Sums, BLOCK_ROWS, TASK_ROWS,
 };
 use crate::scalar::{stored, Real};
@@ -299,13 +299,9 @@ impl<T: Real> OnlineEm<T> {
 fn apply_pending<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pending>, nb: usize) {
     let Some(p) = pending else { return };
     let k = blk.k;
+    load_rows(&d_last[..nb], &mut blk.d_prev);
     let m = p.m.as_slice().expect("m is contiguous");
-    for (a_row, d) in blk.a[..nb * k].chunks_exact_mut(k).zip(d_last.iter()) {
-        let d = d.to_f64();
-        for (a, &m_j) in a_row.iter_mut().zip(m.iter()) {
-            *a += p.rho * (d * m_j - *a);
-        }
-    }
+    rank_one_update(&mut blk.a, &blk.d_prev, m, p.rho, nb);
     if let Some(w) = &p.transform {
         block_times(&blk.a, w.view(), &mut blk.tmp, nb);
         std::mem::swap(&mut blk.a, &mut blk.tmp);

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use crate::error::{FaError, Result};
 use crate::scalar::Real;
-use crate::small_k::{try_add_outer, try_rows_times};
+use crate::small_k::{try_estep_sums, try_rank_one, try_row_dots, try_rows_times};
 
 /// Rows per rayon task.
 pub(crate) const TASK_ROWS: usize = 8192;
@@ -70,6 +70,8 @@ pub(crate) struct Block {
     pub(crate) psi: Vec<f64>,
     /// Centred sample d of each row.
     pub(crate) d: Vec<f64>,
+    /// The previous sample's d of each row (for the pending update).
+    pub(crate) d_prev: Vec<f64>,
     /// K.
     pub(crate) k: usize,
 }
@@ -82,6 +84,7 @@ impl Block {
             tmp: vec![0.0; BLOCK_ROWS * k],
             psi: vec![0.0; BLOCK_ROWS],
             d: vec![0.0; BLOCK_ROWS],
+            d_prev: vec![0.0; BLOCK_ROWS],
             k,
         }
     }
@@ -119,6 +122,11 @@ pub(crate) fn block_times(a: &[f64], m: ArrayView2<f64>, out: &mut [f64], nb: us
 /// Overwrites `blk.tmp` with y = f/ψ.
 pub(crate) fn accumulate_estep(blk: &mut Block, nb: usize, sums: &mut Sums) {
     let k = blk.k;
+    if let (Some(u), Some(s)) = (sums.u.as_slice_mut(), sums.s.as_slice_mut()) {
+        if try_estep_sums(k, &blk.f, &blk.psi, &blk.d, &mut blk.tmp, u, s, nb) {
+            return;
+        }
+    }
     let u = sums.u.as_slice_mut().expect("u is contiguous");
     let rows = blk.f[..nb * k].chunks_exact(k).zip(blk.tmp[..nb * k].chunks_exact_mut(k));
     for ((f_row, y_row), (&psi, &d)) in rows.zip(blk.psi.iter().zip(blk.d.iter())) {
@@ -128,19 +136,30 @@ pub(crate) fn accumulate_estep(blk: &mut Block, nb: usize, sums: &mut Sums) {
             *u_j += *y * d;
         }
     }
-    if let Some(s_flat) = sums.s.as_slice_mut() {
-        if try_add_outer(k, &blk.tmp, &blk.f, s_flat, nb) {
-            return;
-        }
-    }
     let y = rows_view(&blk.tmp, nb, k);
     let f = rows_view(&blk.f, nb, k);
     general_mat_mul(1.0, &y.t(), &f, 1.0, &mut sums.s);
 }
 
+/// Line 12 of Algorithm 2 on a block: a ← a + ρ (d mᵀ − a) (a nb×K, d nb, m K).
+pub(crate) fn rank_one_update(a: &mut [f64], d: &[f64], m: &[f64], rho: f64, nb: usize) {
+    let k = m.len();
+    if try_rank_one(k, a, d, m, rho, nb) {
+        return;
+    }
+    for (a_row, &di) in a[..nb * k].chunks_exact_mut(k).zip(d.iter()) {
+        for (a, &m_j) in a_row.iter_mut().zip(m.iter()) {
+            *a += rho * (di * m_j - *a);
+        }
+    }
+}
+
 /// Row-wise dot products: out[i] = Σ_j x[i,j] y[i,j] for nb rows of width k.
 #[inline]
 pub(crate) fn row_dots(x: &[f64], y: &[f64], k: usize, nb: usize, out: &mut [f64]) {
+    if try_row_dots(k, x, y, out, nb) {
+        return;
+    }
     for ((o, xr), yr) in out[..nb].iter_mut().zip(x.chunks_exact(k)).zip(y.chunks_exact(k)) {
         *o = xr.iter().zip(yr.iter()).map(|(a, b)| a * b).sum();
     }
