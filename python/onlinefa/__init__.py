@@ -21,13 +21,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._models import OnlineEM, OnlineSGA
+from .vifa import VIFA
 
 if TYPE_CHECKING:
     from .estimator import OnlineFactorAnalysis
 
 __version__ = "0.1.0"
 
-__all__ = ["OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "__version__"]
+__all__ = ["OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "VIFA", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
