@@ -13,7 +13,7 @@ use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 use crate::error::{invalid, FaError, Result};
 use crate::linalg::{lower_triangular_inverse, SpdFactor};
 use crate::pass::{
-    accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel, validate_batch,
+    Scratch, accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel, validate_batch,
     Block, Sums, BLOCK_ROWS, TASK_ROWS,
 };
 use crate::scalar::{stored, Real};
@@ -169,21 +169,23 @@ impl<T: Real> OnlineEm<T> {
     /// Apply the rows of `x` (n×D) in order. Validates the whole batch first: on error nothing is applied.
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
+        let mut scratch = Scratch::new(self.n_features, self.n_components);
+        let mut sums = Sums::zeros(self.n_components);
         for row in x.rows() {
-            self.step(row)?;
+            self.step(row, &mut scratch, &mut sums)?;
         }
         Ok(())
     }
 
     /// One sample: the fused pass (pending Ā update + E-step sums + running averages), then the K×K step.
-    fn step<X: Real>(&mut self, x: ArrayView1<X>) -> Result<()> {
+    fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
         let t = self.n_seen + 1;
         let rho = self.config.step_size.rho(t);
-        let sums = self.pass(x, rho);
+        self.pass(x, rho, scratch, sums);
         self.finish(t, rho, sums)
     }
 
-    fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64) -> Sums {
+    fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64, scratch: &mut Scratch, sums: &mut Sums) {
         let k = self.n_components;
         let ctx = PassCtx {
             pending: self.pending.as_ref(),
@@ -202,11 +204,11 @@ impl<T: Real> OnlineEm<T> {
             .map(|(i, (((a, mean), dsq), d_last))| Rows { lo: i * TASK_ROWS, a, mean, dsq, d_last })
             .collect();
         let parallel = use_parallel(self.n_features, k);
-        reduce_tasks(tasks, parallel, k, |rows| em_task(rows, &x, &ctx))
+        reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| em_task(rows, &x, &ctx, blk, part));
     }
 
     /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
-    fn finish(&mut self, t: u64, rho: f64, sums: Sums) -> Result<()> {
+    fn finish(&mut self, t: u64, rho: f64, sums: &Sums) -> Result<()> {
         let k = self.n_components;
         // (4.23): Σ = (I + C F)⁻¹, m = Σ C d — by Cholesky of the K×K matrix I + C F.
         let precision = Array2::<f64>::eye(k) + &sums.s;
@@ -312,24 +314,22 @@ fn apply_pending<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pendin
 }
 
 /// The fused pass over one task's rows. Shapes: rows.a is n×K (row-major), the other slices n, x is D.
-fn em_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>) -> Sums {
+fn em_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>, blk: &mut Block, sums: &mut Sums) {
     let k = ctx.k;
     let n = rows.mean.len();
-    let mut sums = Sums::zeros(k);
-    let mut blk = Block::new(k);
     for b0 in (0..n).step_by(BLOCK_ROWS) {
         let nb = (n - b0).min(BLOCK_ROWS);
         let a_rows = &mut rows.a[b0 * k..(b0 + nb) * k];
         // 1. Pending line 12 of the previous sample: Ā_{t−1} from Ā_{t−2}; write it back.
         load_rows(a_rows, &mut blk.a);
         if ctx.pending.is_some() {
-            apply_pending::<T>(&mut blk, &rows.d_last[b0..b0 + nb], ctx.pending, nb);
+            apply_pending::<T>(blk, &rows.d_last[b0..b0 + nb], ctx.pending, nb);
             for (dst, src) in a_rows.iter_mut().zip(blk.a.iter()) {
                 *dst = T::from_f64(*src);
             }
         }
         // 2. F and ψ of the previous sample (lines 13, 15), or F₀ and ψ = 1 during warm-up.
-        loadings_block(&mut blk, &rows.dsq[b0..b0 + nb], rows.lo + b0, ctx, nb);
+        loadings_block(blk, &rows.dsq[b0..b0 + nb], rows.lo + b0, ctx, nb);
         // 3. Lines 5, 6, 14: θ̄_t, d_t = θ_t − θ̄_t, d̄²_t (after ψ used d̄²_{t−1}).
         let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
         let state = rows.mean[b0..b0 + nb]
@@ -348,9 +348,8 @@ fn em_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>)
             *d_out = d;
         }
         // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
-        accumulate_estep(&mut blk, nb, &mut sums);
+        accumulate_estep(blk, nb, sums);
     }
-    sums
 }
 
 /// blk.f[..nb] and blk.psi[..nb] for rows starting at global row `row0`:

@@ -9,7 +9,7 @@ use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 use crate::error::{invalid, Result};
 use crate::online_em::{checked_init, validate_dims};
 use crate::pass::{
-    accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block,
+    Scratch, accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block,
     Sums, BLOCK_ROWS, TASK_ROWS,
 };
 use crate::linalg::SpdFactor;
@@ -118,13 +118,16 @@ impl<T: Real> OnlineSga<T> {
     /// Apply the rows of `x` (n×D) in order. Validates the whole batch first: on error nothing is applied.
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
+        let mut scratch = Scratch::new(self.n_features, self.n_components);
+        let mut sums = Sums::zeros(self.n_components);
         for row in x.rows() {
-            self.step(row)?;
+            self.step(row, &mut scratch, &mut sums)?;
         }
         Ok(())
     }
 
-    fn step<X: Real>(&mut self, x: ArrayView1<X>) -> Result<()> {
+    /// One sample: the fused pass (pending gradient step + running mean + E-step sums), then (4.23).
+    fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
         let t = self.n_seen + 1;
         let active = t > self.config.n_warmup;
         let ctx = PassCtx {
@@ -146,7 +149,7 @@ impl<T: Real> OnlineSga<T> {
             .map(|(i, (((f, psi), mean), d_last))| Rows { lo: i * TASK_ROWS, f, psi, mean, d_last })
             .collect();
         let parallel = use_parallel(self.n_features, k);
-        let sums = reduce_tasks(tasks, parallel, k, |rows| sga_task(rows, &x, &ctx));
+        reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| sga_task(rows, &x, &ctx, blk, part));
         self.pending = if active { Some(estep(sums, k)?) } else { None };
         self.n_seen = t;
         Ok(())
@@ -187,7 +190,7 @@ impl<T: Real> OnlineSga<T> {
 }
 
 /// (4.23) from the sums: Σ = (I + C F)⁻¹, m = Σ C d, and P = Σ + m mᵀ for the gradients.
-fn estep(sums: Sums, k: usize) -> Result<Pending> {
+fn estep(sums: &Sums, k: usize) -> Result<Pending> {
     let precision = Array2::<f64>::eye(k) + &sums.s;
     let factor = SpdFactor::new(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
     let sigma = factor.inverse();
@@ -230,19 +233,17 @@ fn apply_gradient<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pendi
 }
 
 /// The fused pass over one task's rows: pending gradient step, running mean, E-step sums.
-fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx) -> Sums {
+fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx, blk: &mut Block, sums: &mut Sums) {
     let k = ctx.k;
     let n = rows.mean.len();
-    let mut sums = Sums::zeros(k);
-    let mut blk = Block::new(k);
     for b0 in (0..n).step_by(BLOCK_ROWS) {
         let nb = (n - b0).min(BLOCK_ROWS);
         if ctx.active {
             let f_rows = &mut rows.f[b0 * k..(b0 + nb) * k];
             let psi_rows = &mut rows.psi[b0..b0 + nb];
-            load_block(&mut blk, f_rows, psi_rows);
+            load_block(blk, f_rows, psi_rows);
             if ctx.pending.is_some() {
-                apply_gradient::<T>(&mut blk, &rows.d_last[b0..b0 + nb], ctx.pending, ctx.lr, ctx.floor, nb);
+                apply_gradient::<T>(blk, &rows.d_last[b0..b0 + nb], ctx.pending, ctx.lr, ctx.floor, nb);
                 for (dst, src) in f_rows.iter_mut().zip(blk.f.iter()) {
                     *dst = T::from_f64(*src);
                 }
@@ -263,10 +264,9 @@ fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx) -
             *d_out = d;
         }
         if ctx.active {
-            accumulate_estep(&mut blk, nb, &mut sums);
+            accumulate_estep(blk, nb, sums);
         }
     }
-    sums
 }
 
 #[cfg(test)]

@@ -31,12 +31,6 @@ impl Sums {
     pub(crate) fn zeros(k: usize) -> Self {
         Sums { s: Array2::zeros((k, k)), u: Array1::zeros(k) }
     }
-
-    fn add(mut self, other: &Sums) -> Self {
-        self.s += &other.s;
-        self.u += &other.u;
-        self
-    }
 }
 
 /// Whether a state of `d` rows × `k` columns is worth splitting across threads.
@@ -44,18 +38,48 @@ pub(crate) fn use_parallel(d: usize, k: usize) -> bool {
     d.saturating_mul(k.max(1)) >= PARALLEL_MIN_ELEMENTS && rayon::current_num_threads() > 1
 }
 
-/// Run `kernel` on every task and add the partial sums in task order.
-pub(crate) fn reduce_tasks<W, F>(tasks: Vec<W>, parallel: bool, k: usize, kernel: F) -> Sums
+/// Scratch buffers of one `update` call: a block and a partial sum per task, allocated once per call
+/// (not per sample) and reused by every row of the batch.
+pub(crate) struct Scratch {
+    blocks: Vec<Block>,
+    partials: Vec<Sums>,
+}
+
+impl Scratch {
+    /// Buffers for a state of `n_rows` rows and K = `k`.
+    pub(crate) fn new(n_rows: usize, k: usize) -> Self {
+        let n_tasks = n_rows.div_ceil(TASK_ROWS).max(1);
+        Scratch {
+            blocks: (0..n_tasks).map(|_| Block::new(k)).collect(),
+            partials: (0..n_tasks).map(|_| Sums::zeros(k)).collect(),
+        }
+    }
+}
+
+/// Run `kernel` on every task (with that task's block and zeroed partial sums) and add the partial sums
+/// in task order into `total`.
+pub(crate) fn reduce_tasks<W, F>(tasks: Vec<W>, scratch: &mut Scratch, parallel: bool, total: &mut Sums, kernel: F)
 where
     W: Send,
-    F: Fn(W) -> Sums + Sync + Send,
+    F: Fn(W, &mut Block, &mut Sums) + Sync + Send,
 {
-    let partials: Vec<Sums> = if parallel {
-        tasks.into_par_iter().map(&kernel).collect()
-    } else {
-        tasks.into_iter().map(&kernel).collect()
+    let work = tasks.into_iter().zip(scratch.blocks.iter_mut().zip(scratch.partials.iter_mut()));
+    let run = |(task, (blk, sums)): (W, (&mut Block, &mut Sums))| {
+        sums.s.fill(0.0);
+        sums.u.fill(0.0);
+        kernel(task, blk, sums);
     };
-    partials.iter().fold(Sums::zeros(k), Sums::add)
+    if parallel {
+        work.collect::<Vec<_>>().into_par_iter().for_each(run);
+    } else {
+        work.for_each(run);
+    }
+    total.s.fill(0.0);
+    total.u.fill(0.0);
+    for part in &scratch.partials {
+        total.s += &part.s;
+        total.u += &part.u;
+    }
 }
 
 /// Per-task scratch: one block of rows in f64, each matrix row-major BLOCK_ROWS×K.
