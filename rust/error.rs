@@ -47,3 +47,21 @@ pub type Result<T> = std::result::Result<T, FaError>;
 pub(crate) fn invalid(name: &'static str, reason: impl Into<String>) -> FaError {
     FaError::InvalidParameter { name, reason: reason.into() }
 }
+
+/// A vector of `len` copies of `value`, or an error (never an abort) when it cannot be allocated.
+pub(crate) fn try_filled<T: Clone>(len: usize, value: T, what: &'static str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| FaError::InvalidParameter {
+        name: what,
+        reason: format!("cannot allocate {len} elements; reduce n_features or n_components"),
+    })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
+/// D·K without overflow.
+pub(crate) fn checked_size(n_features: usize, n_components: usize) -> Result<usize> {
+    n_features.checked_mul(n_components).ok_or_else(|| {
+        invalid("n_features", format!("n_features × n_components = {n_features} × {n_components} overflows"))
+    })
+}

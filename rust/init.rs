@@ -11,7 +11,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 use rayon::prelude::*;
 
-use crate::error::Result;
+use crate::error::{checked_size, try_filled, Result};
 use crate::linalg::{lower_triangular_inverse, SpdFactor};
 
 /// Rows per independently seeded block of random draws.
@@ -48,7 +48,9 @@ fn cholesky_qr_round(a: &mut Array2<f64>) -> Result<()> {
 
 /// D×K matrix with orthonormal columns: Q of the thin QR of a seeded standard-normal matrix (§4.4).
 pub fn orthonormal_loadings(n_features: usize, n_components: usize, seed: u64) -> Result<Array2<f64>> {
-    let mut a = Array2::<f64>::zeros((n_features, n_components));
+    let buffer = try_filled(checked_size(n_features, n_components)?, 0.0, "n_features")?;
+    let mut a = Array2::from_shape_vec((n_features, n_components), buffer)
+        .map_err(|e| crate::error::invalid("n_features", e.to_string()))?;
     fill_standard_normal(a.view_mut(), seed);
     cholesky_qr_round(&mut a)?;
     cholesky_qr_round(&mut a)?;

@@ -30,6 +30,28 @@ impl SpdFactor {
         Cholesky::new(sym).map(|chol| Self { chol }).ok_or(FaError::NotPositiveDefinite(what))
     }
 
+    /// Factorise a matrix that is symmetric positive definite in exact arithmetic (I + FᵀΨ⁻¹F, Σ + B̄) but
+    /// may fail Cholesky by rounding when its entries span many orders of magnitude (extreme outliers).
+    /// Adds the smallest jitter δ·I, δ = 1e-14·max|M_ii|·10^j (j = 0..12), that makes it factorise; for
+    /// any well-conditioned input no jitter is added and the result is the plain Cholesky factor.
+    pub fn new_jittered(m: ArrayView2<f64>, what: &'static str) -> Result<Self> {
+        if let Ok(f) = Self::new(m, what) {
+            return Ok(f);
+        }
+        let scale = m.diag().iter().fold(0.0f64, |acc, v| acc.max(v.abs())).max(f64::MIN_POSITIVE);
+        let mut jittered = m.to_owned();
+        let mut delta = 1e-14 * scale;
+        for _ in 0..13 {
+            jittered.assign(&m);
+            jittered.diag_mut().mapv_inplace(|v| v + delta);
+            if let Ok(f) = Self::new(jittered.view(), what) {
+                return Ok(f);
+            }
+            delta *= 10.0;
+        }
+        Err(FaError::NotPositiveDefinite(what))
+    }
+
     /// M⁻¹ (K×K), computed from the factor.
     pub fn inverse(&self) -> Array2<f64> {
         let inv = self.chol.inverse();
@@ -94,6 +116,22 @@ mod tests {
         let x = f.solve(array![1.0, 1.0].view());
         assert!((x[0] - 0.125).abs() < 1e-14 && (x[1] - 0.25).abs() < 1e-14);
         assert!((f.log_det() - 8f64.ln()).abs() < 1e-14);
+    }
+
+    #[test]
+    fn jitter_rescues_rounding_but_not_indefinite_matrices() {
+        // Exactly PSD but singular: plain Cholesky fails, a tiny jitter fixes it.
+        let singular = array![[1e36, 1e36], [1e36, 1e36]];
+        assert!(SpdFactor::new(singular.view(), "m").is_err());
+        let f = SpdFactor::new_jittered(singular.view(), "m").expect("jittered");
+        assert!(f.log_det().is_finite());
+        // Well-conditioned input: identical to the plain factor.
+        let m = array![[4.0, 2.0], [2.0, 3.0]];
+        let plain = SpdFactor::new(m.view(), "m").expect("spd").lower();
+        assert_eq!(SpdFactor::new_jittered(m.view(), "m").expect("spd").lower(), plain);
+        // Clearly indefinite: still an error.
+        let indefinite = array![[1.0, 2.0], [2.0, 1.0]];
+        assert!(SpdFactor::new_jittered(indefinite.view(), "m").is_err());
     }
 
     #[test]

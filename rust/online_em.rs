@@ -10,7 +10,7 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
-use crate::error::{invalid, FaError, Result};
+use crate::error::{checked_size, invalid, try_filled, FaError, Result};
 use crate::linalg::{lower_triangular_inverse, SpdFactor};
 use crate::pass::{
     Scratch, accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel, validate_batch,
@@ -135,10 +135,10 @@ impl<T: Real> OnlineEm<T> {
             n_components,
             config,
             n_seen: 0,
-            mean: vec![T::default(); n_features],
-            a_bar: vec![T::default(); n_features * k],
-            dsq_bar: vec![T::default(); n_features],
-            d_last: vec![T::default(); n_features],
+            mean: try_filled(n_features, T::default(), "n_features")?,
+            a_bar: try_filled(checked_size(n_features, k)?, T::default(), "n_features")?,
+            dsq_bar: try_filled(n_features, T::default(), "n_features")?,
+            d_last: try_filled(n_features, T::default(), "n_features")?,
             b_bar: Array2::zeros((k, k)),
             sigma: Array2::eye(k),
             source: Source::Initial(init),
@@ -212,7 +212,7 @@ impl<T: Real> OnlineEm<T> {
         let k = self.n_components;
         // (4.23): Σ = (I + C F)⁻¹, m = Σ C d — by Cholesky of the K×K matrix I + C F.
         let precision = Array2::<f64>::eye(k) + &sums.s;
-        let factor = SpdFactor::new(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
+        let factor = SpdFactor::new_jittered(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
         let sigma = factor.inverse();
         let m = factor.solve(sums.u.view());
         // Line 10: B̄_t = B̄_{t−1} + ρ_t (m mᵀ − B̄_{t−1}).
@@ -221,7 +221,7 @@ impl<T: Real> OnlineEm<T> {
         let source = if t > self.config.n_warmup {
             // Line 11: H̄ = Σ + B̄; line 13: F = Ā H̄⁻¹ (applied lazily through `Source`).
             let h_bar = &sigma + &b_bar;
-            let h_factor = SpdFactor::new(h_bar.view(), "H̄ = Σ + B̄")?;
+            let h_factor = SpdFactor::new_jittered(h_bar.view(), "H̄ = Σ + B̄")?;
             if self.config.whiten {
                 // Whitening (PX-EM): R Rᵀ = H̄; Ā ← Ā R⁻ᵀ and H̄ ← I, i.e. B̄ ← I − Σ. F Āᵀ and F H̄ Fᵀ are
                 // unchanged, so ψ is too; afterwards F = Ā.

@@ -6,7 +6,7 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
-use crate::error::{invalid, Result};
+use crate::error::{invalid, try_filled, Result};
 use crate::online_em::{checked_init, validate_dims};
 use crate::pass::{
     Scratch, accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block,
@@ -87,10 +87,10 @@ impl<T: Real> OnlineSga<T> {
             n_components,
             config,
             n_seen: 0,
-            mean: vec![T::default(); n_features],
+            mean: try_filled(n_features, T::default(), "n_features")?,
             f,
-            psi: vec![T::from_f64(1.0); n_features],
-            d_last: vec![T::default(); n_features],
+            psi: try_filled(n_features, T::from_f64(1.0), "n_features")?,
+            d_last: try_filled(n_features, T::default(), "n_features")?,
             pending: None,
         })
     }
@@ -192,7 +192,7 @@ impl<T: Real> OnlineSga<T> {
 /// (4.23) from the sums: Σ = (I + C F)⁻¹, m = Σ C d, and P = Σ + m mᵀ for the gradients.
 fn estep(sums: &Sums, k: usize) -> Result<Pending> {
     let precision = Array2::<f64>::eye(k) + &sums.s;
-    let factor = SpdFactor::new(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
+    let factor = SpdFactor::new_jittered(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
     let sigma = factor.inverse();
     let m = factor.solve(sums.u.view());
     let p = sigma + outer(&m);
@@ -206,7 +206,9 @@ fn load_block<T: Real>(blk: &mut Block, f: &[T], psi: &[T]) {
 
 /// Lines 10–14 of Algorithm 1 on a block of rows (F in blk.f, ψ in blk.psi), rounded to storage precision:
 /// ∇F = ψ⁻¹ ⊙ (d mᵀ − F P) (4.24), ∇β = ½ψ⁻¹ ⊙ (d² − 2 d ⊙ F m + rowsum(F P ⊙ F)) − ½ (4.25, 4.26),
-/// F ← F + α ∇F, β ← β + α ∇β with ψ = exp β, i.e. ψ ← ψ·exp(α ∇β), floored. Shapes: blk.f nb×K,
+/// F ← F + α ∇F, β ← β + α ∇β with ψ = exp β, i.e. ψ ← ψ·exp(α ∇β), floored. Entries of F and ψ are
+/// clipped to ±`T::MAX_STATE` so a divergent step (learning rate too large for the data) stays finite;
+/// for any stable run the clip is inactive and the result is Algorithm 1. Shapes: blk.f nb×K,
 /// P = Σ + m mᵀ K×K, m K.
 fn apply_gradient<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pending>, lr: f64, floor: f64, nb: usize) {
     let Some(p) = pending else { return };
@@ -226,9 +228,12 @@ fn apply_gradient<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pendi
         let grad_beta = 0.5 * inv_psi * (d * d - 2.0 * d * f_m + fp_f) - 0.5;
         for ((f, &fp), &m_j) in f_row.iter_mut().zip(fp_row.iter()).zip(m.iter()) {
             let grad_f = inv_psi * (d * m_j - fp);
-            *f = stored::<T>(*f + lr * grad_f).1;
+            *f = stored::<T>((*f + lr * grad_f).clamp(-T::MAX_STATE, T::MAX_STATE)).1;
         }
-        *psi = stored::<T>((*psi * (lr * grad_beta).exp()).max(floor)).1;
+        // ψ·exp(α ∇β), kept inside [floor, MAX_STATE]: an SGD step far too large for the data's scale
+        // (learning rate vs. variance) is clipped instead of overflowing to inf.
+        let step = (lr * grad_beta).min(700.0);
+        *psi = stored::<T>((*psi * step.exp()).clamp(floor, T::MAX_STATE)).1;
     }
 }
 

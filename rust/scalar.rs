@@ -5,6 +5,8 @@ pub trait Real: Copy + Send + Sync + Default + PartialOrd + std::fmt::Debug + 's
     /// Largest magnitude accepted in an input sample for state of this type: squares of
     /// deviations (the running `d̄²`) and the K×K sums must stay finite.
     const MAX_INPUT: f64;
+    /// Largest magnitude a stored loading or variance may take (products of two stay finite).
+    const MAX_STATE: f64;
     /// Short dtype name ("float32"/"float64").
     const NAME: &'static str;
     /// Widen to `f64` (exact).
@@ -15,6 +17,7 @@ pub trait Real: Copy + Send + Sync + Default + PartialOrd + std::fmt::Debug + 's
 
 impl Real for f64 {
     const MAX_INPUT: f64 = 1e100;
+    const MAX_STATE: f64 = 1e150;
     const NAME: &'static str = "float64";
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -28,6 +31,7 @@ impl Real for f64 {
 
 impl Real for f32 {
     const MAX_INPUT: f64 = 1e18;
+    const MAX_STATE: f64 = 1e18;
     const NAME: &'static str = "float32";
     #[inline(always)]
     fn to_f64(self) -> f64 {

@@ -154,12 +154,6 @@ def test_estimator_reads_producers_in_place(producer: str, fa_stream: StreamFact
     np.testing.assert_array_equal(fa.transform(source), reference.transform(base))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OnlineEM.update converts input with np.asarray (in _validation.as_sample_matrix), which "
-    "does not read DLPack-only producers; routing it through onlinefa.interop.as_numpy fixes it "
-    "(reported to the lead, who owns _validation.py)",
-)
 def test_models_read_dlpack_only_producers(fa_stream: StreamFactory) -> None:
     base = np.ascontiguousarray(fa_stream(D, K, N, 2))
     model = onlinefa.OnlineEM(D, K, n_warmup=10, seed=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._validation import as_sample_matrix, check_int
+from ._validation import as_sample_matrix, check_finite_samples, check_int
 
 #: Largest D for which :meth:`FactorGaussianMixin.covariance` builds the dense D×D matrix without
 #: ``force=True`` (5000² float64 numbers are 200 MB).
@@ -24,12 +24,29 @@ MAX_DENSE_FEATURES = 5000
 FloatArray = NDArray[np.float64]
 
 
+def _robust_cholesky(m: FloatArray) -> FloatArray:
+    """Lower Cholesky factor of a matrix that is SPD in exact arithmetic (here I + Fᵀ Ψ⁻¹ F, whose
+    eigenvalues are >= 1) but may fail by rounding when its entries span many orders of magnitude; the
+    smallest jitter δ·I (δ = 1e-14·max|M_ii|·10^j) that makes it factorise is added, none when not needed."""
+    try:
+        return np.asarray(np.linalg.cholesky(m), dtype=np.float64)
+    except np.linalg.LinAlgError:
+        pass
+    scale = max(float(np.max(np.abs(np.diag(m)))), np.finfo(np.float64).tiny)
+    eye = np.eye(m.shape[0])
+    for power in range(13):
+        try:
+            return np.asarray(np.linalg.cholesky(m + eye * (1e-14 * scale * 10.0**power)), dtype=np.float64)
+        except np.linalg.LinAlgError:
+            continue
+    raise ValueError("numerical breakdown: I + Fᵀ Ψ⁻¹ F is not positive definite")
+
+
 def _precision_factor(loadings: FloatArray, noise_variance: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Return (Ψ⁻¹ F, lower Cholesky factor of M = I + Fᵀ Ψ⁻¹ F)."""
     scaled = loadings / noise_variance[:, None]
     m = np.eye(loadings.shape[1]) + loadings.T @ scaled
-    chol = np.asarray(np.linalg.cholesky(m), dtype=np.float64)
-    return scaled, chol
+    return scaled, _robust_cholesky(m)
 
 
 def log_prob(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray) -> FloatArray:
@@ -123,9 +140,14 @@ class FactorGaussianMixin:
         Returns
         -------
         ndarray of shape (n_samples,)
+
+        Raises
+        ------
+        ValueError
+            Wrong shape, or NaN/±Inf/|x| > 1e100 in a row (named in the message).
         """
         mean, loadings, noise_variance = self._params()
-        x = as_sample_matrix(X, loadings.shape[0], np.float64)
+        x = check_finite_samples(as_sample_matrix(X, loadings.shape[0], np.float64))
         return log_prob(x, mean, loadings, noise_variance)
 
     def transform(self, X: ArrayLike) -> FloatArray:
@@ -138,9 +160,14 @@ class FactorGaussianMixin:
         Returns
         -------
         ndarray of shape (n_samples, n_components)
+
+        Raises
+        ------
+        ValueError
+            Wrong shape, or NaN/±Inf/|x| > 1e100 in a row (named in the message).
         """
         mean, loadings, noise_variance = self._params()
-        x = as_sample_matrix(X, loadings.shape[0], np.float64)
+        x = check_finite_samples(as_sample_matrix(X, loadings.shape[0], np.float64))
         return latent_mean(x, mean, loadings, noise_variance)
 
     def sample(self, n_samples: int = 1, seed: int | None = None) -> FloatArray:

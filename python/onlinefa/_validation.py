@@ -10,6 +10,12 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 #: dtypes read in place (no copy) by the Rust core.
 NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
+#: Largest integer accepted for sizes, counts and seeds (beyond it nothing could be allocated anyway).
+MAX_INT = 2**63 - 1
+
+#: Largest magnitude accepted by the Gaussian helpers (squares must stay finite in float64).
+MAX_ABS_VALUE = 1e100
+
 
 def as_sample_matrix(X: ArrayLike, n_features: int, dtype: DTypeLike | None = None) -> NDArray[Any]:
     """Return ``X`` as an (n, D) float array, without copying when it already is float32/float64.
@@ -24,7 +30,9 @@ def as_sample_matrix(X: ArrayLike, n_features: int, dtype: DTypeLike | None = No
     ValueError
         Wrong number of dimensions or features.
     """
-    arr = np.asarray(X)
+    from .interop import as_numpy
+
+    arr = as_numpy(X)
     kind = arr.dtype.kind
     if kind not in "biuf":
         raise TypeError(
@@ -45,13 +53,26 @@ def as_sample_matrix(X: ArrayLike, n_features: int, dtype: DTypeLike | None = No
     return arr
 
 
-def check_int(value: object, name: str, minimum: int) -> int:
-    """Return ``value`` as int, raising TypeError for non-integers and ValueError below ``minimum``."""
+def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) -> int:
+    """Return ``value`` as int: TypeError for non-integers, ValueError outside [minimum, maximum]."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return int(value)
+
+
+def check_finite_samples(x: NDArray[Any]) -> NDArray[Any]:
+    """Reject NaN, ±Inf and magnitudes above ``MAX_ABS_VALUE`` (ValueError naming the first bad row)."""
+    bad_rows = ~np.all(np.abs(x) <= MAX_ABS_VALUE, axis=1)
+    if np.any(bad_rows):
+        row = int(np.argmax(bad_rows))
+        raise ValueError(
+            f"row {row} contains NaN, infinity or a value with magnitude above {MAX_ABS_VALUE:g}"
+        )
+    return x
 
 
 def check_positive_float(value: object, name: str) -> float:
@@ -68,17 +89,14 @@ def check_seed(seed: object) -> int | None:
     """Return ``seed`` as a non-negative int below 2**64, or None."""
     if seed is None:
         return None
-    out = check_int(seed, "seed", 0)
-    if out >= 2**64:
-        raise ValueError(f"seed must be < 2**64, got {seed}")
-    return out
+    return check_int(seed, "seed", 0, 2**64 - 1)
 
 
 def check_dtype(dtype: object) -> str:
     """Return the state dtype name, "float32" or "float64"."""
     try:
         name = str(np.dtype(dtype).name)  # type: ignore[call-overload]
-    except TypeError as err:
+    except Exception as err:  # numpy raises TypeError, ValueError or even SyntaxError for odd strings
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}") from err
     if name not in ("float32", "float64"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
