@@ -673,18 +673,25 @@ impl Scratch {
         }
     }
 
-    /// ψ = exp β, ψ^{1/2} and A = Ψ⁻¹ F (line 10) for the loaded rows.
+    /// ψ = exp β and A = Ψ⁻¹ F (line 10) for the loaded rows (one division per row).
     fn derive_noise(&mut self, nb: usize) {
         let k = self.k;
-        for ((psi, sqrt_psi), beta) in self.psi[..nb].iter_mut().zip(&mut self.sqrt_psi[..nb]).zip(&self.beta) {
+        for (psi, beta) in self.psi[..nb].iter_mut().zip(&self.beta) {
             *psi = beta.exp();
-            *sqrt_psi = (0.5 * beta).exp();
         }
         let rows = self.a[..nb * k].chunks_exact_mut(k).zip(self.f.chunks_exact(k)).zip(&self.psi);
         for ((a_row, f_row), psi) in rows {
+            let inv_psi = 1.0 / psi;
             for (a, f) in a_row.iter_mut().zip(f_row) {
-                *a = f / psi;
+                *a = f * inv_psi;
             }
+        }
+    }
+
+    /// ψ^{1/2} = exp(β/2) for the loaded rows (the scale of z in 4.50 and 4.61).
+    fn derive_noise_scale(&mut self, nb: usize) {
+        for (sqrt_psi, beta) in self.sqrt_psi[..nb].iter_mut().zip(&self.beta) {
+            *sqrt_psi = (0.5 * beta).exp();
         }
     }
 }
@@ -715,6 +722,7 @@ fn accumulate_gram(s: &mut Scratch, nb: usize, gram: &mut Array2<f64>) {
 fn block_gradients<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: usize, nb: usize) {
     let k = ctx.k;
     s.derive_noise(nb);
+    s.derive_noise_scale(nb);
     // Line 12: C = A (I + B)⁻¹, this block's rows.
     {
         let a = rows(&s.a, nb, k);
@@ -1028,6 +1036,13 @@ mod tests {
                 assert!((a - b * 0.01 / nf).abs() < 1e-12);
             }
         }
+    }
+
+    #[test]
+    fn vifa_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Vifa<f32>>();
+        assert_send_sync::<Vifa<f64>>();
     }
 
     #[test]
