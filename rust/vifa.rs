@@ -779,25 +779,53 @@ struct StepTask<'a, T> {
     m: Option<(RowsMut<'a, T>, RowsMut<'a, T>)>,
 }
 
-/// New value of one parameter from its gradient `g` (already clipped) in group `group` (0 c, 1 F, 2 β):
-/// SGD p − η g (lines 17–19), or Adam with bias correction, whose moments are updated in place.
-#[inline]
-fn updated<T: Real>(p: f64, g: f64, group: usize, rule: &UpdateRule, moments: Option<(&mut T, &mut T)>) -> f64 {
-    let lr = rule.lr[group];
+/// Largest |β| a step may produce: ψ = exp β stays within [1e-304, 1e304]; beyond it the model has
+/// diverged (ψ would overflow, or Ψ⁻¹ F would).
+const LOG_NOISE_LIMIT: f64 = 700.0;
+
+/// Lines 17–19 for one parameter group's rows (`group`: 0 c, 1 F, 2 β): with g = scale · grad,
+/// SGD p ← p − η g, or Adam (moments `m`, `v` updated in place) p ← p − η m̂ / (√v̂ + ε). New values are
+/// rounded to the storage type and written to `stored_vals` and (as used) `vals`. Returns whether all
+/// new values are finite.
+fn apply_group<T: Real>(
+    stored_vals: &mut [T],
+    vals: &mut [f64],
+    grads: &[f64],
+    group: usize,
+    rule: &UpdateRule,
+    moments: Option<(&mut [T], &mut [T])>,
+) -> bool {
+    let (lr, scale) = (rule.lr[group], rule.scale[group]);
+    let mut finite = true;
+    let params = stored_vals.iter_mut().zip(vals.iter_mut()).zip(grads);
     match moments {
-        None => p - lr * g,
-        Some((m, v)) => {
-            let (m_s, m1) = stored::<T>(ADAM_BETA1 * m.to_f64() + (1.0 - ADAM_BETA1) * g);
-            let (v_s, v1) = stored::<T>(ADAM_BETA2 * v.to_f64() + (1.0 - ADAM_BETA2) * g * g);
-            *m = m_s;
-            *v = v_s;
-            p - lr * (m1 / rule.bias1) / ((v1 / rule.bias2).sqrt() + ADAM_EPS)
+        None => {
+            for ((p_s, p), g) in params {
+                let (new_s, new) = stored::<T>(*p - lr * (scale * g));
+                finite &= new.is_finite();
+                *p_s = new_s;
+                *p = new;
+            }
+        }
+        Some((first, second)) => {
+            for (((p_s, p), g), (m, v)) in params.zip(first.iter_mut().zip(second.iter_mut())) {
+                let g = scale * g;
+                let (m_s, m1) = stored::<T>(ADAM_BETA1 * m.to_f64() + (1.0 - ADAM_BETA1) * g);
+                let (v_s, v1) = stored::<T>(ADAM_BETA2 * v.to_f64() + (1.0 - ADAM_BETA2) * g * g);
+                *m = m_s;
+                *v = v_s;
+                let (new_s, new) = stored::<T>(*p - lr * (m1 / rule.bias1) / ((v1 / rule.bias2).sqrt() + ADAM_EPS));
+                finite &= new.is_finite();
+                *p_s = new_s;
+                *p = new;
+            }
         }
     }
+    finite
 }
 
 /// Apply the update to one task's rows block by block, then accumulate B of the new (stored) rows.
-/// Returns this task's share of B and whether every new value is finite.
+/// Returns this task's share of B and whether every new value is finite (and |β| ≤ 700).
 fn update_task<T: Real, X: Real>(task: StepTask<T>, ctx: &GradCtx<X>, rule: &UpdateRule) -> (Array2<f64>, bool) {
     let k = ctx.k;
     let StepTask { lo, p, mut m } = task;
@@ -807,32 +835,22 @@ fn update_task<T: Real, X: Real>(task: StepTask<T>, ctx: &GradCtx<X>, rule: &Upd
     let mut finite = true;
     for b0 in (0..n).step_by(BLOCK_ROWS) {
         let nb = (n - b0).min(BLOCK_ROWS);
-        let (c, f, beta) = (&mut p.c[b0..b0 + nb], &mut p.f[b0 * k..(b0 + nb) * k], &mut p.beta[b0..b0 + nb]);
+        let (rows, rows_k) = (b0..b0 + nb, b0 * k..(b0 + nb) * k);
+        let (c, f, beta) = (&mut p.c[rows.clone()], &mut p.f[rows_k.clone()], &mut p.beta[rows.clone()]);
         s.load_rows(c, f, beta);
         block_gradients(ctx, &mut s, lo + b0, nb);
-        let mut mom = m.as_mut().map(|(first, second)| {
-            (
-                (&mut first.c[b0..b0 + nb], &mut first.f[b0 * k..(b0 + nb) * k], &mut first.beta[b0..b0 + nb]),
-                (&mut second.c[b0..b0 + nb], &mut second.f[b0 * k..(b0 + nb) * k], &mut second.beta[b0..b0 + nb]),
-            )
-        });
-        let groups: [(&mut [T], &mut [f64], &[f64]); 3] =
-            [(c, &mut s.c[..nb], &s.grad_c[..nb]), (f, &mut s.f[..nb * k], &s.grad_f[..nb * k]), (beta, &mut s.beta[..nb], &s.grad_b[..nb])];
-        for (group, (stored_vals, vals, grads)) in groups.into_iter().enumerate() {
-            let scale = rule.scale[group];
-            for (i, (p_s, p)) in stored_vals.iter_mut().zip(vals.iter_mut()).enumerate() {
-                let g = scale * grads[i];
-                let moment = mom.as_mut().map(|(first, second)| match group {
-                    0 => (&mut first.0[i], &mut second.0[i]),
-                    1 => (&mut first.1[i], &mut second.1[i]),
-                    _ => (&mut first.2[i], &mut second.2[i]),
-                });
-                let (new_s, new) = stored::<T>(updated(*p, g, group, rule, moment));
-                finite &= new.is_finite() && (group != 2 || new.exp().is_finite());
-                *p_s = new_s;
-                *p = new;
-            }
-        }
+        let [m_c, m_f, m_b] = match m.as_mut() {
+            Some((first, second)) => [
+                Some((&mut first.c[rows.clone()], &mut second.c[rows.clone()])),
+                Some((&mut first.f[rows_k.clone()], &mut second.f[rows_k.clone()])),
+                Some((&mut first.beta[rows.clone()], &mut second.beta[rows.clone()])),
+            ],
+            None => [None, None, None],
+        };
+        finite &= apply_group(c, &mut s.c[..nb], &s.grad_c[..nb], 0, rule, m_c);
+        finite &= apply_group(f, &mut s.f[..nb * k], &s.grad_f[..nb * k], 1, rule, m_f);
+        finite &= apply_group(beta, &mut s.beta[..nb], &s.grad_b[..nb], 2, rule, m_b);
+        finite &= s.beta[..nb].iter().all(|b| b.abs() <= LOG_NOISE_LIMIT);
         // Line 11 for the next step: B += Aᵀ F over the rows just written (as stored).
         accumulate_gram(&mut s, nb, &mut gram);
     }
@@ -1155,8 +1173,8 @@ mod checkpoint {
                 moments,
                 m_inv: None,
             };
-            if model.params.beta.iter().any(|b| !b.to_f64().exp().is_finite()) {
-                return Err(FaError::InvalidState("entry `log_noise` overflows exp".into()));
+            if model.params.beta.iter().any(|b| b.to_f64().is_nan() || b.to_f64().abs() > LOG_NOISE_LIMIT) {
+                return Err(FaError::InvalidState(format!("entry `log_noise` has |β| > {LOG_NOISE_LIMIT}")));
             }
             model.m_inv = Some(model.recompute_m_inv().map_err(bad)?);
             Ok(model)
