@@ -335,12 +335,19 @@ METHODS: dict[str, LearnerFactory] = {
     "batch": batch_fa_method(),
     "online-em": online_em_method(),
     "online-sga": online_sga_method(),
+    # Beyond the thesis (docs/whitening.md): the whitening (PX-EM) step and a power step-size schedule.
+    "em-whiten": online_em_method(whiten=True),
+    "em-whiten-kappa": online_em_method(whiten=True, schedule="power", kappa=0.9),
+    "em-kappa": online_em_method(schedule="power", kappa=0.9),
 }
 #: Display names in the figures and the table (the key is shown for methods not listed).
 METHOD_LABELS: dict[str, str] = {
     "batch": "batch FA (sklearn)",
     "online-em": "online EM",
     "online-sga": "online SGA",
+    "em-whiten": "EM + whitening",
+    "em-whiten-kappa": "EM + whitening + κ=0.9",
+    "em-kappa": "EM + κ=0.9",
 }
 
 
