@@ -86,3 +86,43 @@ def test_uci_linreg_end_to_end(tmp_path: Path) -> None:
     assert (out / "figure_6_4.png").stat().st_size > 0
     assert main(argv) == 0
     assert len(_rows(out / "uci_linreg.csv")) == 3
+
+
+def test_linreg_vifa_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "vifa"
+    argv = ["experiment", "linreg-vifa", "--out", str(out), "--n-samples", "200", "--trials", "2", "--epochs", "5",
+            "--batch-size", "50", "--n-grad-samples", "2", "--seed", "1"]
+    assert main(argv) == 0
+    rows = _rows(out / "linreg_vifa.csv")
+    assert [int(row["trial"]) for row in rows] == [0, 1]
+    assert {int(row["n_steps"]) for row in rows} == {5 * 200 // 50}
+    for row in rows:
+        assert float(row["w2_squared"]) == pytest.approx(float(row["w2"]) ** 2, rel=1e-12)
+    table = (out / "table_6_2.md").read_text()
+    assert "0.2055 ± 0.0369" in table and "ours (2 trials)" in table
+    assert (out / "figure_6_3.png").stat().st_size > 0
+    assert main(argv) == 0
+    assert len(_rows(out / "linreg_vifa.csv")) == 2
+
+
+def test_linreg_vifa_rejects_a_batch_larger_than_the_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["experiment", "linreg-vifa", "--out", str(tmp_path), "--n-samples", "50", "--batch-size", "100"]
+    assert main(argv) == 2
+    assert "--batch-size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("schedule", "expected"), [("constant", [1.0, 1.0, 1.0]), ("linear", [1.0, 0.75, 0.25]),
+                                                    ("cosine", [1.0, 0.5 + 0.5 * np.cos(np.pi / 4), 0.5 - 0.5 * np.cos(np.pi / 4)])])
+def test_schedule_factors(schedule: str, expected: list[float]) -> None:
+    from onlinefa.experiments.linreg_vifa import schedule_factor
+
+    np.testing.assert_allclose([schedule_factor(schedule, t, 4) for t in (0, 1, 3)], expected, rtol=1e-12)
+
+
+def test_minibatch_stream_visits_every_row_once_per_epoch() -> None:
+    from onlinefa.experiments.linreg_vifa import minibatch_stream
+
+    stream = minibatch_stream(23, 5, np.random.default_rng(0))  # 4 batches per epoch, 3 rows dropped
+    for _ in range(3):
+        epoch = np.concatenate([next(stream) for _ in range(4)])
+        assert len(epoch) == 20 and len(set(epoch.tolist())) == 20

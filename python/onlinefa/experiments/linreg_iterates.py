@@ -49,12 +49,12 @@ DISTANCE_FIELDS: list[str] = ["rel_mean", "rel_cov", "w2", "w2_squared"]
 
 _FEATURE_COVARIANCE = ((1.0, 0.5), (0.5, 1.0))
 
-#: Options of :func:`add_synthetic_arguments` that determine a trial's data and pre-training (CSV key columns).
+#: Options of :func:`add_synthetic_arguments` that determine a trial's data (CSV key columns).
+DATA_KEY_FIELDS: list[str] = ["seed", "n_samples", "prior_precision", "noise_precision"]
+
+#: The same plus the pre-training options (``pretrain=True``).
 SYNTHETIC_KEY_FIELDS: list[str] = [
-    "seed",
-    "n_samples",
-    "prior_precision",
-    "noise_precision",
+    *DATA_KEY_FIELDS,
     "pretrain_epochs",
     "pretrain_lr",
     "pretrain_weight_decay",
@@ -248,27 +248,31 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def rows_matching(rows: Iterable[Mapping[str, str]], key: Mapping[str, Any]) -> list[Mapping[str, str]]:
-    """Rows of a CSV whose columns equal ``key`` (values compared as ``str``)."""
-    wanted = {name: str(value) for name, value in key.items()}
+    """Rows of a CSV whose columns equal ``key`` (values compared as ``str``; None as the empty string)."""
+    wanted = {name: "" if value is None else str(value) for name, value in key.items()}
     return [row for row in rows if all(row.get(name) == value for name, value in wanted.items())]
 
 
-def add_synthetic_arguments(parser: argparse.ArgumentParser, *, name: str) -> None:
-    """Options shared by the synthetic linear-regression experiments (data, pre-training, trials).
+def add_synthetic_arguments(parser: argparse.ArgumentParser, *, name: str, pretrain: bool = True) -> None:
+    """Options shared by the synthetic linear-regression experiments (data, trials, pre-training).
 
     Parameters
     ----------
     parser : argparse.ArgumentParser
     name : str
         The experiment's name (default output folder ``results/<name>``).
+    pretrain : bool, default True
+        Also add the ``--pretrain-*`` options.
     """
     parser.add_argument("--out", type=Path, default=Path("results") / name, help="output folder")
     parser.add_argument("--trials", type=int, default=None, help="trials (default 10; 3 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="fewer trials (finishes in seconds)")
+    parser.add_argument("--quick", action="store_true", help="fewer trials (3)")
     parser.add_argument("--seed", type=int, default=0, help="base seed; trial t uses (seed, t)")
     parser.add_argument("--n-samples", type=int, default=1000, help="data points per trial")
     parser.add_argument("--prior-precision", type=float, default=0.01, help="alpha")
     parser.add_argument("--noise-precision", type=float, default=0.1, help="beta")
+    if not pretrain:
+        return
     parser.add_argument("--pretrain-epochs", type=int, default=500)
     parser.add_argument("--pretrain-lr", type=float, default=0.001)
     parser.add_argument(
@@ -281,8 +285,8 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser, *, name: str) -> No
 
 
 def synthetic_key(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings shared by every cell of a synthetic experiment, as CSV key columns."""
-    return {name: getattr(args, name) for name in SYNTHETIC_KEY_FIELDS}
+    """The data (and, if present, pre-training) settings of a synthetic experiment, as CSV key columns."""
+    return {name: getattr(args, name) for name in SYNTHETIC_KEY_FIELDS if hasattr(args, name)}
 
 
 def number_of_trials(args: argparse.Namespace) -> int:
