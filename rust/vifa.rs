@@ -28,7 +28,7 @@
 //! for the next step. Nothing D×D is ever formed.
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2};
+use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -36,7 +36,7 @@ use rayon::prelude::*;
 
 use crate::error::{invalid, FaError, Result};
 use crate::linalg::SpdFactor;
-use crate::pass::{use_parallel, validate_batch};
+use crate::pass::{block_times, use_parallel, validate_batch};
 use crate::scalar::{stored, Real};
 
 /// Rows per rayon task.
@@ -673,25 +673,11 @@ impl Scratch {
         }
     }
 
-    /// ψ = exp β and A = Ψ⁻¹ F (line 10) for the loaded rows (one division per row).
+    /// ψ^{1/2} = exp(β/2) and ψ = (ψ^{1/2})² for the loaded rows: one exp per row.
     fn derive_noise(&mut self, nb: usize) {
-        let k = self.k;
-        for (psi, beta) in self.psi[..nb].iter_mut().zip(&self.beta) {
-            *psi = beta.exp();
-        }
-        let rows = self.a[..nb * k].chunks_exact_mut(k).zip(self.f.chunks_exact(k)).zip(&self.psi);
-        for ((a_row, f_row), psi) in rows {
-            let inv_psi = 1.0 / psi;
-            for (a, f) in a_row.iter_mut().zip(f_row) {
-                *a = f * inv_psi;
-            }
-        }
-    }
-
-    /// ψ^{1/2} = exp(β/2) for the loaded rows (the scale of z in 4.50 and 4.61).
-    fn derive_noise_scale(&mut self, nb: usize) {
-        for (sqrt_psi, beta) in self.sqrt_psi[..nb].iter_mut().zip(&self.beta) {
+        for ((psi, sqrt_psi), beta) in self.psi[..nb].iter_mut().zip(&mut self.sqrt_psi[..nb]).zip(&self.beta) {
             *sqrt_psi = (0.5 * beta).exp();
+            *psi = *sqrt_psi * *sqrt_psi;
         }
     }
 }
@@ -701,11 +687,25 @@ fn rows(buf: &[f64], nb: usize, k: usize) -> ArrayView2<'_, f64> {
     ArrayView2::from_shape((nb, k), &buf[..nb * k]).expect("buffer holds nb rows of K")
 }
 
-/// gram += Aᵀ F over the loaded rows: the block's share of B = Fᵀ Ψ⁻¹ F (line 11). Overwrites ψ and A.
+/// A = Ψ⁻¹ F (line 10) and gram += Aᵀ F, the block's share of B = Fᵀ Ψ⁻¹ F (line 11), for the loaded
+/// rows. Overwrites ψ, ψ^{1/2} and A. The same kernel serves the step and `recompute_m_inv`, so a
+/// restored model has bit-identical (I + B)⁻¹.
 fn accumulate_gram(s: &mut Scratch, nb: usize, gram: &mut Array2<f64>) {
     s.derive_noise(nb);
+    scaled_rows(s, nb);
     let (a, f) = (rows(&s.a, nb, s.k), rows(&s.f, nb, s.k));
     general_mat_mul(1.0, &a.t(), &f, 1.0, gram);
+}
+
+/// A = Ψ⁻¹ F for the loaded rows (ψ already derived): one reciprocal per row.
+fn scaled_rows(s: &mut Scratch, nb: usize) {
+    let k = s.k;
+    for ((a_row, f_row), psi) in s.a[..nb * k].chunks_exact_mut(k).zip(s.f.chunks_exact(k)).zip(&s.psi) {
+        let inv_psi = 1.0 / psi;
+        for (a, f) in a_row.iter_mut().zip(f_row) {
+            *a = f * inv_psi;
+        }
+    }
 }
 
 /// Gradient of the negative ELBO for the loaded rows (global rows row0 …), into grad_c, grad_f, grad_b:
@@ -722,13 +722,9 @@ fn accumulate_gram(s: &mut Scratch, nb: usize, gram: &mut Array2<f64>) {
 fn block_gradients<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: usize, nb: usize) {
     let k = ctx.k;
     s.derive_noise(nb);
-    s.derive_noise_scale(nb);
-    // Line 12: C = A (I + B)⁻¹, this block's rows.
-    {
-        let a = rows(&s.a, nb, k);
-        let mut cr = ArrayViewMut2::from_shape((nb, k), &mut s.cr[..nb * k]).expect("buffer holds nb rows of K");
-        general_mat_mul(1.0, &a, &ctx.m_inv, 0.0, &mut cr);
-    }
+    scaled_rows(s, nb);
+    // Line 12: C = A (I + B)⁻¹, this block's rows (nb×K times K×K).
+    block_times(&s.a, ctx.m_inv, &mut s.cr, nb);
     likelihood_terms(ctx, s, row0, nb);
     let alpha = ctx.alpha;
     for i in 0..nb {
@@ -755,12 +751,12 @@ fn likelihood_terms<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: usize, nb:
     for l in 0..n_draws {
         fill_noise(ctx.seed, ctx.first_draw + l as u64, row0, &mut s.z[..nb]);
         let h = ctx.h.row(l);
-        let g_row = ctx.grads.row(l);
+        let g_block = ctx.grads.row(l).slice_move(s![row0..row0 + nb]);
         let per_row = s.g_mean[..nb].iter_mut().zip(&mut s.gz[..nb]).zip(s.gh[..nb * k].chunks_exact_mut(k));
-        for (i, ((g_sum, gz), gh_row)) in per_row.enumerate() {
-            let g = g_row[row0 + i].to_f64();
+        for (((g_sum, gz), gh_row), (g, z)) in per_row.zip(g_block.iter().zip(&s.z)) {
+            let g = g.to_f64();
             *g_sum += g;
-            *gz += g * s.z[i];
+            *gz += g * z;
             for (gh, h) in gh_row.iter_mut().zip(h.iter()) {
                 *gh += g * h;
             }
