@@ -13,7 +13,7 @@ use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
 use crate::linalg::{lower_triangular_inverse, SpdFactor};
 use crate::pass::{
-    Scratch, accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel, validate_batch,
+    Scratch, SNAPSHOT_MAX_ELEMENTS, accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel, validate_batch,
     Block, Sums, BLOCK_ROWS, TASK_ROWS,
 };
 use crate::scalar::{stored, Real};
@@ -94,6 +94,17 @@ pub(crate) fn validate_dims(n_features: usize, n_components: usize, noise_floor:
     Ok(())
 }
 
+/// Check that the noise floor fits the storage type (ψ is kept within [floor, T::MAX_STATE]).
+pub(crate) fn check_floor_fits<T: Real>(noise_floor: f64) -> Result<()> {
+    if noise_floor > T::MAX_STATE {
+        return Err(invalid(
+            "noise_floor",
+            format!("must be <= {:e} for {} state, got {noise_floor}", T::MAX_STATE, T::NAME),
+        ));
+    }
+    Ok(())
+}
+
 /// Check an initial loading matrix (D×K, finite) and convert it to storage.
 pub(crate) fn checked_init<T: Real>(init: ArrayView2<f64>, d: usize, k: usize) -> Result<Vec<T>> {
     if init.dim() != (d, k) {
@@ -127,6 +138,7 @@ impl<T: Real> OnlineEm<T> {
     /// New model. `init` is F₀ (D×K); ψ starts at 1, θ̄ at 0.
     pub fn new(n_features: usize, n_components: usize, init: ArrayView2<f64>, config: EmConfig) -> Result<Self> {
         validate_dims(n_features, n_components, config.noise_floor)?;
+        check_floor_fits::<T>(config.noise_floor)?;
         config.step_size.validate()?;
         let init = checked_init::<T>(init, n_features, n_components)?;
         let k = n_components;
@@ -166,13 +178,20 @@ impl<T: Real> OnlineEm<T> {
         self.n_components
     }
 
-    /// Apply the rows of `x` (n×D) in order. Validates the whole batch first: on error nothing is applied.
+    /// Apply the rows of `x` (n×D) in order. The whole batch is validated first, so a shape, NaN/Inf or
+    /// magnitude error applies nothing; for numerical breakdowns see `SNAPSHOT_MAX_ELEMENTS` in pass.rs.
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
         let mut scratch = Scratch::new(self.n_features, self.n_components);
         let mut sums = Sums::zeros(self.n_components);
+        let backup = (self.n_features * self.n_components <= SNAPSHOT_MAX_ELEMENTS).then(|| self.clone());
         for row in x.rows() {
-            self.step(row, &mut scratch, &mut sums)?;
+            if let Err(err) = self.step(row, &mut scratch, &mut sums) {
+                if let Some(previous) = backup {
+                    *self = previous;
+                }
+                return Err(err);
+            }
         }
         Ok(())
     }
@@ -545,7 +564,9 @@ mod checkpoint {
                 step_size: read_schedule(&r)?,
                 whiten: r.bool("whiten")?,
             };
-            validate_dims(d, k, config.noise_floor).map_err(|e| FaError::InvalidState(e.to_string()))?;
+            validate_dims(d, k, config.noise_floor)
+                .and_then(|_| check_floor_fits::<T>(config.noise_floor))
+                .map_err(|e| FaError::InvalidState(e.to_string()))?;
             let source = match r.text("source")? {
                 "initial" => Source::Initial(r.array::<T>("init_loadings", &[d, k])?),
                 "stats" => Source::Stats(r.matrix("h_inv", k, k)?),

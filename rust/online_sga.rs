@@ -7,12 +7,13 @@
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::error::{invalid, try_filled, Result};
-use crate::online_em::{checked_init, validate_dims};
+use crate::online_em::{check_floor_fits, checked_init, validate_dims};
 use crate::pass::{
-    Scratch, accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block,
+    Scratch, SNAPSHOT_MAX_ELEMENTS, accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block,
     Sums, BLOCK_ROWS, TASK_ROWS,
 };
 use crate::linalg::SpdFactor;
+use crate::small_k::try_sga_step;
 use crate::scalar::{stored, Real};
 use crate::schedule::StepSize;
 
@@ -77,6 +78,7 @@ impl<T: Real> OnlineSga<T> {
     /// New model with initial loadings `init` (D×K); ψ = 1, θ̄ = 0.
     pub fn new(n_features: usize, n_components: usize, init: ArrayView2<f64>, config: SgaConfig) -> Result<Self> {
         validate_dims(n_features, n_components, config.noise_floor)?;
+        check_floor_fits::<T>(config.noise_floor)?;
         config.step_size.validate()?;
         if !(config.lr.is_finite() && config.lr > 0.0) {
             return Err(invalid("lr", format!("must be finite and > 0, got {}", config.lr)));
@@ -115,13 +117,20 @@ impl<T: Real> OnlineSga<T> {
         self.n_components
     }
 
-    /// Apply the rows of `x` (n×D) in order. Validates the whole batch first: on error nothing is applied.
+    /// Apply the rows of `x` (n×D) in order. The whole batch is validated first, so a shape, NaN/Inf or
+    /// magnitude error applies nothing; for numerical breakdowns see `SNAPSHOT_MAX_ELEMENTS` in pass.rs.
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
         let mut scratch = Scratch::new(self.n_features, self.n_components);
         let mut sums = Sums::zeros(self.n_components);
+        let backup = (self.n_features * self.n_components <= SNAPSHOT_MAX_ELEMENTS).then(|| self.clone());
         for row in x.rows() {
-            self.step(row, &mut scratch, &mut sums)?;
+            if let Err(err) = self.step(row, &mut scratch, &mut sums) {
+                if let Some(previous) = backup {
+                    *self = previous;
+                }
+                return Err(err);
+            }
         }
         Ok(())
     }
@@ -215,25 +224,30 @@ fn apply_gradient<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pendi
     let k = blk.k;
     let m = p.m.as_slice().expect("m is contiguous");
     block_times(&blk.f, p.p.view(), &mut blk.tmp, nb);
-    let rows = blk.f[..nb * k].chunks_exact_mut(k).zip(blk.tmp[..nb * k].chunks_exact(k));
-    for (((f_row, fp_row), psi), d) in rows.zip(blk.psi[..nb].iter_mut()).zip(d_last.iter()) {
-        let d = d.to_f64();
-        let inv_psi = 1.0 / *psi;
-        let mut f_m = 0.0;
-        let mut fp_f = 0.0;
-        for ((&f, &fp), &m_j) in f_row.iter().zip(fp_row.iter()).zip(m.iter()) {
-            f_m += f * m_j;
-            fp_f += fp * f;
+    load_rows(&d_last[..nb], &mut blk.d_prev);
+    let (f, fp, psi, d) = (&mut blk.f, &blk.tmp, &mut blk.psi, &blk.d_prev);
+    if !try_sga_step(k, f, fp, psi, d, m, lr, floor, T::MAX_STATE, nb) {
+        let rows = f[..nb * k].chunks_exact_mut(k).zip(fp[..nb * k].chunks_exact(k));
+        for (((f_row, fp_row), psi), &d) in rows.zip(psi[..nb].iter_mut()).zip(d.iter()) {
+            let inv_psi = 1.0 / *psi;
+            let mut f_m = 0.0;
+            let mut fp_f = 0.0;
+            for ((&f, &fp), &m_j) in f_row.iter().zip(fp_row.iter()).zip(m.iter()) {
+                f_m += f * m_j;
+                fp_f += fp * f;
+            }
+            let grad_beta = 0.5 * inv_psi * (d * d - 2.0 * d * f_m + fp_f) - 0.5;
+            for ((f, &fp), &m_j) in f_row.iter_mut().zip(fp_row.iter()).zip(m.iter()) {
+                let grad_f = inv_psi * (d * m_j - fp);
+                *f = (*f + lr * grad_f).clamp(-T::MAX_STATE, T::MAX_STATE);
+            }
+            // ψ·exp(α ∇β), kept inside [floor, MAX_STATE]: an SGD step far too large for the data's scale
+            // (learning rate vs. variance) is clipped instead of overflowing to inf.
+            *psi = (*psi * (lr * grad_beta).min(700.0).exp()).clamp(floor, T::MAX_STATE);
         }
-        let grad_beta = 0.5 * inv_psi * (d * d - 2.0 * d * f_m + fp_f) - 0.5;
-        for ((f, &fp), &m_j) in f_row.iter_mut().zip(fp_row.iter()).zip(m.iter()) {
-            let grad_f = inv_psi * (d * m_j - fp);
-            *f = stored::<T>((*f + lr * grad_f).clamp(-T::MAX_STATE, T::MAX_STATE)).1;
-        }
-        // ψ·exp(α ∇β), kept inside [floor, MAX_STATE]: an SGD step far too large for the data's scale
-        // (learning rate vs. variance) is clipped instead of overflowing to inf.
-        let step = (lr * grad_beta).min(700.0);
-        *psi = stored::<T>((*psi * step.exp()).clamp(floor, T::MAX_STATE)).1;
+    }
+    for v in blk.f[..nb * k].iter_mut().chain(blk.psi[..nb].iter_mut()) {
+        *v = stored::<T>(*v).1;
     }
 }
 
@@ -360,7 +374,9 @@ mod checkpoint {
                 noise_floor: r.float("noise_floor")?,
                 step_size: read_schedule(&r)?,
             };
-            validate_dims(d, k, config.noise_floor).map_err(|e| FaError::InvalidState(e.to_string()))?;
+            validate_dims(d, k, config.noise_floor)
+                .and_then(|_| check_floor_fits::<T>(config.noise_floor))
+                .map_err(|e| FaError::InvalidState(e.to_string()))?;
             if config.lr <= 0.0 {
                 return Err(FaError::InvalidState("lr must be > 0".into()));
             }

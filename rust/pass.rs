@@ -18,6 +18,12 @@ use crate::small_k::{try_estep_sums, try_rank_one, try_row_dots, try_rows_times}
 pub(crate) const TASK_ROWS: usize = 8192;
 /// Rows per GEMM block inside a task.
 pub(crate) const BLOCK_ROWS: usize = 256;
+/// Up to this many state elements (D·K) an update call keeps a copy of the state and restores it if a
+/// numerical breakdown interrupts the batch, so a failed call never leaves a half-applied state. Larger
+/// models skip the copy (it would double the memory traffic of an update); for them a breakdown — which
+/// needs inputs many orders of magnitude outside the data seen so far — is reported with the rows before
+/// the failing one applied. Shape, NaN/Inf and magnitude errors are caught before any row, at every size.
+pub(crate) const SNAPSHOT_MAX_ELEMENTS: usize = 1 << 18;
 /// Below this many state elements (D·K) a pass runs on the calling thread only.
 pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
 

@@ -100,7 +100,10 @@ class _StreamingModel(FactorGaussianMixin):
         ------
         ValueError
             Wrong shape, or a NaN/±Inf (or a magnitude above 1e100 for float64 state, 1e18 for float32)
-            anywhere in the batch; the message names the first bad row and *no* row is applied.
+            anywhere in the batch; the message names the first bad row and *no* row is applied. Also
+            raised on a numerical breakdown (only reachable with inputs many orders of magnitude outside
+            the data seen so far): models with D·K <= 2**18 then restore their exact previous state;
+            larger ones skip that safety copy for speed and keep the rows before the failing one.
         TypeError
             Non-numeric or complex input.
         """
