@@ -15,7 +15,6 @@ pub mod scalar;
 pub mod schedule;
 mod small_k;
 pub mod state;
-pub mod vbfa;
 pub mod vifa;
 
 #[cfg(feature = "python")]
