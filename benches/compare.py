@@ -146,7 +146,7 @@ def copy_floor(d: int, k: int, dtype: type, repeats: int) -> float:
 
 def per_update_rows(d: int, k: int, repeats: int, rng: np.random.Generator) -> list[str]:
     """Table rows: onlinefa vs NumPy vs floor, per update, at one (D, K)."""
-    n_warm = 3
+    n_warm = 2 * k + 5
     stream = rng.standard_normal((n_warm + repeats, d))
     f0 = np.linalg.qr(rng.standard_normal((d, k)))[0]
     rows = []
@@ -155,12 +155,12 @@ def per_update_rows(d: int, k: int, repeats: int, rng: np.random.Generator) -> l
             name = np.dtype(dtype).name
             if algo == "EM":
                 model: onlinefa.OnlineEM | onlinefa.OnlineSGA = onlinefa.OnlineEM(
-                    d, k, n_warmup=1, init=f0, dtype=name
+                    d, k, n_warmup=k + 2, init=f0, dtype=name
                 )
-                ref: NumpyOnlineEM | NumpyOnlineSGA = NumpyOnlineEM(f0, 1, dtype)
+                ref: NumpyOnlineEM | NumpyOnlineSGA = NumpyOnlineEM(f0, k + 2, dtype)
             else:
-                model = onlinefa.OnlineSGA(d, k, n_warmup=1, init=f0, dtype=name)
-                ref = NumpyOnlineSGA(f0, 1, 1e-3, dtype)
+                model = onlinefa.OnlineSGA(d, k, n_warmup=k + 2, init=f0, dtype=name)
+                ref = NumpyOnlineSGA(f0, k + 2, 1e-3, dtype)
             data = stream.astype(dtype)
             model.update(data[:n_warm])
             resident = state_bytes(algo, d, k, name)
