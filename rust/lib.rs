@@ -15,6 +15,7 @@ pub mod scalar;
 pub mod schedule;
 mod small_k;
 pub mod state;
+pub mod vbfa;
 pub mod vifa;
 
 #[cfg(feature = "python")]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._models import OnlineEM, OnlineSGA
+from .vbfa import VBFA, OnlineVBFA
 from .vifa import VIFA
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-__all__ = ["OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "VIFA", "__version__"]
+__all__ = ["OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

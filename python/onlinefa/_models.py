@@ -7,17 +7,14 @@ per sample, in the Rust core. Thesis symbols ↔ attributes: c = θ̄ ↔ ``mean
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core as _engine
 from ._gaussian import FactorGaussianMixin
+from ._persist import CheckpointMixin
 from ._validation import (
     as_sample_matrix,
     check_dtype,
@@ -75,7 +72,7 @@ def _common_args(
     }
 
 
-class _StreamingModel(FactorGaussianMixin):
+class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
     """Shared front of the Rust engines: input conversion, properties, Gaussian helpers."""
 
     _core: _engine.OnlineEMCore | _engine.OnlineSGACore
@@ -145,45 +142,10 @@ class _StreamingModel(FactorGaussianMixin):
         """Diagonal noise variances ψ = diag Ψ, shape (D,)."""
         return self._core.noise_variance()
 
-    # -- checkpoints -------------------------------------------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        return {"class": type(self).__name__, "state": self._core.get_state()}
-
-    def __setstate__(self, payload: dict[str, Any]) -> None:
-        if not isinstance(payload, dict) or payload.get("class") != type(self).__name__:
-            raise ValueError(f"not a pickled {type(self).__name__}")
-        state = payload["state"]
+    def _restore(self, state: dict[str, Any]) -> None:
         self._core = self._core_class.from_state(state)
         self._n_features = int(state["n_features"])
         self._n_components = int(state["n_components"])
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write an exact checkpoint of the model (atomic; see :mod:`onlinefa.checkpoint`).
-
-        Parameters
-        ----------
-        path : str or path-like
-            Destination ``.npz`` file. It is written to a temporary file first and then renamed, so a
-            crash mid-save never destroys an existing checkpoint.
-        """
-        from .checkpoint import save_state
-
-        save_state(path, type(self).__name__, self._core.get_state())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Self:
-        """Read a checkpoint written by :meth:`save`; updates then continue bit-identically.
-
-        Raises
-        ------
-        ValueError
-            The file is truncated, corrupted, of an unknown format version or holds another model.
-        """
-        from .checkpoint import load_state
-
-        model = cls.__new__(cls)
-        model.__setstate__({"class": cls.__name__, "state": load_state(path, cls.__name__)})
-        return model
 
     def __repr__(self) -> str:
         return (

@@ -8,7 +8,6 @@ per step, no D×D matrix) runs in the Rust core; ``docs/vifa.md`` maps every ter
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,6 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
+from ._persist import CheckpointMixin
 from ._gaussian import FactorGaussianMixin
 from ._validation import check_dtype, check_init, check_int, check_positive_float, check_seed
 
@@ -76,7 +76,7 @@ def _as_gradients(grad: ArrayLike, n_rows: int, n_features: int) -> NDArray[Any]
     return arr
 
 
-class VIFA(FactorGaussianMixin):
+class VIFA(CheckpointMixin, FactorGaussianMixin):
     """Variational inference with a factor-analysis posterior (thesis Algorithm 3).
 
     Fits q(θ) = N(c, F Fᵀ + Ψ) (c: ``mean``, F: ``loadings`` D×K, ψ = diag Ψ: ``noise_variance``) to the
@@ -403,44 +403,11 @@ class VIFA(FactorGaussianMixin):
         return self._core.dtype
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        return {"class": type(self).__name__, "state": self._core.get_state()}
-
-    def __setstate__(self, payload: dict[str, Any]) -> None:
-        if not isinstance(payload, dict) or payload.get("class") != type(self).__name__:
-            raise ValueError(f"not a pickled {type(self).__name__}")
-        state = payload["state"]
+    def _restore(self, state: dict[str, Any]) -> None:
         self._core = _core.VIFACore.from_state(state)
         self._n_features = int(state["n_features"])
         self._n_components = int(state["n_components"])
         self._n_grad_samples = int(state["n_grad_samples"])
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write an exact checkpoint (parameters, Adam moments, pending draws, random stream; atomic).
-
-        Parameters
-        ----------
-        path : str or path-like
-            Destination ``.npz`` file (see :mod:`onlinefa.checkpoint`).
-        """
-        from .checkpoint import save_state
-
-        save_state(path, type(self).__name__, self._core.get_state())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Self:
-        """Read a checkpoint written by :meth:`save`; training then continues bit-identically.
-
-        Raises
-        ------
-        ValueError
-            The file is truncated, corrupted, of an unknown format version or holds another model.
-        """
-        from .checkpoint import load_state
-
-        model = cls.__new__(cls)
-        model.__setstate__({"class": cls.__name__, "state": load_state(path, cls.__name__)})
-        return model
 
     def __repr__(self) -> str:
         return (
