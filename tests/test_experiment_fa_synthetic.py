@@ -22,8 +22,9 @@ TINY = [
     "--dims", "12", "--spectra", "1:10", "1:100", "--n-components", "2",
     "--max-samples", "300", "--trials", "2", "--seed", "5",
 ]  # fmt: skip
-# 2 spectra × 2 trials × checkpoints (100, 200, 300) × 3 methods × 4 metrics (W2 is on for D = 12).
-TINY_ROWS = 2 * 2 * 3 * 3 * 4
+# 2 spectra × 2 trials × checkpoints (100, 200, 300) × 6 methods × 4 metrics (W2 is on for D = 12).
+ALL_METHODS = ("batch", "online-em", "online-sga", "em-whiten", "em-whiten-kappa", "em-kappa")
+TINY_ROWS = 2 * 2 * 3 * len(ALL_METHODS) * 4
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -55,7 +56,7 @@ def test_tiny_run_writes_every_cell_and_the_outputs(tiny_run: Path) -> None:
     assert len(cells) == TINY_ROWS  # no duplicates
     assert {r["n_samples"] for r in rows} == {"100", "200", "300"}
     assert {r["seed"] for r in rows} == {"5", "6"}
-    assert {r["method"] for r in rows} == {"batch", "online-em", "online-sga"}
+    assert {r["method"] for r in rows} == set(ALL_METHODS)
     assert {r["metric"] for r in rows} == {"covariance_distance", "mean_distance", "wasserstein2", "seconds"}
     assert all(math.isfinite(float(r["value"])) and float(r["value"]) >= 0.0 for r in rows)
     for name in (fa_synthetic.FIGURE_COVARIANCE, fa_synthetic.FIGURE_W2):
@@ -63,7 +64,7 @@ def test_tiny_run_writes_every_cell_and_the_outputs(tiny_run: Path) -> None:
     table = (tiny_run / fa_synthetic.TABLE_NAME).read_text(encoding="utf-8")
     assert "| 12 | [1, 10] | 300 |" in table and "0.0454 ± 0.0077" not in table  # thesis has no D = 12 row
     summary = read_csv(tiny_run / fa_synthetic.SUMMARY_NAME)
-    assert len(summary) == 2 * 3 * 3 * 4  # (spectrum, T, method, metric), each over the two trials
+    assert len(summary) == 2 * 3 * len(ALL_METHODS) * 4  # (spectrum, T, method, metric), over two trials
 
 
 def test_recorded_values_match_an_independent_rerun(tiny_run: Path) -> None:
@@ -79,10 +80,13 @@ def test_recorded_values_match_an_independent_rerun(tiny_run: Path) -> None:
     em.update(stream)
     sga = onlinefa.OnlineSGA(12, 2, lr=1e-3, n_warmup=100, seed=6)
     sga.update(stream)
+    whitened = onlinefa.OnlineEM(12, 2, n_warmup=100, seed=6, whiten=True, schedule="power", kappa=0.9)
+    whitened.update(stream)
     estimates = {
         "batch": (batch.mean_, batch.get_covariance()),
         "online-em": (em.mean, em.loadings @ em.loadings.T + np.diag(em.noise_variance)),
         "online-sga": (sga.mean, sga.loadings @ sga.loadings.T + np.diag(sga.noise_variance)),
+        "em-whiten-kappa": (whitened.mean, whitened.covariance()),
     }
     for method, (mean, cov) in estimates.items():
         where = {"seed": "6", "spectrum_high": "100.0", "n_samples": "300", "method": method}
@@ -149,7 +153,7 @@ def test_quick_options_resolve_to_the_reduced_grid() -> None:
     assert [s.spectrum for s in config.settings] == [(1.0, 10.0), (1.0, 100.0), (1.0, 1000.0)]
     assert config.checkpoints == (100, 200, 500, 1000, 2000, 5000)
     assert config.seeds == (0, 1)
-    assert config.methods == ("batch", "online-em", "online-sga")
+    assert config.methods == ALL_METHODS
     full = fa_synthetic.config_from_args(parser.parse_args([]))
     assert full.checkpoints == fa_synthetic.CHECKPOINTS and len(full.seeds) == 10 and len(full.settings) == 6
     overridden = fa_synthetic.config_from_args(parser.parse_args(["--quick", "--trials", "3", "--dims", "50"]))

@@ -188,3 +188,17 @@ class FactorGaussianMixin:
         mean, loadings, noise_variance = self._params()
         return draw(n, mean, loadings, noise_variance, seed)
 
+    def canonical_loadings(self) -> FloatArray:
+        """The loadings rotated to their canonical representative (:func:`onlinefa.canonical_loadings`).
+
+        F_c = F Q with Q orthogonal: F_c F_cᵀ = F Fᵀ (same Gaussian), F_cᵀ F_c diagonal with decreasing
+        entries, the largest-magnitude entry of each column positive. Use it to compare the loadings of two
+        fits, which are otherwise determined only up to a rotation of the latent space.
+
+        Returns
+        -------
+        ndarray of shape (n_features, n_components)
+        """
+        from .rotation import canonical_loadings
+
+        return canonical_loadings(self.loadings)

@@ -20,6 +20,7 @@ from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA
 from ._validation import check_dtype, check_int, check_positive_float, check_seed
 from .interop import as_numpy
+from .rotation import canonical_loadings, canonical_rotation
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -200,7 +201,10 @@ class OnlineFactorAnalysis(_EstimatorBase):
     Attributes
     ----------
     components_ : ndarray of shape (n_components, n_features)
-        Loadings Fᵀ (scikit-learn's orientation).
+        Canonical loadings F_cᵀ (scikit-learn's orientation): the fitted F rotated by an orthogonal Q so
+        that F_cᵀ F_c is diagonal and decreasing, with the largest-magnitude entry of each row of
+        ``components_`` positive (:func:`onlinefa.canonical_loadings`). The Gaussian is unchanged
+        (F_c F_cᵀ = F Fᵀ), and fits of the same data from different seeds give comparable rows.
     noise_variance_ : ndarray of shape (n_features,)
         Noise variances ψ.
     mean_ : ndarray of shape (n_features,)
@@ -429,6 +433,9 @@ class OnlineFactorAnalysis(_EstimatorBase):
     def transform(self, X: ArrayLike) -> FloatArray:
         """Posterior means of the latent factors, E[h | x] = (I + Fᵀ Ψ⁻¹ F)⁻¹ Fᵀ Ψ⁻¹ (x − mean).
 
+        F is ``components_.T`` (the canonical loadings), so the latents are expressed in the same basis
+        as ``components_``.
+
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
@@ -438,7 +445,11 @@ class OnlineFactorAnalysis(_EstimatorBase):
         ndarray of shape (n_samples, n_components)
         """
         arr = self._query_input(X)
-        return self._fitted_model().transform(arr)
+        model = self._fitted_model()
+        # E[h | x] of the engine's F, rotated to the basis of components_: F h = (F Q)(Qᵀ h).
+        rotation = canonical_rotation(model.loadings)
+        latents: FloatArray = model.transform(arr) @ rotation
+        return latents
 
     def score_samples(self, X: ArrayLike) -> FloatArray:
         """Log-likelihood of each sample under the fitted Gaussian, in O(n·D·K).
@@ -530,8 +541,8 @@ class OnlineFactorAnalysis(_EstimatorBase):
     # -- fitted attributes ----------------------------------------------------------------------------
     @property
     def components_(self) -> FloatArray:
-        """Loadings Fᵀ, shape (n_components, n_features)."""
-        return np.ascontiguousarray(self._fitted_model().loadings.T)
+        """Canonical loadings F_cᵀ, shape (n_components, n_features) (see the class docstring)."""
+        return np.ascontiguousarray(canonical_loadings(self._fitted_model().loadings).T)
 
     @property
     def noise_variance_(self) -> FloatArray:
