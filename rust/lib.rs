@@ -6,6 +6,7 @@
 //! Method MultiSWAG".
 
 pub mod error;
+mod fused_em;
 pub mod init;
 pub mod linalg;
 pub mod online_em;

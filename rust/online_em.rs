@@ -16,7 +16,9 @@ use crate::pass::{
     Scratch, SNAPSHOT_MAX_ELEMENTS, accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel, validate_batch,
     Block, Sums, BLOCK_ROWS, TASK_ROWS,
 };
+use crate::fused_em::{try_em_block, EmBlockIo};
 use crate::scalar::{stored, Real};
+use crate::small_k::try_add_outer;
 use crate::schedule::StepSize;
 
 /// Hyper-parameters of [`OnlineEm`].
@@ -242,9 +244,14 @@ impl<T: Real> OnlineEm<T> {
             let h_bar = &sigma + &b_bar;
             let h_factor = SpdFactor::new_jittered(h_bar.view(), "H̄ = Σ + B̄")?;
             if self.config.whiten {
-                // Whitening (PX-EM): R Rᵀ = H̄; Ā ← Ā R⁻ᵀ and H̄ ← I, i.e. B̄ ← I − Σ. F Āᵀ and F H̄ Fᵀ are
-                // unchanged, so ψ is too; afterwards F = Ā.
-                transform = Some(lower_triangular_inverse(h_factor.lower().view())?.reversed_axes());
+                // Whitening (PX-EM): R Rᵀ = H̄, new latents h' = R⁻¹ h. Every statistic moves to the new
+                // basis: Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ, Σ ← R⁻¹ Σ R⁻ᵀ, so H̄ ← I (B̄ = I − Σ in the new basis).
+                // F Āᵀ and F H̄ Fᵀ are unchanged, so ψ is too; afterwards F = Ā. Rotating B̄ (rather than
+                // resetting it to I − Σ_old) keeps each row's averaged moment matrix of (d, m) PSD, hence ψ ≥ 0.
+                let w = lower_triangular_inverse(h_factor.lower().view())?.reversed_axes();
+                self.sigma = w.t().dot(&sigma).dot(&w);
+                self.b_bar = w.t().dot(&b_bar).dot(&w);
+                transform = Some(w);
                 Some(Source::Whitened)
             } else {
                 Some(Source::Stats(h_factor.inverse()))
@@ -252,11 +259,13 @@ impl<T: Real> OnlineEm<T> {
         } else {
             None
         };
-        self.b_bar = if transform.is_some() { Array2::eye(k) - &sigma } else { b_bar };
+        if transform.is_none() {
+            self.b_bar = b_bar;
+            self.sigma = sigma;
+        }
         if let Some(source) = source {
             self.source = source;
         }
-        self.sigma = sigma;
         self.pending = Some(Pending { rho, m, transform });
         self.n_seen = t;
         Ok(())
@@ -333,11 +342,14 @@ fn apply_pending<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pendin
 }
 
 /// The fused pass over one task's rows. Shapes: rows.a is n×K (row-major), the other slices n, x is D.
-fn em_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>, blk: &mut Block, sums: &mut Sums) {
+fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>, blk: &mut Block, sums: &mut Sums) {
     let k = ctx.k;
     let n = rows.mean.len();
     for b0 in (0..n).step_by(BLOCK_ROWS) {
         let nb = (n - b0).min(BLOCK_ROWS);
+        if fused_block(&mut rows, b0, nb, x, ctx, blk, sums) {
+            continue;
+        }
         let a_rows = &mut rows.a[b0 * k..(b0 + nb) * k];
         // 1. Pending line 12 of the previous sample: Ā_{t−1} from Ā_{t−2}; write it back.
         load_rows(a_rows, &mut blk.a);
@@ -369,6 +381,56 @@ fn em_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>,
         // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
         accumulate_estep(blk, nb, sums);
     }
+}
+
+/// The whole pass over one block in one fused loop (fused_em.rs) when K ≤ 16 and warm-up is over; returns
+/// false when the block-by-block path below must run instead.
+fn fused_block<T: Real, X: Real>(
+    rows: &mut Rows<T>,
+    b0: usize,
+    nb: usize,
+    x: &ArrayView1<X>,
+    ctx: &PassCtx<T>,
+    blk: &mut Block,
+    sums: &mut Sums,
+) -> bool {
+    let k = ctx.k;
+    let h_inv = match ctx.source {
+        Source::Initial(_) => return false,
+        Source::Stats(h) => match h.as_slice() {
+            Some(h) => Some(h),
+            None => return false,
+        },
+        Source::Whitened => None,
+    };
+    let transform = ctx.pending.and_then(|p| p.transform.as_ref());
+    let (Some(u), Some(s)) = (sums.u.as_slice_mut(), sums.s.as_slice_mut()) else { return false };
+    let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
+    for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
+        *dst = xi.to_f64();
+    }
+    let mut io = EmBlockIo {
+        a: &mut rows.a[b0 * k..(b0 + nb) * k],
+        mean: &mut rows.mean[b0..b0 + nb],
+        dsq: &mut rows.dsq[b0..b0 + nb],
+        d_last: &mut rows.d_last[b0..b0 + nb],
+        x: &blk.d[..nb],
+        pending: ctx.pending.and_then(|p| p.m.as_slice().map(|m| (p.rho, m))),
+        transform: transform.and_then(|w| w.as_slice()),
+        h_inv,
+        rho: ctx.rho,
+        floor: ctx.floor,
+        f: &mut blk.f,
+        y: &mut blk.tmp,
+        u,
+    };
+    if transform.is_some() && io.transform.is_none() {
+        return false;
+    }
+    if !try_em_block(k, &mut io, nb) {
+        return false;
+    }
+    try_add_outer(k, &blk.tmp, &blk.f, s, nb)
 }
 
 /// blk.f[..nb] and blk.psi[..nb] for rows starting at global row `row0`:
@@ -479,7 +541,7 @@ mod tests {
         let cfg = EmConfig { n_warmup: 50, ..EmConfig::default() };
         let mut plain = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
         plain.update(x.view()).expect("update");
-        // Whiten the current statistics by hand: R Rᵀ = H̄, Ā ← Ā R⁻ᵀ, B̄ ← I − Σ.
+        // Whiten the current statistics by hand: R Rᵀ = H̄, Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ, Σ ← R⁻¹ Σ R⁻ᵀ.
         let mut white = plain.clone();
         let h_bar = &white.sigma + &white.b_bar;
         let r = SpdFactor::new(h_bar.view(), "h").expect("spd").lower();
@@ -488,7 +550,8 @@ mod tests {
         white.a_bar = a.iter().copied().collect();
         white.pending = None;
         white.source = Source::Whitened;
-        white.b_bar = Array2::eye(k) - &white.sigma;
+        white.b_bar = w.t().dot(&white.b_bar).dot(&w);
+        white.sigma = w.t().dot(&white.sigma).dot(&w);
         // The expanded model's covariance F H̄ Fᵀ + Ψ is what the step preserves: F' = F R, so
         // F' F'ᵀ = F H̄ Fᵀ, and ψ = d̄² − rowsum(F ⊙ Ā) is unchanged; afterwards H̄ = I.
         let f = plain.loadings();

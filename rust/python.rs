@@ -38,7 +38,7 @@ fn initial_loadings(
         None => {
             if n_components < 1 || n_components >= n_features {
                 // Leave the message to the core's validation (same wording for both paths).
-                return Ok(Array2::zeros((n_features, n_components)));
+                return Ok(Array2::zeros((0, 0)));
             }
             orthonormal_loadings(n_features, n_components, seed.unwrap_or_else(entropy_seed)).map_err(to_py_err)
         }

@@ -80,7 +80,7 @@ class WhitenedReferenceEM:
 
     def __init__(
         self, init_loadings: FloatArray, n_warmup: int, *, whiten: bool,
-        inverse: InverseFn = explicit_inverse, rotate_b_bar: bool = False, **schedule: Any,
+        inverse: InverseFn = explicit_inverse, rotate_b_bar: bool = True, **schedule: Any,
     ) -> None:  # fmt: skip
         self.F = np.array(init_loadings, dtype=np.float64)
         n_features, n_components = self.F.shape
@@ -454,13 +454,6 @@ def planted_stream(n_samples: int) -> FloatArray:
 PLANTED_INIT = onlinefa.OnlineEM(30, 3, seed=2).loadings
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="B̄ ← I − Σ is not the running average of m mᵀ in the whitened basis, so "
-    "ψ = d̄² − diag(Ā H̄⁻¹ Āᵀ) loses its Cauchy–Schwarz lower bound 0 and can hit the floor "
-    "(docs/whitening.md, 'Known limitation'); rotating the average instead, B̄ ← R⁻¹ B̄ R⁻ᵀ and "
-    "Σ ← R⁻¹ Σ R⁻ᵀ, keeps ψ ≥ 0 (Rust change requested)",
-)
 def test_whitening_never_drives_noise_to_the_floor() -> None:
     # Every true ψ_d >= 0.5; an estimate at the 1e-10 floor means a factor has collapsed onto one feature.
     stream = planted_stream(600)
@@ -470,9 +463,9 @@ def test_whitening_never_drives_noise_to_the_floor() -> None:
 
 
 def test_rotating_b_bar_keeps_noise_positive() -> None:
-    # The proposed fix, on the reference: with B̄ ← R⁻¹ B̄ R⁻ᵀ each row's averaged second moment of
+    # Why the core rotates, on the reference: with B̄ ← R⁻¹ B̄ R⁻ᵀ each row's averaged second moment of
     # (d_i, m) stays positive semi-definite and H̄ = Σ + B̄ ⪰ B̄, so ψ = d̄² − diag(Ā H̄⁻¹ Āᵀ) >= 0 at
-    # every step (Cauchy–Schwarz); on the same stream the specified B̄ ← I − Σ goes negative (the xfail above).
+    # every step (Cauchy–Schwarz); on the same stream the reset B̄ ← I − Σ_old goes negative.
     stream = planted_stream(600)
     lowest = {}
     for rotate in (False, True):
