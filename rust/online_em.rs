@@ -11,7 +11,7 @@
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
-use crate::linalg::{lower_triangular_inverse, SpdFactor};
+use crate::linalg::SpdFactor;
 use crate::pass::{
     Scratch, SNAPSHOT_MAX_ELEMENTS, accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel, validate_batch,
     Block, Sums, BLOCK_ROWS, TASK_ROWS,
@@ -19,6 +19,7 @@ use crate::pass::{
 use crate::fused_em::{try_em_block, EmBlockIo};
 use crate::scalar::{stored, Real};
 use crate::small_k::try_add_outer;
+use crate::vbfa::transform::Rotation;
 use crate::schedule::StepSize;
 
 /// Hyper-parameters of [`OnlineEm`].
@@ -248,9 +249,12 @@ impl<T: Real> OnlineEm<T> {
                 // basis: Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ, Σ ← R⁻¹ Σ R⁻ᵀ, so H̄ ← I (B̄ = I − Σ in the new basis).
                 // F Āᵀ and F H̄ Fᵀ are unchanged, so ψ is too; afterwards F = Ā. Rotating B̄ (rather than
                 // resetting it to I − Σ_old) keeps each row's averaged moment matrix of (d, m) PSD, hence ψ ≥ 0.
-                let w = lower_triangular_inverse(h_factor.lower().view())?.reversed_axes();
-                self.sigma = w.t().dot(&sigma).dot(&w);
-                self.b_bar = w.t().dot(&b_bar).dot(&w);
+                // Row-major W = R⁻ᵀ: the fused kernel and `block_times` read it as a flat slice, so the update
+                // pass, the queries and a restored checkpoint (always row-major) round identically.
+                let rotation = Rotation::whitening(h_factor.lower().view())?;
+                let w = rotation.cross_moment_map();
+                self.sigma = rotation.latent_moment(sigma.view());
+                self.b_bar = rotation.latent_moment(b_bar.view());
                 transform = Some(w);
                 Some(Source::Whitened)
             } else {
@@ -456,6 +460,7 @@ fn loadings_block<T: Real>(blk: &mut Block, dsq: &[T], row0: usize, ctx: &PassCt
 mod tests {
     use super::*;
     use crate::init::{fill_standard_normal, orthonormal_loadings};
+    use crate::linalg::lower_triangular_inverse;
 
     fn stream(n: usize, d: usize, seed: u64) -> Array2<f64> {
         let mut x = Array2::zeros((n, d));
@@ -683,6 +688,22 @@ mod checkpoint {
             broken.insert("a_bar".into(), StateValue::F32(vec![d, k], vec![f32::NAN; d * k]));
             assert!(OnlineEm::<f32>::from_state(&broken).is_err());
             assert!(OnlineEm::<f64>::from_state(&a.to_state()).is_err(), "dtype mismatch must be rejected");
+        }
+
+        #[test]
+        fn restored_whitened_model_answers_queries_bit_identically() {
+            // float64 state, so no storage rounding hides a different K×K product order after a restore.
+            let (d, k) = (30, 3);
+            let f0 = orthonormal_loadings(d, k, 3).expect("init");
+            let mut x = Array2::zeros((80, d));
+            fill_standard_normal(x.view_mut(), 4);
+            let cfg = EmConfig { n_warmup: 10, whiten: true, ..EmConfig::default() };
+            let mut a = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+            a.update(x.view()).expect("update");
+            let b = OnlineEm::<f64>::from_state(&a.to_state()).expect("restore");
+            assert_eq!(a.loadings(), b.loadings());
+            assert_eq!(a.noise_variance(), b.noise_variance());
+            assert_eq!(a.mean(), b.mean());
         }
     }
 }

@@ -81,16 +81,22 @@ def assert_same_state(left: dict[str, Any], right: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize(("algorithm", "engine", "extra"), [
-    ("em", onlinefa.OnlineEM, {}),
-    ("sga", onlinefa.OnlineSGA, {"lr": 5e-3}),
+@pytest.mark.parametrize(("algorithm", "engine", "options", "engine_options"), [
+    # Defaults: EM with whitening and the κ = 0.9 power schedule, SGA with the thesis's 1/t.
+    ("em", onlinefa.OnlineEM, {}, {"whiten": True, "schedule": "power", "kappa": 0.9}),
+    ("em", onlinefa.OnlineEM, {"whiten": False, "schedule": "harmonic"}, {}),  # thesis Algorithm 2
+    ("em", onlinefa.OnlineEM, {"schedule": "constant", "rho": 0.05}, {"whiten": True, "schedule": "constant", "rho": 0.05}),
+    ("sga", onlinefa.OnlineSGA, {"lr": 5e-3}, {"lr": 5e-3}),
+    ("sga", onlinefa.OnlineSGA, {"schedule": "power", "kappa": 0.8, "tau0": 3.0},
+     {"schedule": "power", "kappa": 0.8, "tau0": 3.0}),
 ])
 def test_partial_fit_streams_exactly_like_the_engine(
-    fa_stream: StreamFactory, algorithm: str, engine: Any, extra: dict[str, Any], dtype: str
+    fa_stream: StreamFactory, algorithm: str, engine: Any, options: dict[str, Any],
+    engine_options: dict[str, Any], dtype: str,
 ) -> None:
     X = fa_stream(D, K, 400, 0)
-    fa = OnlineFactorAnalysis(K, algorithm=algorithm, n_warmup=20, dtype=dtype, random_state=7, **extra)
-    reference = engine(D, K, n_warmup=20, seed=7, dtype=dtype, **extra)
+    fa = OnlineFactorAnalysis(K, algorithm=algorithm, n_warmup=20, dtype=dtype, random_state=7, **options)
+    reference = engine(D, K, n_warmup=20, seed=7, dtype=dtype, **engine_options)
     for batch in np.array_split(X, 9):
         fa.partial_fit(batch)
     reference.update(X)
@@ -332,3 +338,46 @@ def test_import_onlinefa_does_not_import_scikit_learn() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_default_em_differs_from_the_thesis_algorithm(fa_stream: StreamFactory) -> None:
+    # Guards the parametrised test above against options that are silently ignored.
+    X = fa_stream(D, K, 400, 0)
+    default = OnlineFactorAnalysis(K, n_warmup=20, random_state=7).fit(X)
+    thesis = OnlineFactorAnalysis(K, n_warmup=20, random_state=7, whiten=False, schedule="harmonic").fit(X)
+    assert np.abs(default.get_covariance() - thesis.get_covariance()).max() > 1e-6
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    ({"whiten": "yes"}, TypeError, "whiten must be a bool"),
+    ({"schedule": "linear"}, ValueError, "schedule must be one of"),
+    ({"schedule": "power", "kappa": 0.3}, ValueError, "kappa"),
+    ({"schedule": "constant", "rho": 0.0}, ValueError, "rho"),
+    ({"tau0": -1.0}, ValueError, "tau0"),
+])
+def test_bad_schedule_options_are_rejected_at_fit(
+    fa_stream: StreamFactory, options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    X = fa_stream(D, K, 50, 0)
+    with pytest.raises(error, match=message):
+        OnlineFactorAnalysis(K, **options).fit(X)
+
+
+def test_checkpoint_without_the_schedule_parameters_loads_as_the_thesis_algorithm(
+    fa_stream: StreamFactory, tmp_path: Any
+) -> None:
+    # A checkpoint written before whiten/schedule/... existed holds the thesis's Algorithm 2.
+    from onlinefa.checkpoint import load_state, save_state
+
+    X = fa_stream(D, K, 300, 0)
+    thesis = OnlineFactorAnalysis(K, n_warmup=20, random_state=7, whiten=False, schedule="harmonic")
+    thesis.fit(X[:200])
+    path = tmp_path / "old.npz"
+    thesis.save(path)
+    state = load_state(path, "OnlineFactorAnalysis")
+    for name in ("whiten", "schedule", "tau0", "kappa", "rho"):
+        del state[f"param.{name}"]
+    save_state(path, "OnlineFactorAnalysis", state)
+    restored = OnlineFactorAnalysis.load(path)
+    assert restored.get_params() == thesis.get_params()
+    np.testing.assert_array_equal(restored.partial_fit(X[200:]).components_, thesis.partial_fit(X[200:]).components_)

@@ -33,6 +33,10 @@ StreamingModel = OnlineEM | OnlineSGA
 MAX_QUERY_MAGNITUDE = 1e100
 
 _ALGORITHMS: dict[str, type[OnlineEM] | type[OnlineSGA]] = {"em": OnlineEM, "sga": OnlineSGA}
+_SCHEDULES = ("auto", "harmonic", "power", "constant")
+#: Hyper-parameters added after checkpoint format v1 first shipped, with the values that reproduce the
+#: estimator of that time (thesis Algorithm 2), for checkpoints that do not store them.
+_LEGACY_PARAMS: dict[str, Any] = {"whiten": False, "schedule": "harmonic", "tau0": 0.0, "kappa": 0.9, "rho": 0.01}
 _CHECKPOINT_KIND = "OnlineFactorAnalysis"
 #: Guards the installation of the model by the first partial_fit when several threads race for it.
 _FIRST_MODEL_LOCK = threading.Lock()
@@ -189,6 +193,21 @@ class OnlineFactorAnalysis(_EstimatorBase):
         Samples during which only the running averages move and the loadings keep their initial value.
     lr : float, default=1e-3
         Learning rate of ``algorithm="sga"`` (validated, unused by EM).
+    whiten : bool, default=True
+        EM only (validated, unused by SGA): apply the whitening (parameter-expanded EM) step after each
+        M-step (:class:`onlinefa.OnlineEM`, docs/whitening.md). ``whiten=False, schedule="harmonic"``
+        is exactly the thesis's Algorithm 2.
+    schedule : {"auto", "harmonic", "power", "constant"}, default="auto"
+        Step sizes ρ_t of the running averages. "auto" is "power" for EM (with ``whiten=True`` and
+        ``kappa=0.9`` the configuration measured best on the thesis's Figure 5.1 grid, docs/whitening.md)
+        and "harmonic" (ρ_t = 1/t, the thesis) for SGA. "power": ρ_t = (t + ``tau0``)^(−``kappa``);
+        "constant": ρ_t = ``rho`` (for drifting streams); all floored at 1/t.
+    tau0 : float, default=0.0
+        τ₀ >= 0 of the "power" schedule.
+    kappa : float, default=0.9
+        κ in (0.5, 1] of the "power" schedule.
+    rho : float, default=0.01
+        ρ in (0, 1] of the "constant" schedule.
     noise_floor : float, default=1e-10
         Lower bound on every noise variance ψ_d (absolute, squared data units). A constant feature gets
         ψ_d = ``noise_floor`` and a zero loading row; when the floor is not active the result equals
@@ -247,6 +266,11 @@ class OnlineFactorAnalysis(_EstimatorBase):
         algorithm: str = "em",
         n_warmup: int = 100,
         lr: float = 1e-3,
+        whiten: bool = True,
+        schedule: str = "auto",
+        tau0: float = 0.0,
+        kappa: float = 0.9,
+        rho: float = 0.01,
         noise_floor: float = DEFAULT_NOISE_FLOOR,
         dtype: str = "float64",
         random_state: int | np.random.RandomState | np.random.Generator | None = None,
@@ -255,6 +279,11 @@ class OnlineFactorAnalysis(_EstimatorBase):
         self.algorithm = algorithm
         self.n_warmup = n_warmup
         self.lr = lr
+        self.whiten = whiten
+        self.schedule = schedule
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.rho = rho
         self.noise_floor = noise_floor
         self.dtype = dtype
         self.random_state = random_state
@@ -267,9 +296,17 @@ class OnlineFactorAnalysis(_EstimatorBase):
 
     def _model_options(self) -> dict[str, Any]:
         """Keyword arguments of the streaming model beyond the shared ones (one place to extend)."""
+        if not isinstance(self.whiten, (bool, np.bool_)):
+            raise TypeError(f"whiten must be a bool, got {type(self.whiten).__name__}")
+        if not isinstance(self.schedule, str) or self.schedule not in _SCHEDULES:
+            raise ValueError(f"schedule must be one of {_SCHEDULES}, got {self.schedule!r}")
+        schedule = self.schedule
+        if schedule == "auto":
+            schedule = "harmonic" if self.algorithm == "sga" else "power"
+        options: dict[str, Any] = {"schedule": schedule, "tau0": self.tau0, "kappa": self.kappa, "rho": self.rho}
         if self.algorithm == "sga":
-            return {"lr": self.lr}
-        return {}
+            return {**options, "lr": self.lr}
+        return {**options, "whiten": bool(self.whiten)}
 
     def _new_model(self, n_features: int) -> StreamingModel:
         """Validate the hyper-parameters and build a fresh streaming model for ``n_features``."""
@@ -620,6 +657,8 @@ class OnlineFactorAnalysis(_EstimatorBase):
 
         state = load_state(path, _CHECKPOINT_KIND)
         params = {key[len("param."):]: value for key, value in state.items() if key.startswith("param.")}
+        if set(params) | set(_LEGACY_PARAMS) == set(cls._get_param_names()):
+            params = {**_LEGACY_PARAMS, **params}
         if set(params) != set(cls._get_param_names()):
             raise ValueError(f"{os.fspath(path)!r}: the stored hyper-parameters do not match {cls.__name__}")
         estimator = cls(**params)

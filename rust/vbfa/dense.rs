@@ -80,7 +80,7 @@ impl SmallSpd {
                 }
             }
         }
-        Array2::from_shape_vec((k, k), out).unwrap_or_else(|_| unreachable!("k·k buffer"))
+        Array2::from_shape_fn((k, k), |(i, j)| out[i * k + j])
     }
 
     /// A⁻¹ b by forward and back substitution.

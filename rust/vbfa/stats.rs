@@ -219,7 +219,7 @@ fn per_column_grams(
             }
         }
     }
-    Array3::from_shape_vec((d, k, k), out).unwrap_or_else(|_| unreachable!("d·k·k buffer"))
+    Array3::from_shape_fn((d, k, k), |(j, a, b)| out[j * kk + a * k + b])
 }
 
 impl ColumnStats {

@@ -59,6 +59,21 @@ pub struct Rotation {
 }
 
 impl Rotation {
+    /// The whitening rotation R = L of a latent second moment M = L Lᵀ (L lower-triangular, K×K, e.g. the
+    /// Cholesky factor of OnlineEM's H̄ = Σ + B̄): afterwards R⁻¹ M R⁻ᵀ = I. This is OnlineEM's
+    /// `whiten=True` step (PX-EM; the point-estimate rotation without the orthogonal factor E).
+    pub fn whitening(lower: ArrayView2<f64>) -> Result<Self> {
+        let r_inv = lower_triangular_inverse(lower)?;
+        let log_abs_det = lower.diag().iter().map(|v| v.abs().ln()).sum();
+        Ok(Rotation { r: lower.to_owned(), r_inv, log_abs_det })
+    }
+
+    /// The row-major K×K matrix W = R⁻ᵀ that maps row vectors of a cross-moment with the latents, e.g.
+    /// Ā = avg(d mᵀ) ← Ā W (D×K rows times W).
+    pub fn cross_moment_map(&self) -> Array2<f64> {
+        self.r_inv.t().as_standard_layout().into_owned()
+    }
+
     /// Rows f̄_d ← Rᵀ f̄_d, i.e. F ← F R (D×K in, D×K out).
     pub fn loadings(&self, f: ArrayView2<f64>) -> Array2<f64> {
         f.dot(&self.r)
