@@ -396,3 +396,29 @@ def test_bad_input_gives_clear_errors() -> None:
         onlinefa.OnlineVBFA(2, schedule="power", kappa=0.3)
     with pytest.raises(ValueError, match="schedule"):
         onlinefa.OnlineVBFA(2, schedule="sometimes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cls", [onlinefa.VBFA, onlinefa.OnlineVBFA])
+def test_params_follow_scikit_learn_conventions(cls: Any) -> None:
+    from sklearn.base import clone
+
+    model = cls(4, prior="broad", transform=False, seed=3)
+    params = model.get_params()
+    assert params["transform"] is False and params["prior"] == "broad" and params["n_components"] == 4
+    twin = clone(model)
+    assert twin is not model and twin.get_params() == params
+    assert model.set_params(transform=True, n_components=5) is model
+    assert model.transform_enabled is True and model.n_components == 5
+    with pytest.raises(ValueError, match="n_components"):
+        model.set_params(n_components=0, prior="ard")
+    assert model.get_params()["prior"] == "broad"  # nothing half-applied
+    with pytest.raises(ValueError, match="Invalid parameter"):
+        model.set_params(n_component=3)
+
+
+def test_pickling_fails_with_a_clear_message() -> None:
+    import pickle
+
+    model = onlinefa.VBFA(2, seed=0).fit(np.random.default_rng(0).standard_normal((40, 6)))
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(model)
