@@ -301,7 +301,7 @@ WITHOUT_SKLEARN = textwrap.dedent(
     from onlinefa import OnlineFactorAnalysis
     from onlinefa.estimator import NotFittedError
     assert [c.__name__ for c in OnlineFactorAnalysis.__mro__] == [
-        "OnlineFactorAnalysis", "_ParamsMixin", "object"], OnlineFactorAnalysis.__mro__
+        "OnlineFactorAnalysis", "ParamsMixin", "object"], OnlineFactorAnalysis.__mro__
     fa = OnlineFactorAnalysis(2, n_warmup=10, random_state=0)
     assert fa.get_params()["n_components"] == 2 and fa.set_params(n_warmup=5) is fa
     assert repr(fa).startswith("OnlineFactorAnalysis(")

@@ -8,7 +8,6 @@ imported when this module is first imported, never by ``import onlinefa`` itself
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA
 from ._validation import check_dtype, check_int, check_positive_float, check_seed
 from .interop import as_numpy
+from ._params import ParamsMixin
 from .rotation import canonical_loadings, canonical_rotation
 
 if TYPE_CHECKING:
@@ -42,66 +42,19 @@ _CHECKPOINT_KIND = "OnlineFactorAnalysis"
 _FIRST_MODEL_LOCK = threading.Lock()
 
 
-class _ParamsMixin:
-    """``get_params``/``set_params``/``repr`` with scikit-learn's conventions (used without scikit-learn)."""
-
-    @classmethod
-    def _get_param_names(cls) -> list[str]:
-        parameters = inspect.signature(cls.__init__).parameters.values()
-        return sorted(p.name for p in parameters if p.name != "self" and p.kind != p.VAR_KEYWORD)
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """Constructor parameters of this estimator.
-
-        Parameters
-        ----------
-        deep : bool, default=True
-            Ignored (no sub-estimators); kept for scikit-learn compatibility.
-
-        Returns
-        -------
-        dict
-            Parameter name → value.
-        """
-        return {name: getattr(self, name) for name in self._get_param_names()}
-
-    def set_params(self, **params: Any) -> Self:
-        """Set constructor parameters; they take effect at the next ``fit`` (or first ``partial_fit``).
-
-        Parameters
-        ----------
-        **params
-            Parameter name → new value.
-
-        Returns
-        -------
-        self
-        """
-        valid = self._get_param_names()
-        for name, value in params.items():
-            if name not in valid:
-                raise ValueError(f"Invalid parameter {name!r} for {type(self).__name__}; valid: {valid}")
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{name}={value!r}" for name, value in self.get_params().items())
-        return f"{type(self).__name__}({args})"
-
-
 class _NotFittedError(ValueError, AttributeError):
     """Raised when a fitted attribute or method is used before ``fit``/``partial_fit``."""
 
 
 if TYPE_CHECKING:
-    _EstimatorBase = _ParamsMixin
+    _EstimatorBase = ParamsMixin
     NotFittedError = _NotFittedError
 else:
     try:
         from sklearn.base import BaseEstimator, TransformerMixin
         from sklearn.exceptions import NotFittedError
     except ImportError:
-        _EstimatorBase = _ParamsMixin
+        _EstimatorBase = ParamsMixin
         NotFittedError = _NotFittedError
     else:
 

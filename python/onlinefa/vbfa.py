@@ -16,9 +16,8 @@ scikit-learn.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -27,6 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
+from ._params import ParamsMixin
 from ._validation import check_int, check_positive_float, check_seed
 
 __all__ = ["VBFA", "OnlineVBFA", "VBFAPosterior"]
@@ -125,38 +125,16 @@ class VBFAPosterior:
     noise_rate: FloatArray
 
 
-#: Constructor parameters stored under another attribute name (``transform`` is also the method).
-_PARAM_ATTRIBUTES = {"transform": "transform_enabled"}
-
-
-class _FittedGaussian:
+class _FittedGaussian(ParamsMixin):
     """Prediction helpers shared by both estimators (plug-in posterior means F̄, c̄, ψ = 1/⟨τ⟩), and
     scikit-learn's ``get_params``/``set_params`` so that ``sklearn.base.clone`` works."""
 
+    #: ``transform`` is also the method, so the parameter is stored as ``transform_enabled``.
+    _param_attributes: ClassVar[dict[str, str]] = {"transform": "transform_enabled"}
     mean_: FloatArray
     components_: FloatArray
     noise_variance_: FloatArray
     n_features_in_: int
-
-    @classmethod
-    def _get_param_names(cls) -> list[str]:
-        parameters = inspect.signature(cls.__init__).parameters.values()
-        return sorted(p.name for p in parameters if p.name != "self")
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """Constructor parameters (scikit-learn convention).
-
-        Parameters
-        ----------
-        deep : bool, default=True
-            Ignored (no nested estimators).
-
-        Returns
-        -------
-        dict
-            Parameter name → value; ``transform`` is the ``transform_enabled`` attribute.
-        """
-        return {name: getattr(self, _PARAM_ATTRIBUTES.get(name, name)) for name in self._get_param_names()}
 
     def set_params(self, **params: Any) -> Self:
         """Set constructor parameters, validated as by the constructor; they take effect at the next ``fit``.
@@ -175,15 +153,9 @@ class _FittedGaussian:
         ValueError, TypeError
             An unknown name or an invalid value; nothing is changed then.
         """
-        valid = self._get_param_names()
-        unknown = sorted(set(params) - set(valid))
-        if unknown:
-            raise ValueError(f"Invalid parameter(s) {unknown} for {type(self).__name__}; valid: {valid}")
+        self._check_param_names(params)
         checked = type(self)(**{**self.get_params(), **params})  # validates everything before any change
-        for name in valid:
-            attribute = _PARAM_ATTRIBUTES.get(name, name)
-            setattr(self, attribute, getattr(checked, attribute))
-        return self
+        return super().set_params(**checked.get_params())
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError(
