@@ -22,9 +22,16 @@ fn bench_em<T: Real>(c: &mut Criterion) {
     for &d in &SIZES {
         let x = samples(d);
         for &k in &COMPONENTS {
-            let Ok(f0) = orthonormal_loadings(d, k, 1) else { continue };
-            let cfg = EmConfig { n_warmup: 1, ..EmConfig::default() };
-            let Ok(mut em) = OnlineEm::<T>::new(d, k, f0.view(), cfg) else { continue };
+            let Ok(f0) = orthonormal_loadings(d, k, 1) else {
+                continue;
+            };
+            let cfg = EmConfig {
+                n_warmup: 1,
+                ..EmConfig::default()
+            };
+            let Ok(mut em) = OnlineEm::<T>::new(d, k, f0.view(), cfg) else {
+                continue;
+            };
             let _ = em.update(x.view());
             group.throughput(Throughput::Elements((d * k) as u64));
             group.bench_with_input(BenchmarkId::new(format!("K={k}"), d), &d, |b, _| {
@@ -45,9 +52,16 @@ fn bench_sga<T: Real>(c: &mut Criterion) {
     for &d in &SIZES {
         let x = samples(d);
         for &k in &COMPONENTS {
-            let Ok(f0) = orthonormal_loadings(d, k, 1) else { continue };
-            let cfg = SgaConfig { n_warmup: 1, ..SgaConfig::default() };
-            let Ok(mut sga) = OnlineSga::<T>::new(d, k, f0.view(), cfg) else { continue };
+            let Ok(f0) = orthonormal_loadings(d, k, 1) else {
+                continue;
+            };
+            let cfg = SgaConfig {
+                n_warmup: 1,
+                ..SgaConfig::default()
+            };
+            let Ok(mut sga) = OnlineSga::<T>::new(d, k, f0.view(), cfg) else {
+                continue;
+            };
             let _ = sga.update(x.view());
             group.throughput(Throughput::Elements((d * k) as u64));
             group.bench_with_input(BenchmarkId::new(format!("K={k}"), d), &d, |b, _| {

@@ -45,7 +45,10 @@ pub type Result<T> = std::result::Result<T, FaError>;
 
 /// Build an [`FaError::InvalidParameter`].
 pub(crate) fn invalid(name: &'static str, reason: impl Into<String>) -> FaError {
-    FaError::InvalidParameter { name, reason: reason.into() }
+    FaError::InvalidParameter {
+        name,
+        reason: reason.into(),
+    }
 }
 
 /// A vector of `len` copies of `value`, or an error (never an abort) when it cannot be allocated.
@@ -62,6 +65,9 @@ pub(crate) fn try_filled<T: Clone>(len: usize, value: T, what: &'static str) -> 
 /// D·K without overflow.
 pub(crate) fn checked_size(n_features: usize, n_components: usize) -> Result<usize> {
     n_features.checked_mul(n_components).ok_or_else(|| {
-        invalid("n_features", format!("n_features × n_components = {n_features} × {n_components} overflows"))
+        invalid(
+            "n_features",
+            format!("n_features × n_components = {n_features} × {n_components} overflows"),
+        )
     })
 }

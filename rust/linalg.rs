@@ -27,7 +27,9 @@ impl SpdFactor {
         }
         let sym = to_na(m);
         let sym = (&sym + sym.transpose()) * 0.5;
-        Cholesky::new(sym).map(|chol| Self { chol }).ok_or(FaError::NotPositiveDefinite(what))
+        Cholesky::new(sym)
+            .map(|chol| Self { chol })
+            .ok_or(FaError::NotPositiveDefinite(what))
     }
 
     /// Factorise a matrix that is symmetric positive definite in exact arithmetic (I + FᵀΨ⁻¹F, Σ + B̄) but
@@ -38,7 +40,11 @@ impl SpdFactor {
         if let Ok(f) = Self::new(m, what) {
             return Ok(f);
         }
-        let scale = m.diag().iter().fold(0.0f64, |acc, v| acc.max(v.abs())).max(f64::MIN_POSITIVE);
+        let scale = m
+            .diag()
+            .iter()
+            .fold(0.0f64, |acc, v| acc.max(v.abs()))
+            .max(f64::MIN_POSITIVE);
         let mut jittered = m.to_owned();
         let mut delta = 1e-14 * scale;
         for _ in 0..13 {

@@ -11,16 +11,16 @@
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
+use crate::fused_em::{try_em_block, EmBlockIo};
 use crate::linalg::SpdFactor;
 use crate::pass::{
-    Scratch, SNAPSHOT_MAX_ELEMENTS, accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel, validate_batch,
-    Block, Sums, BLOCK_ROWS, TASK_ROWS,
+    accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel,
+    validate_batch, Block, Scratch, Sums, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
 };
-use crate::fused_em::{try_em_block, EmBlockIo};
 use crate::scalar::{stored, Real};
+use crate::schedule::StepSize;
 use crate::small_k::try_add_outer;
 use crate::vbfa::transform::Rotation;
-use crate::schedule::StepSize;
 
 /// Hyper-parameters of [`OnlineEm`].
 #[derive(Debug, Clone, PartialEq)]
@@ -37,7 +37,12 @@ pub struct EmConfig {
 
 impl Default for EmConfig {
     fn default() -> Self {
-        EmConfig { n_warmup: 100, noise_floor: 1e-10, step_size: StepSize::Harmonic, whiten: false }
+        EmConfig {
+            n_warmup: 100,
+            noise_floor: 1e-10,
+            step_size: StepSize::Harmonic,
+            whiten: false,
+        }
     }
 }
 
@@ -92,7 +97,10 @@ pub(crate) fn validate_dims(n_features: usize, n_components: usize, noise_floor:
         ));
     }
     if !(noise_floor.is_finite() && noise_floor > 0.0) {
-        return Err(invalid("noise_floor", format!("must be finite and > 0, got {noise_floor}")));
+        return Err(invalid(
+            "noise_floor",
+            format!("must be finite and > 0, got {noise_floor}"),
+        ));
     }
     Ok(())
 }
@@ -111,7 +119,11 @@ pub(crate) fn check_floor_fits<T: Real>(noise_floor: f64) -> Result<()> {
 /// Check an initial loading matrix (D×K, finite) and convert it to storage.
 pub(crate) fn checked_init<T: Real>(init: ArrayView2<f64>, d: usize, k: usize) -> Result<Vec<T>> {
     if init.dim() != (d, k) {
-        return Err(FaError::Shape { what: "init", expected: format!("({d}, {k})"), got: init.shape().to_vec() });
+        return Err(FaError::Shape {
+            what: "init",
+            expected: format!("({d}, {k})"),
+            got: init.shape().to_vec(),
+        });
     }
     if init.iter().any(|v| !(v.abs() <= T::MAX_INPUT)) {
         return Err(invalid("init", "must contain only finite values"));
@@ -223,10 +235,18 @@ impl<T: Real> OnlineEm<T> {
             .zip(self.dsq_bar.chunks_mut(TASK_ROWS))
             .zip(self.d_last.chunks_mut(TASK_ROWS))
             .enumerate()
-            .map(|(i, (((a, mean), dsq), d_last))| Rows { lo: i * TASK_ROWS, a, mean, dsq, d_last })
+            .map(|(i, (((a, mean), dsq), d_last))| Rows {
+                lo: i * TASK_ROWS,
+                a,
+                mean,
+                dsq,
+                d_last,
+            })
             .collect();
         let parallel = use_parallel(self.n_features, k);
-        reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| em_task(rows, &x, &ctx, blk, part));
+        reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| {
+            em_task(rows, &x, &ctx, blk, part)
+        });
     }
 
     /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
@@ -292,11 +312,9 @@ impl<T: Real> OnlineEm<T> {
     /// Loadings F (D×K) as the next E-step will use them.
     pub fn loadings(&self) -> Array2<f64> {
         match &self.source {
-            Source::Initial(f0) => {
-                Array2::from_shape_fn((self.n_features, self.n_components), |(i, j)| {
-                    f0[i * self.n_components + j].to_f64()
-                })
-            }
+            Source::Initial(f0) => Array2::from_shape_fn((self.n_features, self.n_components), |(i, j)| {
+                f0[i * self.n_components + j].to_f64()
+            }),
             Source::Stats(h_inv) => self.current_a_bar().dot(h_inv),
             Source::Whitened => self.current_a_bar(),
         }
@@ -408,7 +426,9 @@ fn fused_block<T: Real, X: Real>(
         Source::Whitened => None,
     };
     let transform = ctx.pending.and_then(|p| p.transform.as_ref());
-    let (Some(u), Some(s)) = (sums.u.as_slice_mut(), sums.s.as_slice_mut()) else { return false };
+    let (Some(u), Some(s)) = (sums.u.as_slice_mut(), sums.s.as_slice_mut()) else {
+        return false;
+    };
     let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
     for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
         *dst = xi.to_f64();
@@ -480,7 +500,10 @@ mod tests {
         let (d, k) = (40, 3);
         let f0 = orthonormal_loadings(d, k, 1).expect("init");
         let x = stream(300, d, 2);
-        let cfg = EmConfig { n_warmup: 20, ..EmConfig::default() };
+        let cfg = EmConfig {
+            n_warmup: 20,
+            ..EmConfig::default()
+        };
         let mut batch = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
         batch.update(x.view()).expect("update");
         let mut single = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
@@ -500,7 +523,10 @@ mod tests {
         let (d, k) = (40_000, 4);
         let f0 = orthonormal_loadings(d, k, 3).expect("init");
         let x = stream(6, d, 4);
-        let cfg = EmConfig { n_warmup: 2, ..EmConfig::default() };
+        let cfg = EmConfig {
+            n_warmup: 2,
+            ..EmConfig::default()
+        };
         let mut par = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
         par.update(x.view()).expect("update");
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
@@ -534,7 +560,10 @@ mod tests {
         assert!(OnlineEm::<f64>::new(5, 5, Array2::zeros((5, 5)).view(), EmConfig::default()).is_err());
         assert!(OnlineEm::<f64>::new(5, 0, Array2::zeros((5, 0)).view(), EmConfig::default()).is_err());
         assert!(OnlineEm::<f64>::new(6, 2, f0.view(), EmConfig::default()).is_err());
-        let bad_floor = EmConfig { noise_floor: 0.0, ..EmConfig::default() };
+        let bad_floor = EmConfig {
+            noise_floor: 0.0,
+            ..EmConfig::default()
+        };
         assert!(OnlineEm::<f64>::new(5, 2, f0.view(), bad_floor).is_err());
     }
 
@@ -543,7 +572,10 @@ mod tests {
         let (d, k) = (30, 3);
         let f0 = orthonormal_loadings(d, k, 8).expect("init");
         let x = stream(200, d, 9);
-        let cfg = EmConfig { n_warmup: 50, ..EmConfig::default() };
+        let cfg = EmConfig {
+            n_warmup: 50,
+            ..EmConfig::default()
+        };
         let mut plain = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
         plain.update(x.view()).expect("update");
         // Whiten the current statistics by hand: R Rᵀ = H̄, Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ, Σ ← R⁻¹ Σ R⁻ᵀ.
@@ -642,9 +674,16 @@ mod checkpoint {
                 other => return Err(FaError::InvalidState(format!("unknown source {other:?}"))),
             };
             let pending = if r.has("pending_rho") {
-                let transform =
-                    if r.has("pending_transform") { Some(r.matrix("pending_transform", k, k)?) } else { None };
-                Some(Pending { rho: r.float("pending_rho")?, m: r.vector("pending_m", k)?, transform })
+                let transform = if r.has("pending_transform") {
+                    Some(r.matrix("pending_transform", k, k)?)
+                } else {
+                    None
+                };
+                Some(Pending {
+                    rho: r.float("pending_rho")?,
+                    m: r.vector("pending_m", k)?,
+                    transform,
+                })
             } else {
                 None
             };
@@ -676,7 +715,11 @@ mod checkpoint {
             let f0 = orthonormal_loadings(d, k, 1).expect("init");
             let mut x = Array2::zeros((60, d));
             fill_standard_normal(x.view_mut(), 2);
-            let cfg = EmConfig { n_warmup: 10, whiten: true, ..EmConfig::default() };
+            let cfg = EmConfig {
+                n_warmup: 10,
+                whiten: true,
+                ..EmConfig::default()
+            };
             let mut a = OnlineEm::<f32>::new(d, k, f0.view(), cfg).expect("new");
             a.update(x.slice(ndarray::s![..30, ..])).expect("update");
             let mut b = OnlineEm::<f32>::from_state(&a.to_state()).expect("restore");
@@ -687,7 +730,10 @@ mod checkpoint {
             let mut broken = a.to_state();
             broken.insert("a_bar".into(), StateValue::F32(vec![d, k], vec![f32::NAN; d * k]));
             assert!(OnlineEm::<f32>::from_state(&broken).is_err());
-            assert!(OnlineEm::<f64>::from_state(&a.to_state()).is_err(), "dtype mismatch must be rejected");
+            assert!(
+                OnlineEm::<f64>::from_state(&a.to_state()).is_err(),
+                "dtype mismatch must be rejected"
+            );
         }
 
         #[test]
@@ -697,7 +743,11 @@ mod checkpoint {
             let f0 = orthonormal_loadings(d, k, 3).expect("init");
             let mut x = Array2::zeros((80, d));
             fill_standard_normal(x.view_mut(), 4);
-            let cfg = EmConfig { n_warmup: 10, whiten: true, ..EmConfig::default() };
+            let cfg = EmConfig {
+                n_warmup: 10,
+                whiten: true,
+                ..EmConfig::default()
+            };
             let mut a = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
             a.update(x.view()).expect("update");
             let b = OnlineEm::<f64>::from_state(&a.to_state()).expect("restore");

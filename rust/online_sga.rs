@@ -7,15 +7,15 @@
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::error::{invalid, try_filled, Result};
+use crate::linalg::SpdFactor;
 use crate::online_em::{check_floor_fits, checked_init, validate_dims};
 use crate::pass::{
-    Scratch, SNAPSHOT_MAX_ELEMENTS, accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block,
-    Sums, BLOCK_ROWS, TASK_ROWS,
+    accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block, Scratch, Sums,
+    BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
 };
-use crate::linalg::SpdFactor;
-use crate::small_k::try_sga_step;
 use crate::scalar::{stored, Real};
 use crate::schedule::StepSize;
+use crate::small_k::try_sga_step;
 
 /// Hyper-parameters of [`OnlineSga`].
 #[derive(Debug, Clone, PartialEq)]
@@ -32,7 +32,12 @@ pub struct SgaConfig {
 
 impl Default for SgaConfig {
     fn default() -> Self {
-        SgaConfig { lr: 1e-3, n_warmup: 100, noise_floor: 1e-10, step_size: StepSize::Harmonic }
+        SgaConfig {
+            lr: 1e-3,
+            n_warmup: 100,
+            noise_floor: 1e-10,
+            step_size: StepSize::Harmonic,
+        }
     }
 }
 
@@ -155,10 +160,18 @@ impl<T: Real> OnlineSga<T> {
             .zip(self.mean.chunks_mut(TASK_ROWS))
             .zip(self.d_last.chunks_mut(TASK_ROWS))
             .enumerate()
-            .map(|(i, (((f, psi), mean), d_last))| Rows { lo: i * TASK_ROWS, f, psi, mean, d_last })
+            .map(|(i, (((f, psi), mean), d_last))| Rows {
+                lo: i * TASK_ROWS,
+                f,
+                psi,
+                mean,
+                d_last,
+            })
             .collect();
         let parallel = use_parallel(self.n_features, k);
-        reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| sga_task(rows, &x, &ctx, blk, part));
+        reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| {
+            sga_task(rows, &x, &ctx, blk, part)
+        });
         self.pending = if active { Some(estep(sums, k)?) } else { None };
         self.n_seen = t;
         Ok(())
@@ -170,11 +183,22 @@ impl<T: Real> OnlineSga<T> {
         let mut f_out = Vec::with_capacity(self.n_features * k);
         let mut psi_out = Vec::with_capacity(self.n_features);
         let mut blk = Block::new(k);
-        let chunks = self.f.chunks(BLOCK_ROWS * k).zip(self.psi.chunks(BLOCK_ROWS)).zip(self.d_last.chunks(BLOCK_ROWS));
+        let chunks = self
+            .f
+            .chunks(BLOCK_ROWS * k)
+            .zip(self.psi.chunks(BLOCK_ROWS))
+            .zip(self.d_last.chunks(BLOCK_ROWS));
         for ((f, psi), d_last) in chunks {
             let nb = psi.len();
             load_block(&mut blk, f, psi);
-            apply_gradient::<T>(&mut blk, d_last, self.pending.as_ref(), self.config.lr, self.config.noise_floor, nb);
+            apply_gradient::<T>(
+                &mut blk,
+                d_last,
+                self.pending.as_ref(),
+                self.config.lr,
+                self.config.noise_floor,
+                nb,
+            );
             f_out.extend_from_slice(&blk.f[..nb * k]);
             psi_out.extend_from_slice(&blk.psi[..nb]);
         }
@@ -272,7 +296,9 @@ fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx, b
             }
         }
         let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
-        let state = rows.mean[b0..b0 + nb].iter_mut().zip(rows.d_last[b0..b0 + nb].iter_mut());
+        let state = rows.mean[b0..b0 + nb]
+            .iter_mut()
+            .zip(rows.d_last[b0..b0 + nb].iter_mut());
         for (((mean, d_last), xi), d_out) in state.zip(x_blk.iter()).zip(blk.d.iter_mut()) {
             let xi = xi.to_f64();
             let m0 = mean.to_f64();
@@ -300,7 +326,11 @@ mod tests {
         let f0 = orthonormal_loadings(d, k, 11).expect("init");
         let mut x = Array2::zeros((150, d));
         fill_standard_normal(x.view_mut(), 12);
-        let cfg = SgaConfig { n_warmup: 10, lr: 0.05, ..SgaConfig::default() };
+        let cfg = SgaConfig {
+            n_warmup: 10,
+            lr: 0.05,
+            ..SgaConfig::default()
+        };
         let mut batch = OnlineSga::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
         batch.update(x.view()).expect("update");
         let mut single = OnlineSga::<f64>::new(d, k, f0.view(), cfg).expect("new");
@@ -317,7 +347,10 @@ mod tests {
         let f0 = orthonormal_loadings(d, k, 13).expect("init");
         let mut x = Array2::zeros((8, d));
         fill_standard_normal(x.view_mut(), 14);
-        let cfg = SgaConfig { n_warmup: 8, ..SgaConfig::default() };
+        let cfg = SgaConfig {
+            n_warmup: 8,
+            ..SgaConfig::default()
+        };
         let mut sga = OnlineSga::<f64>::new(d, k, f0.view(), cfg).expect("new");
         sga.update(x.view()).expect("update");
         assert_eq!(sga.loadings(), f0);
@@ -328,7 +361,10 @@ mod tests {
     fn rejects_bad_learning_rate() {
         let f0 = Array2::<f64>::zeros((5, 2));
         for lr in [0.0, -1.0, f64::NAN] {
-            let cfg = SgaConfig { lr, ..SgaConfig::default() };
+            let cfg = SgaConfig {
+                lr,
+                ..SgaConfig::default()
+            };
             assert!(OnlineSga::<f64>::new(5, 2, f0.view(), cfg).is_err());
         }
     }
@@ -385,7 +421,10 @@ mod checkpoint {
                 return Err(FaError::InvalidState("psi must be positive".into()));
             }
             let pending = if r.has("pending_m") {
-                Some(Pending { m: r.vector("pending_m", k)?, p: r.matrix("pending_p", k, k)? })
+                Some(Pending {
+                    m: r.vector("pending_m", k)?,
+                    p: r.matrix("pending_p", k, k)?,
+                })
             } else {
                 None
             };
@@ -414,7 +453,11 @@ mod checkpoint {
             let f0 = orthonormal_loadings(d, k, 3).expect("init");
             let mut x = Array2::zeros((50, d));
             fill_standard_normal(x.view_mut(), 4);
-            let cfg = SgaConfig { n_warmup: 5, lr: 0.01, ..SgaConfig::default() };
+            let cfg = SgaConfig {
+                n_warmup: 5,
+                lr: 0.01,
+                ..SgaConfig::default()
+            };
             let mut a = OnlineSga::<f64>::new(d, k, f0.view(), cfg).expect("new");
             a.update(x.slice(ndarray::s![..25, ..])).expect("update");
             let mut b = OnlineSga::<f64>::from_state(&a.to_state()).expect("restore");

@@ -35,7 +35,10 @@ pub(crate) struct Sums {
 
 impl Sums {
     pub(crate) fn zeros(k: usize) -> Self {
-        Sums { s: Array2::zeros((k, k)), u: Array1::zeros(k) }
+        Sums {
+            s: Array2::zeros((k, k)),
+            u: Array1::zeros(k),
+        }
     }
 }
 
@@ -69,7 +72,9 @@ where
     W: Send,
     F: Fn(W, &mut Block, &mut Sums) + Sync + Send,
 {
-    let work = tasks.into_iter().zip(scratch.blocks.iter_mut().zip(scratch.partials.iter_mut()));
+    let work = tasks
+        .into_iter()
+        .zip(scratch.blocks.iter_mut().zip(scratch.partials.iter_mut()));
     let run = |(task, (blk, sums)): (W, (&mut Block, &mut Sums))| {
         sums.s.fill(0.0);
         sums.u.fill(0.0);
@@ -158,7 +163,9 @@ pub(crate) fn accumulate_estep(blk: &mut Block, nb: usize, sums: &mut Sums) {
         }
     }
     let u = sums.u.as_slice_mut().expect("u is contiguous");
-    let rows = blk.f[..nb * k].chunks_exact(k).zip(blk.tmp[..nb * k].chunks_exact_mut(k));
+    let rows = blk.f[..nb * k]
+        .chunks_exact(k)
+        .zip(blk.tmp[..nb * k].chunks_exact_mut(k));
     for ((f_row, y_row), (&psi, &d)) in rows.zip(blk.psi.iter().zip(blk.d.iter())) {
         let inv_psi = 1.0 / psi;
         for ((y, &f), u_j) in y_row.iter_mut().zip(f_row.iter()).zip(u.iter_mut()) {
@@ -217,7 +224,11 @@ pub(crate) fn validate_batch<T: Real, X: Real>(x: &ArrayView2<X>, n_features: us
             let kind = if has_non_finite {
                 "NaN or infinity".to_string()
             } else {
-                format!("a value with |x| > {:e} (the largest accepted with {} state)", T::MAX_INPUT, T::NAME)
+                format!(
+                    "a value with |x| > {:e} (the largest accepted with {} state)",
+                    T::MAX_INPUT,
+                    T::NAME
+                )
             };
             Err(FaError::BadValue { row, kind })
         }

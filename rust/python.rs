@@ -23,7 +23,8 @@ fn to_py_err(err: FaError) -> PyErr {
 }
 
 fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
-    m.lock().map_err(|_| PyRuntimeError::new_err("model state is poisoned by an earlier internal panic"))
+    m.lock()
+        .map_err(|_| PyRuntimeError::new_err("model state is poisoned by an earlier internal panic"))
 }
 
 /// `init` if given, else orthonormal loadings drawn with `seed` (§4.4).
@@ -61,12 +62,8 @@ fn state_to_dict<'py>(py: Python<'py>, state: StateMap) -> PyResult<Bound<'py, P
     let dict = PyDict::new(py);
     for (key, value) in state {
         match value {
-            StateValue::F32(shape, data) => {
-                dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?
-            }
-            StateValue::F64(shape, data) => {
-                dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?
-            }
+            StateValue::F32(shape, data) => dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?,
+            StateValue::F64(shape, data) => dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?,
             StateValue::Int(v) => dict.set_item(key, v)?,
             StateValue::Float(v) => dict.set_item(key, v)?,
             StateValue::Bool(v) => dict.set_item(key, v)?,
@@ -234,14 +231,24 @@ model_methods!(OnlineEMCore, {
         whiten: bool,
     ) -> PyResult<Self> {
         let step_size = step_size(schedule, tau0, kappa, rho)?;
-        let config = EmConfig { n_warmup, noise_floor, step_size, whiten };
+        let config = EmConfig {
+            n_warmup,
+            noise_floor,
+            step_size,
+            whiten,
+        };
         let init = initial_loadings(init, n_features, n_components, seed)?;
         let inner = py.detach(|| match dtype {
             "float32" => OnlineEm::new(n_features, n_components, init.view(), config).map(Typed::F32),
             "float64" => OnlineEm::new(n_features, n_components, init.view(), config).map(Typed::F64),
-            other => Err(crate::error::invalid("dtype", format!("must be 'float32' or 'float64', got {other:?}"))),
+            other => Err(crate::error::invalid(
+                "dtype",
+                format!("must be 'float32' or 'float64', got {other:?}"),
+            )),
         });
-        Ok(OnlineEMCore { inner: Mutex::new(inner.map_err(to_py_err)?) })
+        Ok(OnlineEMCore {
+            inner: Mutex::new(inner.map_err(to_py_err)?),
+        })
     }
 });
 
@@ -272,14 +279,24 @@ model_methods!(OnlineSGACore, {
         rho: f64,
     ) -> PyResult<Self> {
         let step_size = step_size(schedule, tau0, kappa, rho)?;
-        let config = SgaConfig { lr, n_warmup, noise_floor, step_size };
+        let config = SgaConfig {
+            lr,
+            n_warmup,
+            noise_floor,
+            step_size,
+        };
         let init = initial_loadings(init, n_features, n_components, seed)?;
         let inner = py.detach(|| match dtype {
             "float32" => OnlineSga::new(n_features, n_components, init.view(), config).map(Typed::F32),
             "float64" => OnlineSga::new(n_features, n_components, init.view(), config).map(Typed::F64),
-            other => Err(crate::error::invalid("dtype", format!("must be 'float32' or 'float64', got {other:?}"))),
+            other => Err(crate::error::invalid(
+                "dtype",
+                format!("must be 'float32' or 'float64', got {other:?}"),
+            )),
         });
-        Ok(OnlineSGACore { inner: Mutex::new(inner.map_err(to_py_err)?) })
+        Ok(OnlineSGACore {
+            inner: Mutex::new(inner.map_err(to_py_err)?),
+        })
     }
 });
 
@@ -295,7 +312,9 @@ fn orthonormal_init<'py>(
     if n_components < 1 || n_components > n_features {
         return Err(PyValueError::new_err("need 1 <= n_components <= n_features"));
     }
-    let q = py.detach(|| orthonormal_loadings(n_features, n_components, seed)).map_err(to_py_err)?;
+    let q = py
+        .detach(|| orthonormal_loadings(n_features, n_components, seed))
+        .map_err(to_py_err)?;
     Ok(q.into_pyarray(py))
 }
 
@@ -334,7 +353,9 @@ fn vifa_step_any(core: &VIFACore, py: Python<'_>, grads: &Bound<'_, PyAny>) -> P
             with_model!(&mut *guard, m => m.step(view)).map_err(to_py_err)
         })
     } else {
-        Err(PyTypeError::new_err("step expects a 2-D float32 or float64 numpy array"))
+        Err(PyTypeError::new_err(
+            "step expects a 2-D float32 or float64 numpy array",
+        ))
     }
 }
 
@@ -366,7 +387,11 @@ impl VIFACore {
         let seed = seed.unwrap_or_else(entropy_seed);
         let config = VifaConfig {
             prior_precision,
-            lr: LearningRates { mean: lr_mean, loadings: lr_loadings, log_noise: lr_log_noise },
+            lr: LearningRates {
+                mean: lr_mean,
+                loadings: lr_loadings,
+                log_noise: lr_log_noise,
+            },
             optimizer: Optimizer::parse(optimizer).map_err(to_py_err)?,
             n_grad_samples,
             clip_grad_norm,
@@ -375,20 +400,30 @@ impl VIFACore {
             Some(a) => a.as_array().to_owned(),
             None => {
                 validate_vifa_dims(n_features, n_components).map_err(to_py_err)?;
-                py.detach(|| orthonormal_loadings(n_features, n_components, seed)).map_err(to_py_err)?
+                py.detach(|| orthonormal_loadings(n_features, n_components, seed))
+                    .map_err(to_py_err)?
             }
         };
         let mean = init_mean.as_ref().map(|a| a.as_array());
         let noise_variance = init_noise_variance.as_ref().map(|a| a.as_array());
         let inner = py.detach(|| {
-            let start = VifaInit { loadings: loadings.view(), mean, noise_variance };
+            let start = VifaInit {
+                loadings: loadings.view(),
+                mean,
+                noise_variance,
+            };
             match dtype {
                 "float32" => Vifa::new(n_features, n_components, start, seed, config).map(Typed::F32),
                 "float64" => Vifa::new(n_features, n_components, start, seed, config).map(Typed::F64),
-                other => Err(crate::error::invalid("dtype", format!("must be 'float32' or 'float64', got {other:?}"))),
+                other => Err(crate::error::invalid(
+                    "dtype",
+                    format!("must be 'float32' or 'float64', got {other:?}"),
+                )),
             }
         });
-        Ok(VIFACore { inner: Mutex::new(inner.map_err(to_py_err)?) })
+        Ok(VIFACore {
+            inner: Mutex::new(inner.map_err(to_py_err)?),
+        })
     }
 
     /// Training draw θ = F h + c + ψ^{1/2} ⊙ z (4.50), remembered for the next step.
@@ -407,17 +442,18 @@ impl VIFACore {
 
     /// (h, z) of the pending draws: (n_pending, K) and (n_pending, D).
     #[allow(clippy::type_complexity)]
-    fn pending_noise<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray2<f64>>)> {
+    fn pending_noise<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray2<f64>>)> {
         let (h, z) = py.detach(|| -> PyResult<_> { Ok(with_model!(&*lock(&self.inner)?, m => m.pending_noise())) })?;
         Ok((h.into_pyarray(py), z.into_pyarray(py)))
     }
 
     /// Replace η_c, η_F, η_β (finite, >= 0).
     fn set_learning_rates(&self, py: Python<'_>, lr_mean: f64, lr_loadings: f64, lr_log_noise: f64) -> PyResult<()> {
-        let lr = crate::vifa::LearningRates { mean: lr_mean, loadings: lr_loadings, log_noise: lr_log_noise };
+        let lr = crate::vifa::LearningRates {
+            mean: lr_mean,
+            loadings: lr_loadings,
+            log_noise: lr_log_noise,
+        };
         py.detach(|| -> PyResult<()> {
             let mut guard = lock(&self.inner)?;
             with_model!(&mut *guard, m => m.set_learning_rates(lr)).map_err(to_py_err)
@@ -426,8 +462,8 @@ impl VIFACore {
 
     /// The hyper-parameters and the seed, as a dict of Python scalars.
     fn hyper_parameters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (config, seed) =
-            py.detach(|| -> PyResult<_> { Ok(with_model!(&*lock(&self.inner)?, m => (m.config().clone(), m.seed()))) })?;
+        let (config, seed) = py
+            .detach(|| -> PyResult<_> { Ok(with_model!(&*lock(&self.inner)?, m => (m.config().clone(), m.seed()))) })?;
         let dict = PyDict::new(py);
         dict.set_item("prior_precision", config.prior_precision)?;
         dict.set_item("lr_mean", config.lr.mean)?;
@@ -458,7 +494,9 @@ impl VIFACore {
                 Checkpoint::from_state(&map).map(Typed::F64)
             }
         });
-        Ok(Self { inner: Mutex::new(inner.map_err(to_py_err)?) })
+        Ok(Self {
+            inner: Mutex::new(inner.map_err(to_py_err)?),
+        })
     }
 
     #[getter]
@@ -529,13 +567,19 @@ fn vbfa_config(
     let prior = match prior {
         "ard" => crate::vbfa::Prior::Ard,
         "broad" => crate::vbfa::Prior::Broad,
-        other => return Err(PyValueError::new_err(format!("prior must be 'ard' or 'broad', got {other:?}"))),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "prior must be 'ard' or 'broad', got {other:?}"
+            )))
+        }
     };
     let translation = match translation {
         "mean" => crate::vbfa::Translation::Mean,
         "exact" => crate::vbfa::Translation::Exact,
         other => {
-            return Err(PyValueError::new_err(format!("translation must be 'mean' or 'exact', got {other:?}")))
+            return Err(PyValueError::new_err(format!(
+                "translation must be 'mean' or 'exact', got {other:?}"
+            )))
         }
     };
     Ok(crate::vbfa::VbfaConfig {
@@ -583,10 +627,22 @@ impl VBFACore {
         init_noise_ratio: f64,
         seed: Option<u64>,
     ) -> PyResult<Self> {
-        let config = vbfa_config(n_components, prior, transform, transform_start, translation, init_noise_ratio, seed)?;
+        let config = vbfa_config(
+            n_components,
+            prior,
+            transform,
+            transform_start,
+            translation,
+            init_noise_ratio,
+            seed,
+        )?;
         let view = x.as_array();
-        let model = py.detach(|| crate::vbfa::VbfaBatch::new(view, config)).map_err(to_py_err)?;
-        Ok(VBFACore { inner: Mutex::new(model) })
+        let model = py
+            .detach(|| crate::vbfa::VbfaBatch::new(view, config))
+            .map_err(to_py_err)?;
+        Ok(VBFACore {
+            inner: Mutex::new(model),
+        })
     }
 
     /// Up to `max_iter` sweeps; returns the number run.
@@ -747,10 +803,26 @@ impl OnlineVBFACore {
         rho: f64,
         n_effective: Option<f64>,
     ) -> PyResult<Self> {
-        let model = vbfa_config(n_components, prior, transform, transform_start, translation, init_noise_ratio, seed)?;
-        let config = crate::vbfa::OnlineConfig { model, step_size: step_size(schedule, tau0, kappa, rho)?, n_effective };
-        let engine = py.detach(|| crate::vbfa::VbfaOnline::new(n_features, config)).map_err(to_py_err)?;
-        Ok(OnlineVBFACore { inner: Mutex::new(engine) })
+        let model = vbfa_config(
+            n_components,
+            prior,
+            transform,
+            transform_start,
+            translation,
+            init_noise_ratio,
+            seed,
+        )?;
+        let config = crate::vbfa::OnlineConfig {
+            model,
+            step_size: step_size(schedule, tau0, kappa, rho)?,
+            n_effective,
+        };
+        let engine = py
+            .detach(|| crate::vbfa::VbfaOnline::new(n_features, config))
+            .map_err(to_py_err)?;
+        Ok(OnlineVBFACore {
+            inner: Mutex::new(engine),
+        })
     }
 
     /// Process one mini-batch of complete rows.
@@ -812,8 +884,15 @@ fn vbfa_log_likelihood<'py>(
     loadings: PyReadonlyArray2<'_, f64>,
     noise_variance: numpy::PyReadonlyArray1<'_, f64>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
-    let (x, c, f, psi) = (x.as_array(), mean.as_array(), loadings.as_array(), noise_variance.as_array());
-    let out = py.detach(|| crate::vbfa::plugin_log_likelihood(x, c, f, psi)).map_err(to_py_err)?;
+    let (x, c, f, psi) = (
+        x.as_array(),
+        mean.as_array(),
+        loadings.as_array(),
+        noise_variance.as_array(),
+    );
+    let out = py
+        .detach(|| crate::vbfa::plugin_log_likelihood(x, c, f, psi))
+        .map_err(to_py_err)?;
     Ok(out.into_pyarray(py))
 }
 // ---- end of VBFA binding ----

@@ -102,10 +102,18 @@ pub(crate) fn write_schedule(w: &mut crate::state::StateWriter, s: &StepSize) {
 pub(crate) fn read_schedule(r: &crate::state::StateReader) -> Result<StepSize> {
     let s = match r.text("schedule")? {
         "harmonic" => StepSize::Harmonic,
-        "power" => StepSize::Power { tau0: r.float("tau0")?, kappa: r.float("kappa")? },
+        "power" => StepSize::Power {
+            tau0: r.float("tau0")?,
+            kappa: r.float("kappa")?,
+        },
         "constant" => StepSize::Constant(r.float("rho")?),
-        other => return Err(crate::error::FaError::InvalidState(format!("unknown schedule {other:?}"))),
+        other => {
+            return Err(crate::error::FaError::InvalidState(format!(
+                "unknown schedule {other:?}"
+            )))
+        }
     };
-    s.validate().map_err(|e| crate::error::FaError::InvalidState(e.to_string()))?;
+    s.validate()
+        .map_err(|e| crate::error::FaError::InvalidState(e.to_string()))?;
     Ok(s)
 }

@@ -46,7 +46,11 @@ fn add_outer_products<const K: usize>(y: &[f64], f: &[f64], s: &mut [f64], nb: u
 /// out[r] = Σ_j x[r,j] y[r,j] for `nb` rows (sequential sum over j, the same order as the generic path).
 #[inline(always)]
 fn row_dots<const K: usize>(x: &[f64], y: &[f64], out: &mut [f64], nb: usize) {
-    for ((o, xr), yr) in out[..nb].iter_mut().zip(x[..nb * K].chunks_exact(K)).zip(y[..nb * K].chunks_exact(K)) {
+    for ((o, xr), yr) in out[..nb]
+        .iter_mut()
+        .zip(x[..nb * K].chunks_exact(K))
+        .zip(y[..nb * K].chunks_exact(K))
+    {
         let mut prod = [0.0f64; K];
         for j in 0..K {
             prod[j] = xr[j] * yr[j];
@@ -73,10 +77,21 @@ fn rank_one_update<const K: usize>(a: &mut [f64], d: &[f64], m: &[f64], rho: f64
 
 /// The E-step sums of (4.23) over `nb` rows: y = f/ψ (written to `y`), u += Σ y d, S += Σ y fᵀ.
 #[inline(always)]
-fn estep_sums<const K: usize>(f: &[f64], psi: &[f64], d: &[f64], y: &mut [f64], u: &mut [f64], s: &mut [f64], nb: usize) {
+fn estep_sums<const K: usize>(
+    f: &[f64],
+    psi: &[f64],
+    d: &[f64],
+    y: &mut [f64],
+    u: &mut [f64],
+    s: &mut [f64],
+    nb: usize,
+) {
     let mut uu = [0.0f64; K];
-    for (((f_row, y_row), &p), &di) in
-        f[..nb * K].chunks_exact(K).zip(y[..nb * K].chunks_exact_mut(K)).zip(psi[..nb].iter()).zip(d[..nb].iter())
+    for (((f_row, y_row), &p), &di) in f[..nb * K]
+        .chunks_exact(K)
+        .zip(y[..nb * K].chunks_exact_mut(K))
+        .zip(psi[..nb].iter())
+        .zip(d[..nb].iter())
     {
         let inv_psi = 1.0 / p;
         for j in 0..K {
@@ -251,7 +266,13 @@ mod tests {
             let a = Array2::from_shape_fn((nb, k), |(i, j)| ((i * 7 + j * 3) % 11) as f64 - 5.0);
             let m = Array2::from_shape_fn((k, k), |(i, j)| ((i + 2 * j) % 5) as f64 * 0.5 - 1.0);
             let mut out = vec![0.0; nb * k];
-            assert!(try_rows_times(k, a.as_slice().expect("c"), m.as_slice().expect("c"), &mut out, nb));
+            assert!(try_rows_times(
+                k,
+                a.as_slice().expect("c"),
+                m.as_slice().expect("c"),
+                &mut out,
+                nb
+            ));
             assert_eq!(out, a.dot(&m).iter().copied().collect::<Vec<_>>());
             let (psi, d) = (vec![2.0; nb], vec![0.5; nb]);
             let (mut y, mut u, mut s) = (vec![0.0; nb * k], vec![1.0; k], vec![1.0; k * k]);

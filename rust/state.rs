@@ -86,10 +86,14 @@ impl StateReader<'_> {
         let (s, d) = self.0.get(key).and_then(T::unwrap).ok_or_else(|| missing(key))?;
         let len: usize = shape.iter().product();
         if s != shape || d.len() != len {
-            return Err(FaError::InvalidState(format!("entry `{key}` has shape {s:?}, expected {shape:?}")));
+            return Err(FaError::InvalidState(format!(
+                "entry `{key}` has shape {s:?}, expected {shape:?}"
+            )));
         }
         if d.iter().any(|v| !v.to_f64().is_finite()) {
-            return Err(FaError::InvalidState(format!("entry `{key}` contains non-finite values")));
+            return Err(FaError::InvalidState(format!(
+                "entry `{key}` contains non-finite values"
+            )));
         }
         Ok(d.to_vec())
     }
@@ -165,7 +169,8 @@ impl StateWriter {
     /// Store a 2-D float64 matrix.
     pub fn matrix(&mut self, key: &str, m: &Array2<f64>) {
         let shape = m.shape().to_vec();
-        self.0.insert(key.into(), StateValue::F64(shape, m.iter().copied().collect()));
+        self.0
+            .insert(key.into(), StateValue::F64(shape, m.iter().copied().collect()));
     }
     /// Store a float64 vector.
     pub fn vector(&mut self, key: &str, v: &Array1<f64>) {
@@ -181,6 +186,8 @@ impl StateWriter {
 pub fn expect_kind(state: &StateMap, kind: &str) -> Result<()> {
     match StateReader(state).text("kind")? {
         k if k == kind => Ok(()),
-        other => Err(FaError::InvalidState(format!("checkpoint holds a {other}, not a {kind}"))),
+        other => Err(FaError::InvalidState(format!(
+            "checkpoint holds a {other}, not a {kind}"
+        ))),
     }
 }

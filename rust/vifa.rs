@@ -43,7 +43,10 @@ use crate::scalar::{stored, Real};
 const TASK_ROWS: usize = 8192;
 /// Rows per block inside a task; also the row block of the counter-based noise z.
 const BLOCK_ROWS: usize = 256;
-const _: () = assert!(TASK_ROWS % BLOCK_ROWS == 0, "noise blocks must align with task boundaries");
+const _: () = assert!(
+    TASK_ROWS % BLOCK_ROWS == 0,
+    "noise blocks must align with task boundaries"
+);
 /// Salt that separates the draw key from the key of the seeded initial loadings (`init.rs`).
 const DRAW_SALT: u64 = 0x5649_4641_5f64_7261;
 /// log₂ of the 32-bit-word stride between the noise blocks of one draw's stream.
@@ -98,7 +101,11 @@ pub struct LearningRates {
 impl LearningRates {
     /// Each rate must be finite and ≥ 0 (0 freezes that group).
     pub fn validate(&self) -> Result<()> {
-        for (name, lr) in [("lr_mean", self.mean), ("lr_loadings", self.loadings), ("lr_log_noise", self.log_noise)] {
+        for (name, lr) in [
+            ("lr_mean", self.mean),
+            ("lr_loadings", self.loadings),
+            ("lr_log_noise", self.log_noise),
+        ] {
             if !(lr.is_finite() && lr >= 0.0) {
                 return Err(invalid(name, format!("must be finite and >= 0, got {lr}")));
             }
@@ -131,11 +138,17 @@ impl VifaConfig {
     pub fn validate(&self) -> Result<()> {
         let alpha = self.prior_precision;
         if !(alpha.is_finite() && alpha >= 0.0) {
-            return Err(invalid("prior_precision", format!("must be finite and >= 0, got {alpha}")));
+            return Err(invalid(
+                "prior_precision",
+                format!("must be finite and >= 0, got {alpha}"),
+            ));
         }
         self.lr.validate()?;
         if self.n_grad_samples < 1 {
-            return Err(invalid("n_grad_samples", format!("must be >= 1, got {}", self.n_grad_samples)));
+            return Err(invalid(
+                "n_grad_samples",
+                format!("must be >= 1, got {}", self.n_grad_samples),
+            ));
         }
         if let Some(max) = self.clip_grad_norm {
             if !(max.is_finite() && max > 0.0) {
@@ -174,7 +187,11 @@ struct RowsMut<'a, T> {
 
 impl<T: Real> Params<T> {
     fn zeros(d: usize, k: usize) -> Self {
-        Params { c: vec![T::default(); d], f: vec![T::default(); d * k], beta: vec![T::default(); d] }
+        Params {
+            c: vec![T::default(); d],
+            f: vec![T::default(); d * k],
+            beta: vec![T::default(); d],
+        }
     }
 
     fn task_rows(&mut self, k: usize) -> impl Iterator<Item = RowsMut<'_, T>> {
@@ -233,7 +250,11 @@ pub(crate) fn validate_vifa_dims(n_features: usize, n_components: usize) -> Resu
 
 fn checked_vector<T: Real>(v: ArrayView1<f64>, d: usize, what: &'static str, positive: bool) -> Result<Vec<T>> {
     if v.len() != d {
-        return Err(FaError::Shape { what, expected: format!("({d},)"), got: v.shape().to_vec() });
+        return Err(FaError::Shape {
+            what,
+            expected: format!("({d},)"),
+            got: v.shape().to_vec(),
+        });
     }
     let acceptable = |x: f64| x.abs() <= T::MAX_INPUT && (!positive || x > 0.0);
     if !v.iter().all(|&x| acceptable(x)) {
@@ -245,7 +266,13 @@ fn checked_vector<T: Real>(v: ArrayView1<f64>, d: usize, what: &'static str, pos
 
 impl<T: Real> Vifa<T> {
     /// New model at `init` (F₀, c₀ = 0 and ψ₀ = 1 unless given); `seed` keys the training draws.
-    pub fn new(n_features: usize, n_components: usize, init: VifaInit<'_>, seed: u64, config: VifaConfig) -> Result<Self> {
+    pub fn new(
+        n_features: usize,
+        n_components: usize,
+        init: VifaInit<'_>,
+        seed: u64,
+        config: VifaConfig,
+    ) -> Result<Self> {
         validate_vifa_dims(n_features, n_components)?;
         config.validate()?;
         let (d, k) = (n_features, n_components);
@@ -258,8 +285,14 @@ impl<T: Real> Vifa<T> {
             Some(psi) => {
                 checked_vector::<f64>(psi, d, "init_noise_variance", true)?;
                 let beta: Vec<T> = psi.iter().map(|p| T::from_f64(p.ln())).collect();
-                if beta.iter().any(|b| !b.to_f64().exp().is_finite() || b.to_f64().exp() <= 0.0) {
-                    return Err(invalid("init_noise_variance", "must be representable in the state dtype"));
+                if beta
+                    .iter()
+                    .any(|b| !b.to_f64().exp().is_finite() || b.to_f64().exp() <= 0.0)
+                {
+                    return Err(invalid(
+                        "init_noise_variance",
+                        "must be representable in the state dtype",
+                    ));
                 }
                 beta
             }
@@ -267,7 +300,10 @@ impl<T: Real> Vifa<T> {
         };
         let moments = match config.optimizer {
             Optimizer::Sgd => None,
-            Optimizer::Adam => Some(Moments { first: Params::zeros(d, k), second: Params::zeros(d, k) }),
+            Optimizer::Adam => Some(Moments {
+                first: Params::zeros(d, k),
+                second: Params::zeros(d, k),
+            }),
         };
         let mut model = Vifa {
             n_features: d,
@@ -355,18 +391,22 @@ impl<T: Real> Vifa<T> {
     /// (I + Fᵀ Ψ⁻¹ F)⁻¹ from the stored parameters, by the same block kernel the step uses.
     fn recompute_m_inv(&self) -> Result<Array2<f64>> {
         let (d, k) = (self.n_features, self.n_components);
-        let partials = run_tasks((0..d.div_ceil(TASK_ROWS)).collect(), use_parallel(d, k), |task: usize| {
-            let lo = task * TASK_ROWS;
-            let hi = (lo + TASK_ROWS).min(d);
-            let mut s = Scratch::new(k);
-            let mut gram = Array2::zeros((k, k));
-            for b0 in (lo..hi).step_by(BLOCK_ROWS) {
-                let nb = (hi - b0).min(BLOCK_ROWS);
-                s.load(&self.params, b0, nb);
-                accumulate_gram(&mut s, nb, &mut gram);
-            }
-            gram
-        });
+        let partials = run_tasks(
+            (0..d.div_ceil(TASK_ROWS)).collect(),
+            use_parallel(d, k),
+            |task: usize| {
+                let lo = task * TASK_ROWS;
+                let hi = (lo + TASK_ROWS).min(d);
+                let mut s = Scratch::new(k);
+                let mut gram = Array2::zeros((k, k));
+                for b0 in (lo..hi).step_by(BLOCK_ROWS) {
+                    let nb = (hi - b0).min(BLOCK_ROWS);
+                    s.load(&self.params, b0, nb);
+                    accumulate_gram(&mut s, nb, &mut gram);
+                }
+                gram
+            },
+        );
         precision_inverse(k, partials)
     }
 
@@ -399,8 +439,11 @@ impl<T: Real> Vifa<T> {
         let (d, k) = (self.n_features, self.n_components);
         let h = latent_draw(self.seed, draw, k);
         let mut out = vec![0.0; d];
-        let tasks: Vec<(usize, &mut [f64])> =
-            out.chunks_mut(TASK_ROWS).enumerate().map(|(i, o)| (i * TASK_ROWS, o)).collect();
+        let tasks: Vec<(usize, &mut [f64])> = out
+            .chunks_mut(TASK_ROWS)
+            .enumerate()
+            .map(|(i, o)| (i * TASK_ROWS, o))
+            .collect();
         run_tasks(tasks, use_parallel(d, k), |(lo, o): (usize, &mut [f64])| {
             let mut z = vec![0.0; BLOCK_ROWS];
             for (b, o_blk) in o.chunks_mut(BLOCK_ROWS).enumerate() {
@@ -428,7 +471,9 @@ impl<T: Real> Vifa<T> {
         for l in 0..self.n_pending {
             h.row_mut(l).assign(&latent_draw(self.seed, first + l as u64, k));
             let mut row = z.row_mut(l);
-            let slice = row.as_slice_mut().expect("rows of a standard-layout array are contiguous");
+            let slice = row
+                .as_slice_mut()
+                .expect("rows of a standard-layout array are contiguous");
             for (b, blk) in slice.chunks_mut(BLOCK_ROWS).enumerate() {
                 fill_noise(self.seed, first + l as u64, b * BLOCK_ROWS, blk);
             }
@@ -473,7 +518,11 @@ impl<T: Real> Vifa<T> {
         let (gram, finite) = self.update_pass(&ctx, &rule);
         self.n_steps = t;
         self.n_pending = 0;
-        self.m_inv = if finite { precision_inverse(k, vec![gram]).ok() } else { None };
+        self.m_inv = if finite {
+            precision_inverse(k, vec![gram]).ok()
+        } else {
+            None
+        };
         self.m_inv().map(|_| ())
     }
 
@@ -489,9 +538,16 @@ impl<T: Real> Vifa<T> {
             ));
         }
         if grads.dim() != (l, self.n_features) {
-            let expected =
-                if l == 1 { format!("({},) or (1, {})", self.n_features, self.n_features) } else { format!("({l}, {})", self.n_features) };
-            return Err(FaError::Shape { what: "grad", expected, got: grads.shape().to_vec() });
+            let expected = if l == 1 {
+                format!("({},) or (1, {})", self.n_features, self.n_features)
+            } else {
+                format!("({l}, {})", self.n_features)
+            };
+            return Err(FaError::Shape {
+                what: "grad",
+                expected,
+                got: grads.shape().to_vec(),
+            });
         }
         validate_batch::<T, X>(grads, self.n_features)
     }
@@ -499,22 +555,28 @@ impl<T: Real> Vifa<T> {
     /// ‖∇_c‖², ‖∇_F‖², ‖∇_β‖² of the averaged negative-ELBO gradient (a read-only pass).
     fn gradient_norms<X: Real>(&self, ctx: &GradCtx<X>) -> [f64; 3] {
         let (d, k) = (self.n_features, self.n_components);
-        let partials = run_tasks((0..d.div_ceil(TASK_ROWS)).collect(), use_parallel(d, k), |task: usize| {
-            let lo = task * TASK_ROWS;
-            let hi = (lo + TASK_ROWS).min(d);
-            let mut s = Scratch::new(k);
-            let mut sq = [0.0; 3];
-            for b0 in (lo..hi).step_by(BLOCK_ROWS) {
-                let nb = (hi - b0).min(BLOCK_ROWS);
-                s.load(&self.params, b0, nb);
-                block_gradients(ctx, &mut s, b0, nb);
-                sq[0] += s.grad_c[..nb].iter().map(|g| g * g).sum::<f64>();
-                sq[1] += s.grad_f[..nb * k].iter().map(|g| g * g).sum::<f64>();
-                sq[2] += s.grad_b[..nb].iter().map(|g| g * g).sum::<f64>();
-            }
-            sq
-        });
-        partials.iter().fold([0.0; 3], |acc, p| [acc[0] + p[0], acc[1] + p[1], acc[2] + p[2]])
+        let partials = run_tasks(
+            (0..d.div_ceil(TASK_ROWS)).collect(),
+            use_parallel(d, k),
+            |task: usize| {
+                let lo = task * TASK_ROWS;
+                let hi = (lo + TASK_ROWS).min(d);
+                let mut s = Scratch::new(k);
+                let mut sq = [0.0; 3];
+                for b0 in (lo..hi).step_by(BLOCK_ROWS) {
+                    let nb = (hi - b0).min(BLOCK_ROWS);
+                    s.load(&self.params, b0, nb);
+                    block_gradients(ctx, &mut s, b0, nb);
+                    sq[0] += s.grad_c[..nb].iter().map(|g| g * g).sum::<f64>();
+                    sq[1] += s.grad_f[..nb * k].iter().map(|g| g * g).sum::<f64>();
+                    sq[2] += s.grad_b[..nb].iter().map(|g| g * g).sum::<f64>();
+                }
+                sq
+            },
+        );
+        partials
+            .iter()
+            .fold([0.0; 3], |acc, p| [acc[0] + p[0], acc[1] + p[1], acc[2] + p[2]])
     }
 
     /// The fused pass: gradients, optimiser update, and B of the new parameters. Returns (B, all finite).
@@ -530,7 +592,11 @@ impl<T: Real> Vifa<T> {
             .task_rows(k)
             .zip(moments)
             .enumerate()
-            .map(|(i, (p, m))| StepTask { lo: i * TASK_ROWS, p, m })
+            .map(|(i, (p, m))| StepTask {
+                lo: i * TASK_ROWS,
+                p,
+                m,
+            })
             .collect();
         let partials = run_tasks(tasks, use_parallel(d, k), |task| update_task(task, ctx, rule));
         let finite = partials.iter().all(|(_, ok)| *ok);
@@ -550,7 +616,9 @@ fn run_tasks<W: Send, R: Send>(tasks: Vec<W>, parallel: bool, kernel: impl Fn(W)
 
 /// (I + B)⁻¹ with B the sum of the per-task partial Gram matrices, added in task order.
 fn precision_inverse(k: usize, partials: Vec<Array2<f64>>) -> Result<Array2<f64>> {
-    let gram = partials.into_iter().fold(Array2::<f64>::zeros((k, k)), |acc, g| acc + g);
+    let gram = partials
+        .into_iter()
+        .fold(Array2::<f64>::zeros((k, k)), |acc, g| acc + g);
     let precision = Array2::<f64>::eye(k) + &gram;
     Ok(SpdFactor::new(precision.view(), DIVERGED)?.inverse())
 }
@@ -658,7 +726,11 @@ impl Scratch {
     /// Load rows row0 … row0 + nb − 1 of the parameters.
     fn load<T: Real>(&mut self, p: &Params<T>, row0: usize, nb: usize) {
         let k = self.k;
-        self.load_rows(&p.c[row0..row0 + nb], &p.f[row0 * k..(row0 + nb) * k], &p.beta[row0..row0 + nb]);
+        self.load_rows(
+            &p.c[row0..row0 + nb],
+            &p.f[row0 * k..(row0 + nb) * k],
+            &p.beta[row0..row0 + nb],
+        );
     }
 
     fn load_rows<T: Real>(&mut self, c: &[T], f: &[T], beta: &[T]) {
@@ -730,7 +802,12 @@ fn block_gradients<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: usize, nb: 
     for i in 0..nb {
         s.grad_c[i] = alpha * s.c[i] + s.g_mean[i];
         let span = i * k..(i + 1) * k;
-        let (f, a, cr, gh) = (&s.f[span.clone()], &s.a[span.clone()], &s.cr[span.clone()], &s.gh[span.clone()]);
+        let (f, a, cr, gh) = (
+            &s.f[span.clone()],
+            &s.a[span.clone()],
+            &s.cr[span.clone()],
+            &s.gh[span.clone()],
+        );
         let mut c_dot_a = 0.0;
         for (j, g) in s.grad_f[span].iter_mut().enumerate() {
             *g = -cr[j] + alpha * f[j] + gh[j];
@@ -752,7 +829,10 @@ fn likelihood_terms<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: usize, nb:
         fill_noise(ctx.seed, ctx.first_draw + l as u64, row0, &mut s.z[..nb]);
         let h = ctx.h.row(l);
         let g_block = ctx.grads.row(l).slice_move(s![row0..row0 + nb]);
-        let per_row = s.g_mean[..nb].iter_mut().zip(&mut s.gz[..nb]).zip(s.gh[..nb * k].chunks_exact_mut(k));
+        let per_row = s.g_mean[..nb]
+            .iter_mut()
+            .zip(&mut s.gz[..nb])
+            .zip(s.gh[..nb * k].chunks_exact_mut(k));
         for (((g_sum, gz), gh_row), (g, z)) in per_row.zip(g_block.iter().zip(&s.z)) {
             let g = g.to_f64();
             *g_sum += g;
@@ -763,7 +843,11 @@ fn likelihood_terms<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: usize, nb:
         }
     }
     let inv_l = 1.0 / n_draws as f64;
-    for v in s.g_mean[..nb].iter_mut().chain(&mut s.gz[..nb]).chain(&mut s.gh[..nb * k]) {
+    for v in s.g_mean[..nb]
+        .iter_mut()
+        .chain(&mut s.gz[..nb])
+        .chain(&mut s.gh[..nb * k])
+    {
         *v *= inv_l;
     }
 }
@@ -832,7 +916,11 @@ fn update_task<T: Real, X: Real>(task: StepTask<T>, ctx: &GradCtx<X>, rule: &Upd
     for b0 in (0..n).step_by(BLOCK_ROWS) {
         let nb = (n - b0).min(BLOCK_ROWS);
         let (rows, rows_k) = (b0..b0 + nb, b0 * k..(b0 + nb) * k);
-        let (c, f, beta) = (&mut p.c[rows.clone()], &mut p.f[rows_k.clone()], &mut p.beta[rows.clone()]);
+        let (c, f, beta) = (
+            &mut p.c[rows.clone()],
+            &mut p.f[rows_k.clone()],
+            &mut p.beta[rows.clone()],
+        );
         s.load_rows(c, f, beta);
         block_gradients(ctx, &mut s, lo + b0, nb);
         let [m_c, m_f, m_b] = match m.as_mut() {
@@ -862,7 +950,11 @@ mod tests {
     fn config(optimizer: Optimizer, n_grad_samples: usize) -> VifaConfig {
         VifaConfig {
             prior_precision: 0.3,
-            lr: LearningRates { mean: 1.0, loadings: 1.0, log_noise: 1.0 },
+            lr: LearningRates {
+                mean: 1.0,
+                loadings: 1.0,
+                log_noise: 1.0,
+            },
             optimizer,
             n_grad_samples,
             clip_grad_norm: None,
@@ -875,13 +967,21 @@ mod tests {
         let mut c = Array1::zeros(d);
         fill_standard_normal(c.view_mut().insert_axis(ndarray::Axis(1)), seed + 1);
         let psi = Array1::from_shape_fn(d, |i| 0.4 + 0.1 * (i % 7) as f64);
-        let init = VifaInit { loadings: f.view(), mean: Some(c.view()), noise_variance: Some(psi.view()) };
+        let init = VifaInit {
+            loadings: f.view(),
+            mean: Some(c.view()),
+            noise_variance: Some(psi.view()),
+        };
         Vifa::new(d, k, init, seed, cfg).expect("new")
     }
 
     /// E_q[log q] − E_q[log p] up to constants: −½ log|F Fᵀ + Ψ| + (α/2)(tr(F Fᵀ + Ψ) + cᵀc) (4.41, 4.46).
     fn entropy_prior(c: &[f64], f: &DMatrix<f64>, beta: &[f64], alpha: f64) -> f64 {
-        let s = f * f.transpose() + DMatrix::from_diagonal(&nalgebra::DVector::from_iterator(beta.len(), beta.iter().map(|b| b.exp())));
+        let s = f * f.transpose()
+            + DMatrix::from_diagonal(&nalgebra::DVector::from_iterator(
+                beta.len(),
+                beta.iter().map(|b| b.exp()),
+            ));
         let chol = nalgebra::Cholesky::new(s.clone()).expect("spd");
         let log_det: f64 = 2.0 * chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
         -0.5 * log_det + 0.5 * alpha * (s.trace() + c.iter().map(|v| v * v).sum::<f64>())
@@ -952,7 +1052,12 @@ mod tests {
         let want_c = g.sum_axis(ndarray::Axis(0)) / lf;
         let want_f = g.t().dot(&h) / lf;
         let want_b = (&g * &z).sum_axis(ndarray::Axis(0)) * psi.mapv(f64::sqrt) * 0.5 / lf;
-        for (a, b) in dc.iter().chain(df.iter()).chain(db.iter()).zip(want_c.iter().chain(want_f.iter()).chain(want_b.iter())) {
+        for (a, b) in dc
+            .iter()
+            .chain(df.iter())
+            .chain(db.iter())
+            .zip(want_c.iter().chain(want_f.iter()).chain(want_b.iter()))
+        {
             assert!((a - b).abs() < 1e-12, "{a} vs {b}");
         }
     }
@@ -962,13 +1067,19 @@ mod tests {
         let d = 6;
         let mut vi = model::<f64>(d, 2, config(Optimizer::Adam, 2), 1);
         let before = vi.clone();
-        assert!(matches!(vi.step(Array2::<f64>::zeros((2, d)).view()), Err(FaError::InvalidParameter { .. })));
+        assert!(matches!(
+            vi.step(Array2::<f64>::zeros((2, d)).view()),
+            Err(FaError::InvalidParameter { .. })
+        ));
         assert_eq!(vi, before);
         vi.sample().expect("sample");
         vi.sample().expect("sample");
         let pending = vi.clone();
         assert!(vi.sample().is_err(), "a third draw with n_grad_samples = 2 is an error");
-        assert!(matches!(vi.step(Array2::<f64>::zeros((1, d)).view()), Err(FaError::Shape { .. })));
+        assert!(matches!(
+            vi.step(Array2::<f64>::zeros((1, d)).view()),
+            Err(FaError::Shape { .. })
+        ));
         let mut bad = Array2::<f64>::zeros((2, d));
         bad[[1, 4]] = f64::NAN;
         assert!(matches!(vi.step(bad.view()), Err(FaError::BadValue { row: 1, .. })));
@@ -980,22 +1091,44 @@ mod tests {
     #[test]
     fn invalid_configurations_are_rejected() {
         let f = Array2::<f64>::zeros((4, 2));
-        let init = VifaInit { loadings: f.view(), mean: None, noise_variance: None };
+        let init = VifaInit {
+            loadings: f.view(),
+            mean: None,
+            noise_variance: None,
+        };
         let ok = config(Optimizer::Sgd, 1);
         assert!(Vifa::<f64>::new(4, 2, init, 0, ok.clone()).is_ok());
         let bad = [
-            VifaConfig { prior_precision: -1.0, ..ok.clone() },
-            VifaConfig { prior_precision: f64::NAN, ..ok.clone() },
-            VifaConfig { lr: LearningRates { mean: -0.1, ..ok.lr }, ..ok.clone() },
-            VifaConfig { n_grad_samples: 0, ..ok.clone() },
-            VifaConfig { clip_grad_norm: Some(0.0), ..ok.clone() },
+            VifaConfig {
+                prior_precision: -1.0,
+                ..ok.clone()
+            },
+            VifaConfig {
+                prior_precision: f64::NAN,
+                ..ok.clone()
+            },
+            VifaConfig {
+                lr: LearningRates { mean: -0.1, ..ok.lr },
+                ..ok.clone()
+            },
+            VifaConfig {
+                n_grad_samples: 0,
+                ..ok.clone()
+            },
+            VifaConfig {
+                clip_grad_norm: Some(0.0),
+                ..ok.clone()
+            },
         ];
         for cfg in bad {
             assert!(Vifa::<f64>::new(4, 2, init, 0, cfg).is_err());
         }
         assert!(Vifa::<f64>::new(4, 5, init, 0, ok.clone()).is_err());
         let psi = Array1::from(vec![1.0, 0.0, 1.0, 1.0]);
-        let init_bad = VifaInit { noise_variance: Some(psi.view()), ..init };
+        let init_bad = VifaInit {
+            noise_variance: Some(psi.view()),
+            ..init
+        };
         assert!(Vifa::<f64>::new(4, 2, init_bad, 0, ok).is_err());
     }
 
@@ -1003,7 +1136,11 @@ mod tests {
     fn parallel_pass_equals_serial_pass() {
         let (d, k) = (40_000, 4);
         let mut cfg = config(Optimizer::Adam, 2);
-        cfg.lr = LearningRates { mean: 1e-2, loadings: 1e-3, log_noise: 1e-2 };
+        cfg.lr = LearningRates {
+            mean: 1e-2,
+            loadings: 1e-3,
+            log_noise: 1e-2,
+        };
         cfg.clip_grad_norm = Some(50.0);
         let run = |vi: &mut Vifa<f32>| {
             for step in 0..3 {
@@ -1039,8 +1176,14 @@ mod tests {
         let norm = |v: ndarray::ArrayViewD<f64>| v.iter().map(|x| x * x).sum::<f64>().sqrt();
         let pairs = [
             ((&c0 - &clipped.mean()).into_dyn(), (&c0 - &plain.mean()).into_dyn()),
-            ((&f0 - &clipped.loadings()).into_dyn(), (&f0 - &plain.loadings()).into_dyn()),
-            ((&b0 - &clipped.log_noise_variance()).into_dyn(), (&b0 - &plain.log_noise_variance()).into_dyn()),
+            (
+                (&f0 - &clipped.loadings()).into_dyn(),
+                (&f0 - &plain.loadings()).into_dyn(),
+            ),
+            (
+                (&b0 - &clipped.log_noise_variance()).into_dyn(),
+                (&b0 - &plain.log_noise_variance()).into_dyn(),
+            ),
         ];
         for (clip, full) in pairs {
             let (nc, nf) = (norm(clip.view()), norm(full.view()));
@@ -1063,7 +1206,11 @@ mod tests {
     fn divergence_is_reported_and_sticky() {
         let d = 4;
         let mut cfg = config(Optimizer::Sgd, 1);
-        cfg.lr = LearningRates { mean: 1.0, loadings: 1.0, log_noise: 1e3 };
+        cfg.lr = LearningRates {
+            mean: 1.0,
+            loadings: 1.0,
+            log_noise: 1e3,
+        };
         let mut vi = model::<f64>(d, 1, cfg, 7);
         vi.sample().expect("sample");
         // ∇β ≈ ½ ψ^{1/2} g z with g = 1e6: a step of 1e3 · O(1e6) makes ψ = exp β overflow (or vanish).
@@ -1138,7 +1285,11 @@ mod checkpoint {
                 },
                 optimizer: Optimizer::parse(r.text("optimizer")?).map_err(bad)?,
                 n_grad_samples: r.usize("n_grad_samples")?,
-                clip_grad_norm: if r.has("clip_grad_norm") { Some(r.float("clip_grad_norm")?) } else { None },
+                clip_grad_norm: if r.has("clip_grad_norm") {
+                    Some(r.float("clip_grad_norm")?)
+                } else {
+                    None
+                },
             };
             config.validate().map_err(bad)?;
             let (n_draws, n_pending) = (r.int("n_draws")?, r.usize("n_pending")?);
@@ -1169,8 +1320,15 @@ mod checkpoint {
                 moments,
                 m_inv: None,
             };
-            if model.params.beta.iter().any(|b| b.to_f64().is_nan() || b.to_f64().abs() > LOG_NOISE_LIMIT) {
-                return Err(FaError::InvalidState(format!("entry `log_noise` has |β| > {LOG_NOISE_LIMIT}")));
+            if model
+                .params
+                .beta
+                .iter()
+                .any(|b| b.to_f64().is_nan() || b.to_f64().abs() > LOG_NOISE_LIMIT)
+            {
+                return Err(FaError::InvalidState(format!(
+                    "entry `log_noise` has |β| > {LOG_NOISE_LIMIT}"
+                )));
             }
             model.m_inv = Some(model.recompute_m_inv().map_err(bad)?);
             Ok(model)
@@ -1185,12 +1343,27 @@ mod checkpoint {
             let f = crate::init::orthonormal_loadings(d, 2, seed).expect("init");
             let cfg = VifaConfig {
                 prior_precision: 0.1,
-                lr: LearningRates { mean: 1e-2, loadings: 1e-3, log_noise: 1e-2 },
+                lr: LearningRates {
+                    mean: 1e-2,
+                    loadings: 1e-3,
+                    log_noise: 1e-2,
+                },
                 optimizer: Optimizer::Adam,
                 n_grad_samples: 2,
                 clip_grad_norm: Some(10.0),
             };
-            Vifa::new(d, 2, VifaInit { loadings: f.view(), mean: None, noise_variance: None }, seed, cfg).expect("new")
+            Vifa::new(
+                d,
+                2,
+                VifaInit {
+                    loadings: f.view(),
+                    mean: None,
+                    noise_variance: None,
+                },
+                seed,
+                cfg,
+            )
+            .expect("new")
         }
 
         /// Quadratic NLL ½‖θ − 1‖²: gradient θ − 1.
@@ -1218,7 +1391,10 @@ mod checkpoint {
                 cycle(&mut b);
             }
             assert_eq!(a, b);
-            assert!(Vifa::<f64>::from_state(&a.to_state()).is_err(), "dtype mismatch must be rejected");
+            assert!(
+                Vifa::<f64>::from_state(&a.to_state()).is_err(),
+                "dtype mismatch must be rejected"
+            );
             let mut broken = a.to_state();
             broken.insert("n_pending".into(), StateValue::Int(5));
             assert!(Vifa::<f32>::from_state(&broken).is_err());

@@ -64,7 +64,10 @@ fn validate_data(x: ArrayView2<f64>) -> Result<()> {
         if values.iter().any(|&v| is_bad_entry(v, true)) {
             return Err(FaError::BadValue {
                 row,
-                kind: format!("an infinite value or one with |x| > {:e} (NaN marks a missing value)", f64::MAX_INPUT),
+                kind: format!(
+                    "an infinite value or one with |x| > {:e} (NaN marks a missing value)",
+                    f64::MAX_INPUT
+                ),
             });
         }
     }
@@ -111,10 +114,17 @@ impl VbfaBatch {
             .zip(&counts)
             .map(|(&v, &count)| {
                 let shape = hyper.a_tau + 0.5 * count;
-                GammaQ { shape, rate: shape * ratio * v }
+                GammaQ {
+                    shape,
+                    rate: shape * ratio * v,
+                }
             })
             .collect();
-        let c_var = Array1::from_iter(tau.iter().zip(&counts).map(|(t, &count)| 1.0 / (hyper.beta + count * t.mean())));
+        let c_var = Array1::from_iter(
+            tau.iter()
+                .zip(&counts)
+                .map(|(t, &count)| 1.0 / (hyper.beta + count * t.mean())),
+        );
         let mut f_mean = Array2::zeros((d, k));
         fill_standard_normal(f_mean.view_mut(), config.seed);
         for (mut row, &v) in f_mean.rows_mut().into_iter().zip(&vars) {
@@ -131,14 +141,27 @@ impl VbfaBatch {
             Prior::Ard => AlphaFactor::Ard(Vec::new()),
             Prior::Broad => AlphaFactor::Fixed(hyper.broad_alpha, k),
         };
-        let globals = Globals { c_mean: Array1::from(means), c_var, f_mean, alpha, tau };
+        let globals = Globals {
+            c_mean: Array1::from(means),
+            c_var,
+            f_mean,
+            alpha,
+            tau,
+        };
         let h_mean = Array2::zeros((n, k));
         let h_cov = if missing.any() {
             let mut cov = Array3::zeros((n, k, k));
             cov.outer_iter_mut().for_each(|mut c| c.diag_mut().fill(1.0));
-            LatentCovs::PerRow { cov, log_det: Array1::zeros(n) }
+            LatentCovs::PerRow {
+                cov,
+                log_det: Array1::zeros(n),
+            }
         } else {
-            LatentCovs::Shared { cov: Array2::eye(k), log_det: 0.0, n_rows: n }
+            LatentCovs::Shared {
+                cov: Array2::eye(k),
+                log_det: 0.0,
+                n_rows: n,
+            }
         };
         let stats = ColumnStats::from_latents(x_zeroed.view(), &missing, h_mean.view(), &h_cov);
         let mut model = VbfaBatch {
@@ -210,9 +233,14 @@ impl VbfaBatch {
             self.sweep()?;
             let elbo = self.elbo();
             if !elbo.is_finite() {
-                return Err(FaError::NotPositiveDefinite("the model (its lower bound is not finite)"));
+                return Err(FaError::NotPositiveDefinite(
+                    "the model (its lower bound is not finite)",
+                ));
             }
-            self.history.push(SweepRecord { elbo, seconds: start.elapsed().as_secs_f64() });
+            self.history.push(SweepRecord {
+                elbo,
+                seconds: start.elapsed().as_secs_f64(),
+            });
             if let Some(prev) = previous {
                 if (elbo - prev).abs() <= tol * elbo.abs() {
                     self.converged = true;
@@ -231,7 +259,11 @@ impl VbfaBatch {
         match rows {
             LatentPosteriors::Shared { means, cov } => {
                 self.h_mean = means;
-                self.h_cov = LatentCovs::Shared { cov: cov.cov, log_det: cov.log_det, n_rows: n };
+                self.h_cov = LatentCovs::Shared {
+                    cov: cov.cov,
+                    log_det: cov.log_det,
+                    n_rows: n,
+                };
             }
             LatentPosteriors::PerRow(rows) => {
                 let k = self.h_mean.ncols();
@@ -300,7 +332,14 @@ impl VbfaBatch {
         let alpha = self.globals.alpha.means();
         let (stats, c_mean) = (&self.stats, &self.globals.c_mean);
         let rows = map_rows(stats.n_cols(), alpha.len(), |d| {
-            loading_row(stats.gram.column(d), stats.sum_xh.row(d), stats.sum_h.row(d), c_mean[d], tau[d], alpha.view())
+            loading_row(
+                stats.gram.column(d),
+                stats.sum_xh.row(d),
+                stats.sum_h.row(d),
+                c_mean[d],
+                tau[d],
+                alpha.view(),
+            )
         })?;
         for (d, row) in rows.into_iter().enumerate() {
             self.globals.f_mean.row_mut(d).assign(&row.mean);
@@ -330,8 +369,12 @@ impl VbfaBatch {
         if let AlphaFactor::Ard(_) = self.globals.alpha {
             let w = self.loading_gram();
             let d = self.globals.f_mean.nrows() as f64;
-            self.globals.alpha =
-                AlphaFactor::Ard(ard_factors(w.diag(), d, self.config.hyper.a_alpha, self.config.hyper.b_alpha));
+            self.globals.alpha = AlphaFactor::Ard(ard_factors(
+                w.diag(),
+                d,
+                self.config.hyper.a_alpha,
+                self.config.hyper.b_alpha,
+            ));
         }
     }
 
@@ -369,7 +412,13 @@ impl VbfaBatch {
     pub fn rotate(&mut self) -> Result<Rotation> {
         let (n, d) = (self.stats.n_rows, self.globals.f_mean.nrows() as f64);
         let w = self.loading_gram();
-        let rot = optimal_rotation(self.stats.total_gram.view(), n, w.view(), d, self.config.loading_prior())?;
+        let rot = optimal_rotation(
+            self.stats.total_gram.view(),
+            n,
+            w.view(),
+            d,
+            self.config.loading_prior(),
+        )?;
         self.h_mean = rot.latents(self.h_mean.view());
         self.h_cov.rotate(&rot);
         self.globals.f_mean = rot.loadings(self.globals.f_mean.view());
@@ -420,7 +469,11 @@ impl VbfaBatch {
     pub fn latent_means(&self, x: ArrayView2<f64>) -> Result<Array2<f64>> {
         let d = self.globals.f_mean.nrows();
         if x.ncols() != d {
-            return Err(FaError::Shape { what: "X", expected: format!("(n_samples, {d})"), got: x.shape().to_vec() });
+            return Err(FaError::Shape {
+                what: "X",
+                expected: format!("(n_samples, {d})"),
+                got: x.shape().to_vec(),
+            });
         }
         for (row, values) in x.rows().into_iter().enumerate() {
             if values.iter().any(|&v| is_bad_entry(v, true)) {
@@ -436,7 +489,9 @@ impl VbfaBatch {
             LatentPosteriors::Shared { means, .. } => means,
             LatentPosteriors::PerRow(rows) => {
                 let mut means = Array2::zeros((x.nrows(), self.config.n_components));
-                rows.iter().enumerate().for_each(|(i, r)| means.row_mut(i).assign(&r.mean));
+                rows.iter()
+                    .enumerate()
+                    .for_each(|(i, r)| means.row_mut(i).assign(&r.mean));
                 means
             }
         })
@@ -534,7 +589,11 @@ mod tests {
     }
 
     fn config(k: usize) -> VbfaConfig {
-        VbfaConfig { n_components: k, seed: 5, ..VbfaConfig::default() }
+        VbfaConfig {
+            n_components: k,
+            seed: 5,
+            ..VbfaConfig::default()
+        }
     }
 
     #[test]
@@ -544,7 +603,14 @@ mod tests {
             let mut m = VbfaBatch::new(x.view(), VbfaConfig { prior, ..config(5) }).expect("model");
             let mut last = m.elbo();
             for _ in 0..6 {
-                for step in [Step::Latents, Step::Bias, Step::Loadings, Step::Noise, Step::Ard, Step::Rotate] {
+                for step in [
+                    Step::Latents,
+                    Step::Bias,
+                    Step::Loadings,
+                    Step::Noise,
+                    Step::Ard,
+                    Step::Rotate,
+                ] {
                     m.apply(step).expect("step");
                     let now = m.elbo();
                     assert!(now >= last - 1e-10 * last.abs(), "{prior:?} {step:?}: {last} -> {now}");
@@ -557,7 +623,10 @@ mod tests {
     #[test]
     fn exact_translation_raises_the_bound_by_its_gain() {
         let x = data(50, 10, true);
-        let cfg = VbfaConfig { translation: Translation::Exact, ..config(4) };
+        let cfg = VbfaConfig {
+            translation: Translation::Exact,
+            ..config(4)
+        };
         let mut m = VbfaBatch::new(x.view(), cfg).expect("model");
         for _ in 0..3 {
             m.sweep().expect("sweep");
@@ -573,7 +642,11 @@ mod tests {
     #[test]
     fn rotation_gain_equals_the_change_of_the_bound() {
         let x = data(40, 10, true);
-        let hyper = Hyper { a_alpha: 0.5, b_alpha: 2.0, ..Hyper::default() };
+        let hyper = Hyper {
+            a_alpha: 0.5,
+            b_alpha: 2.0,
+            ..Hyper::default()
+        };
         let mut m = VbfaBatch::new(x.view(), VbfaConfig { hyper, ..config(4) }).expect("model");
         for _ in 0..2 {
             m.sweep().expect("sweep");
@@ -617,7 +690,10 @@ mod tests {
     fn bad_input_is_rejected() {
         let mut x = data(10, 4, false);
         x[[2, 1]] = f64::INFINITY;
-        assert!(matches!(VbfaBatch::new(x.view(), config(2)), Err(FaError::BadValue { row: 2, .. })));
+        assert!(matches!(
+            VbfaBatch::new(x.view(), config(2)),
+            Err(FaError::BadValue { row: 2, .. })
+        ));
         let mut y = data(10, 4, false);
         y.column_mut(3).fill(f64::NAN);
         assert!(VbfaBatch::new(y.view(), config(2)).is_err());

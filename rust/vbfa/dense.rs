@@ -94,7 +94,10 @@ impl SmallSpd {
         }
         for i in (0..k).rev() {
             // Column i of L below the diagonal: l_pi for p > i.
-            let below: f64 = ((i + 1)..k).zip(&y[i + 1..]).map(|(p, y_p)| self.l[p * k + i] * y_p).sum();
+            let below: f64 = ((i + 1)..k)
+                .zip(&y[i + 1..])
+                .map(|(p, y_p)| self.l[p * k + i] * y_p)
+                .sum();
             y[i] = (y[i] - below) / self.l[i * k + i];
         }
         Array1::from(y)
@@ -119,7 +122,9 @@ mod tests {
             let inv = ours.inverse();
             assert!((&inv - &reference.inverse()).iter().all(|v| v.abs() < 1e-10));
             let b = Array1::from_iter((0..k).map(|i| i as f64 - 1.5));
-            assert!((&ours.solve(b.view()) - &reference.solve(b.view())).iter().all(|v| v.abs() < 1e-10));
+            assert!((&ours.solve(b.view()) - &reference.solve(b.view()))
+                .iter()
+                .all(|v| v.abs() < 1e-10));
         }
     }
 

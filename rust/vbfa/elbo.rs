@@ -67,15 +67,33 @@ pub(crate) fn bound(
         let tau = globals.tau[d];
         likelihood += col.count * (-HALF_LN_2PI + 0.5 * tau.mean_log()) - 0.5 * tau.mean() * e;
         bias -= 0.5 * (hyper.beta * (c_mean * c_mean + c_var) - 1.0 - (hyper.beta * c_var).ln());
-        let weighted_sq: f64 =
-            f_mean.iter().zip(cov.diag()).zip(alpha_means.iter()).map(|((f, v), a)| a * (f * f + v)).sum();
+        let weighted_sq: f64 = f_mean
+            .iter()
+            .zip(cov.diag())
+            .zip(alpha_means.iter())
+            .map(|((f, v), a)| a * (f * f + v))
+            .sum();
         loadings += 0.5 * alpha_logs_sum - 0.5 * weighted_sq + 0.5 * f_log_det[d] + 0.5 * k;
     }
     let latents = -0.5 * (stats.total_gram.diag().sum() - stats.n_rows * k - h_log_det_sum);
     let ard = match &globals.alpha {
-        AlphaFactor::Ard(q) => q.iter().map(|a| a.prior_plus_entropy(hyper.a_alpha, hyper.b_alpha)).sum(),
+        AlphaFactor::Ard(q) => q
+            .iter()
+            .map(|a| a.prior_plus_entropy(hyper.a_alpha, hyper.b_alpha))
+            .sum(),
         AlphaFactor::Fixed(..) => 0.0,
     };
-    let noise = globals.tau.iter().map(|t| t.prior_plus_entropy(hyper.a_tau, hyper.b_tau)).sum();
-    BoundTerms { likelihood, latents, bias, loadings, ard, noise }
+    let noise = globals
+        .tau
+        .iter()
+        .map(|t| t.prior_plus_entropy(hyper.a_tau, hyper.b_tau))
+        .sum();
+    BoundTerms {
+        likelihood,
+        latents,
+        bias,
+        loadings,
+        ard,
+        noise,
+    }
 }

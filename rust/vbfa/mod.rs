@@ -73,7 +73,14 @@ pub struct Hyper {
 
 impl Default for Hyper {
     fn default() -> Self {
-        Hyper { a_alpha: 1e-5, b_alpha: 1e-5, a_tau: 1e-5, b_tau: 1e-5, beta: 1e-5, broad_alpha: 1e-5 }
+        Hyper {
+            a_alpha: 1e-5,
+            b_alpha: 1e-5,
+            a_tau: 1e-5,
+            b_tau: 1e-5,
+            beta: 1e-5,
+            broad_alpha: 1e-5,
+        }
     }
 }
 
@@ -117,7 +124,10 @@ impl VbfaConfig {
     /// Check the settings (K ≥ 1, transform_start ≥ 1, positive finite hyper-parameters and ratio).
     pub fn validate(&self) -> Result<()> {
         if self.n_components < 1 {
-            return Err(invalid("n_components", format!("must be >= 1, got {}", self.n_components)));
+            return Err(invalid(
+                "n_components",
+                format!("must be >= 1, got {}", self.n_components),
+            ));
         }
         if self.transform_start < 1 {
             return Err(invalid("transform_start", "must be >= 1 (1 = after the first sweep)"));
@@ -143,8 +153,13 @@ impl VbfaConfig {
     /// The loading prior as the rotation sees it.
     pub(crate) fn loading_prior(&self) -> LoadingPrior {
         match self.prior {
-            Prior::Ard => LoadingPrior::Ard { shape: self.hyper.a_alpha, rate: self.hyper.b_alpha },
-            Prior::Broad => LoadingPrior::Fixed { alpha: self.hyper.broad_alpha },
+            Prior::Ard => LoadingPrior::Ard {
+                shape: self.hyper.a_alpha,
+                rate: self.hyper.b_alpha,
+            },
+            Prior::Broad => LoadingPrior::Fixed {
+                alpha: self.hyper.broad_alpha,
+            },
         }
     }
 }
@@ -246,10 +261,27 @@ impl Globals {
 /// Per-column variance used to scale the initialisation: the observed variance, or (fewer than two
 /// observations / constant column) the mean of the usable ones, or 1.
 pub(crate) fn usable_variances(raw: &[f64], counts: &[f64]) -> Vec<f64> {
-    let usable: Vec<f64> =
-        raw.iter().zip(counts).filter(|(v, &n)| n >= 2.0 && v.is_finite() && **v > 0.0).map(|(v, _)| *v).collect();
-    let fallback = if usable.is_empty() { 1.0 } else { usable.iter().sum::<f64>() / usable.len() as f64 };
-    raw.iter().zip(counts).map(|(&v, &n)| if n >= 2.0 && v.is_finite() && v > 0.0 { v } else { fallback }).collect()
+    let usable: Vec<f64> = raw
+        .iter()
+        .zip(counts)
+        .filter(|(v, &n)| n >= 2.0 && v.is_finite() && **v > 0.0)
+        .map(|(v, _)| *v)
+        .collect();
+    let fallback = if usable.is_empty() {
+        1.0
+    } else {
+        usable.iter().sum::<f64>() / usable.len() as f64
+    };
+    raw.iter()
+        .zip(counts)
+        .map(|(&v, &n)| {
+            if n >= 2.0 && v.is_finite() && v > 0.0 {
+                v
+            } else {
+                fallback
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -118,7 +118,13 @@ impl VbfaOnline {
                 return Err(invalid("n_effective", format!("must be finite and > 0, got {n}")));
             }
         }
-        Ok(VbfaOnline { config, n_features, n_seen: 0, n_batches: 0, state: None })
+        Ok(VbfaOnline {
+            config,
+            n_features,
+            n_seen: 0,
+            n_batches: 0,
+            state: None,
+        })
     }
 
     /// Process one mini-batch (B×D, complete rows): local q(h_n), averages, global rebuild, transformations.
@@ -177,7 +183,10 @@ impl VbfaOnline {
             .iter()
             .map(|&v| {
                 let shape = hyper.a_tau + 0.5 * b as f64;
-                GammaQ { shape, rate: shape * ratio * v }
+                GammaQ {
+                    shape,
+                    rate: shape * ratio * v,
+                }
             })
             .collect();
         let c_var = tau.iter().map(|t| 1.0 / (hyper.beta + b as f64 * t.mean())).collect();
@@ -193,9 +202,19 @@ impl VbfaOnline {
             Prior::Ard => AlphaFactor::Ard(ard_factors(sums.gram.diag(), d as f64, hyper.a_alpha, hyper.b_alpha)),
             Prior::Broad => AlphaFactor::Fixed(hyper.broad_alpha, k),
         };
-        let globals = Globals { c_mean: mean, c_var, f_mean, alpha, tau };
+        let globals = Globals {
+            c_mean: mean,
+            c_var,
+            f_mean,
+            alpha,
+            tau,
+        };
         let averages = ColumnStats::batch_means(x, Array2::zeros((b, k)).view(), Array2::eye(k).view());
-        OnlineState { averages, globals, sums }
+        OnlineState {
+            averages,
+            globals,
+            sums,
+        }
     }
 
     fn step(&mut self, mut state: OnlineState, x: ArrayView2<f64>) -> Result<OnlineState> {
@@ -272,8 +291,10 @@ impl VbfaOnline {
             Ok(ColumnUpdate { f_mean: row.mean, tau })
         };
         let d_all = stats.n_cols();
-        let chunks: Vec<(usize, usize)> =
-            (0..d_all).step_by(COLUMN_CHUNK).map(|lo| (lo, (lo + COLUMN_CHUNK).min(d_all))).collect();
+        let chunks: Vec<(usize, usize)> = (0..d_all)
+            .step_by(COLUMN_CHUNK)
+            .map(|lo| (lo, (lo + COLUMN_CHUNK).min(d_all)))
+            .collect();
         let run_chunk = |&(lo, hi): &(usize, usize)| -> Result<(Vec<ColumnUpdate>, LoadingSums)> {
             let mut sums = LoadingSums::zeros(k);
             let updates = (lo..hi).map(|d| column(d, &mut sums)).collect::<Result<Vec<_>>>()?;
@@ -302,8 +323,12 @@ impl VbfaOnline {
 
     fn update_ard(state: &mut OnlineState, n_cols: f64, model: &VbfaConfig) {
         if let AlphaFactor::Ard(_) = state.globals.alpha {
-            state.globals.alpha =
-                AlphaFactor::Ard(ard_factors(state.sums.gram.diag(), n_cols, model.hyper.a_alpha, model.hyper.b_alpha));
+            state.globals.alpha = AlphaFactor::Ard(ard_factors(
+                state.sums.gram.diag(),
+                n_cols,
+                model.hyper.a_alpha,
+                model.hyper.b_alpha,
+            ));
         }
     }
 
@@ -319,7 +344,11 @@ impl VbfaOnline {
                 let psi_sum = (Array2::<f64>::eye(k) + &state.sums.weighted_cov) * n_eff;
                 let beta = model.hyper.beta;
                 let rhs = psi_sum.dot(&averages.total_h) / averages.n_rows - f.t().dot(&state.globals.c_mean) * beta;
-                TranslationSystem { precision: psi_sum + f.t().dot(f) * beta, rhs }.solve()?
+                TranslationSystem {
+                    precision: psi_sum + f.t().dot(f) * beta,
+                    rhs,
+                }
+                .solve()?
             }
         };
         state.globals.c_mean += &state.globals.f_mean.dot(&b);
@@ -341,7 +370,9 @@ impl VbfaOnline {
     }
 
     fn fitted(&self) -> Result<&OnlineState> {
-        self.state.as_ref().ok_or_else(|| invalid("model", "is not fitted yet: call partial_fit first"))
+        self.state
+            .as_ref()
+            .ok_or_else(|| invalid("model", "is not fitted yet: call partial_fit first"))
     }
 
     /// Posterior means E_q[h_n] of complete rows (M×D) given the current global factors.
@@ -389,7 +420,10 @@ impl VbfaOnline {
     /// The running average of ⟨h_n h_nᵀ⟩ (K×K) and of h̄_n (K), in the current latent basis.
     pub fn latent_moments(&self) -> Result<(Array2<f64>, Array1<f64>)> {
         let averages = &self.fitted()?.averages;
-        Ok((&averages.total_gram / averages.n_rows, &averages.total_h / averages.n_rows))
+        Ok((
+            &averages.total_gram / averages.n_rows,
+            &averages.total_h / averages.n_rows,
+        ))
     }
 }
 
@@ -415,16 +449,28 @@ mod tests {
     #[test]
     fn one_pass_approaches_batch_vbfa() {
         let x = data(3000, 12, 40);
-        let model = VbfaConfig { n_components: 5, seed: 1, transform_start: 1, ..VbfaConfig::default() };
+        let model = VbfaConfig {
+            n_components: 5,
+            seed: 1,
+            transform_start: 1,
+            ..VbfaConfig::default()
+        };
         let mut batch = VbfaBatch::new(x.view(), model.clone()).expect("batch");
         batch.fit(500, 1e-10).expect("fit");
-        let cfg = OnlineConfig { model, step_size: StepSize::Harmonic, n_effective: None };
+        let cfg = OnlineConfig {
+            model,
+            step_size: StepSize::Harmonic,
+            n_effective: None,
+        };
         let mut online = VbfaOnline::new(12, cfg).expect("online");
         for chunk in x.axis_chunks_iter(Axis(0), 50) {
             online.partial_fit(chunk).expect("partial_fit");
         }
         let reference = covariance(batch.loading_mean(), &batch.noise_variance());
-        let got = covariance(&online.loading_mean().expect("f"), &online.noise_variance().expect("psi"));
+        let got = covariance(
+            &online.loading_mean().expect("f"),
+            &online.noise_variance().expect("psi"),
+        );
         let rel = (&got - &reference).mapv(|v| v * v).sum().sqrt() / reference.mapv(|v| v * v).sum().sqrt();
         assert!(rel < 0.02, "relative covariance difference {rel}");
         assert_eq!(online.n_seen(), 3000);
@@ -435,9 +481,16 @@ mod tests {
     fn missing_values_are_rejected() {
         let mut x = data(10, 4, 1);
         x[[3, 2]] = f64::NAN;
-        let cfg = OnlineConfig { model: VbfaConfig::default(), step_size: StepSize::Harmonic, n_effective: None };
+        let cfg = OnlineConfig {
+            model: VbfaConfig::default(),
+            step_size: StepSize::Harmonic,
+            n_effective: None,
+        };
         let mut online = VbfaOnline::new(4, cfg).expect("online");
-        assert!(matches!(online.partial_fit(x.view()), Err(FaError::BadValue { row: 3, .. })));
+        assert!(matches!(
+            online.partial_fit(x.view()),
+            Err(FaError::BadValue { row: 3, .. })
+        ));
         assert!(online.loading_mean().is_err());
     }
 }

@@ -24,7 +24,11 @@ pub fn plugin_log_likelihood(
 ) -> Result<Array1<f64>> {
     let (d, k) = loadings.dim();
     if x.ncols() != d || mean.len() != d || noise_variance.len() != d {
-        return Err(FaError::Shape { what: "X", expected: format!("(n_samples, {d})"), got: x.shape().to_vec() });
+        return Err(FaError::Shape {
+            what: "X",
+            expected: format!("(n_samples, {d})"),
+            got: x.shape().to_vec(),
+        });
     }
     if noise_variance.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
         return Err(FaError::InvalidState("noise variances must be finite and > 0".into()));

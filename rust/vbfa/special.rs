@@ -98,7 +98,10 @@ mod tests {
             (30.0, 71.257_038_967_168_01),
         ];
         for (x, expected) in cases {
-            assert!((ln_gamma(x) - expected).abs() < 1e-13 * expected.abs().max(1.0), "lnΓ({x})");
+            assert!(
+                (ln_gamma(x) - expected).abs() < 1e-13 * expected.abs().max(1.0),
+                "lnΓ({x})"
+            );
         }
         let euler = 0.577_215_664_901_532_9;
         let x = 1e-5;
@@ -115,7 +118,10 @@ mod tests {
             assert!((digamma(x + 1.0) - digamma(x) - 1.0 / x).abs() < 1e-12 * (1.0 / x).max(1.0));
             let h = 1e-5 * x.max(1e-3);
             let numeric = (ln_gamma(x + h) - ln_gamma(x - h)) / (2.0 * h);
-            assert!((numeric - digamma(x)).abs() < 1e-6 * digamma(x).abs().max(1.0), "ψ({x})");
+            assert!(
+                (numeric - digamma(x)).abs() < 1e-6 * digamma(x).abs().max(1.0),
+                "ψ({x})"
+            );
         }
     }
 

@@ -209,13 +209,17 @@ fn per_column_grams(
         if 2 * missing_rows.len() <= n {
             g.copy_from_slice(&total);
             for &i in missing_rows {
-                g.iter_mut().zip(&moments[i * kk..(i + 1) * kk]).for_each(|(a, m)| *a -= m);
+                g.iter_mut()
+                    .zip(&moments[i * kk..(i + 1) * kk])
+                    .for_each(|(a, m)| *a -= m);
             }
         } else {
             let mut is_missing = vec![false; n];
             missing_rows.iter().for_each(|&i| is_missing[i] = true);
             for i in (0..n).filter(|&i| !is_missing[i]) {
-                g.iter_mut().zip(&moments[i * kk..(i + 1) * kk]).for_each(|(a, m)| *a += m);
+                g.iter_mut()
+                    .zip(&moments[i * kk..(i + 1) * kk])
+                    .for_each(|(a, m)| *a += m);
             }
         }
     }
@@ -253,7 +257,17 @@ impl ColumnStats {
         } else {
             LatentGram::Shared(total_gram.clone())
         };
-        ColumnStats { count, sum_x, sum_xx, sum_h, sum_xh, gram, n_rows: n as f64, total_h, total_gram }
+        ColumnStats {
+            count,
+            sum_x,
+            sum_xx,
+            sum_h,
+            sum_xh,
+            gram,
+            n_rows: n as f64,
+            total_h,
+            total_gram,
+        }
     }
 
     /// Per-sample means of one complete mini-batch (online VB-FA): n_d = 1, N = 1,
@@ -325,8 +339,12 @@ impl ColumnStats {
         let (sum_h, count) = (&self.sum_h, &self.count);
         self.gram.map(|g, d| shift_gram(g, sum_h.row(d), count[d]));
         self.total_gram = shift_gram(self.total_gram.view(), self.total_h.view(), self.n_rows);
-        for ((mut m, mut p), (&n_d, &sx)) in
-            self.sum_h.rows_mut().into_iter().zip(self.sum_xh.rows_mut()).zip(self.count.iter().zip(&self.sum_x))
+        for ((mut m, mut p), (&n_d, &sx)) in self
+            .sum_h
+            .rows_mut()
+            .into_iter()
+            .zip(self.sum_xh.rows_mut())
+            .zip(self.count.iter().zip(&self.sum_x))
         {
             m.scaled_add(-n_d, &b);
             p.scaled_add(-sx, &b);

@@ -65,7 +65,11 @@ impl Rotation {
     pub fn whitening(lower: ArrayView2<f64>) -> Result<Self> {
         let r_inv = lower_triangular_inverse(lower)?;
         let log_abs_det = lower.diag().iter().map(|v| v.abs().ln()).sum();
-        Ok(Rotation { r: lower.to_owned(), r_inv, log_abs_det })
+        Ok(Rotation {
+            r: lower.to_owned(),
+            r_inv,
+            log_abs_det,
+        })
     }
 
     /// The row-major K×K matrix W = R⁻ᵀ that maps row vectors of a cross-moment with the latents, e.g.
@@ -113,7 +117,11 @@ fn positive_root(a: f64, b: f64, c: f64) -> Option<f64> {
         return None;
     }
     let sqrt_disc = disc.sqrt();
-    let root = if b < 0.0 { (-b + sqrt_disc) / (2.0 * a) } else { -2.0 * c / (b + sqrt_disc) };
+    let root = if b < 0.0 {
+        (-b + sqrt_disc) / (2.0 * a)
+    } else {
+        -2.0 * c / (b + sqrt_disc)
+    };
     (root.is_finite() && root > 0.0).then_some(root)
 }
 
@@ -127,9 +135,11 @@ fn optimal_scale(epsilon: f64, n: f64, d: f64, prior: LoadingPrior) -> Option<f6
     match prior {
         LoadingPrior::PointEstimate => Some(1.0 / n),
         LoadingPrior::Fixed { alpha } => positive_root(alpha * epsilon, -(d - n), -1.0),
-        LoadingPrior::Ard { shape, rate } => {
-            positive_root((n + 2.0 * shape) * epsilon, -(epsilon + 2.0 * rate * (d - n)), -2.0 * rate)
-        }
+        LoadingPrior::Ard { shape, rate } => positive_root(
+            (n + 2.0 * shape) * epsilon,
+            -(epsilon + 2.0 * rate * (d - n)),
+            -2.0 * rate,
+        ),
     }
 }
 
@@ -158,8 +168,9 @@ pub fn optimal_rotation(
     let mut columns: Vec<(f64, f64, usize)> = Vec::with_capacity(k); // (s ε, s, index)
     for (j, &epsilon) in eps.iter().enumerate() {
         let epsilon = epsilon.max(0.0);
-        let s = optimal_scale(epsilon, n_rows, n_cols, prior)
-            .ok_or(FaError::NotPositiveDefinite("the rotation objective (it has no maximum)"))?;
+        let s = optimal_scale(epsilon, n_rows, n_cols, prior).ok_or(FaError::NotPositiveDefinite(
+            "the rotation objective (it has no maximum)",
+        ))?;
         columns.push((s * epsilon, s, j));
     }
     columns.sort_by(|x, y| y.0.total_cmp(&x.0));
@@ -193,7 +204,9 @@ pub fn rotation_objective(
     let rm = DMatrix::from_fn(k, k, |i, j| r[[i, j]]);
     let lu = rm.clone().lu();
     let det = lu.determinant();
-    let r_inv = lu.try_inverse().ok_or(FaError::NotPositiveDefinite("rotation matrix"))?;
+    let r_inv = lu
+        .try_inverse()
+        .ok_or(FaError::NotPositiveDefinite("rotation matrix"))?;
     let sm = DMatrix::from_fn(k, k, |i, j| latent_gram[[i, j]]);
     let wm = DMatrix::from_fn(k, k, |i, j| loading_gram[[i, j]]);
     let trace_term = -0.5 * (&r_inv * sm * r_inv.transpose()).trace();
@@ -201,9 +214,10 @@ pub fn rotation_objective(
     let (c1, prior_term) = match prior {
         LoadingPrior::PointEstimate => (-n_rows, 0.0),
         LoadingPrior::Fixed { alpha } => (n_cols - n_rows, -0.5 * alpha * w_diag.sum()),
-        LoadingPrior::Ard { shape, rate } => {
-            (n_cols - n_rows, -(shape + 0.5 * n_cols) * w_diag.iter().map(|w| (rate + 0.5 * w).ln()).sum::<f64>())
-        }
+        LoadingPrior::Ard { shape, rate } => (
+            n_cols - n_rows,
+            -(shape + 0.5 * n_cols) * w_diag.iter().map(|w| (rate + 0.5 * w).ln()).sum::<f64>(),
+        ),
     };
     Ok(trace_term + c1 * det.abs().ln() + prior_term)
 }
@@ -253,7 +267,10 @@ mod tests {
         [
             LoadingPrior::PointEstimate,
             LoadingPrior::Fixed { alpha: 0.3 },
-            LoadingPrior::Ard { shape: 1e-5, rate: 1e-5 },
+            LoadingPrior::Ard {
+                shape: 1e-5,
+                rate: 1e-5,
+            },
             LoadingPrior::Ard { shape: 2.0, rate: 3.0 },
         ]
     }

@@ -47,7 +47,11 @@ pub(crate) fn gaussian_from_natural(
     what: &'static str,
 ) -> Result<GaussianRow> {
     let factor = SmallSpd::new(precision, what)?;
-    Ok(GaussianRow { mean: factor.solve(u), cov: factor.inverse(), log_det: -factor.log_det() })
+    Ok(GaussianRow {
+        mean: factor.solve(u),
+        cov: factor.inverse(),
+        log_det: -factor.log_det(),
+    })
 }
 
 /// q(h_n) (Luttinen & Ilin §2.1, first two lines; course notes K_n, μ_n):
@@ -107,7 +111,11 @@ pub(crate) fn loading_row(
     let mut precision = &gram * tau;
     precision.diag_mut().zip_mut_with(&alpha_means, |p, &a| *p += a);
     let u = (&sum_xh - &(&sum_h * c_mean)) * tau;
-    gaussian_from_natural(precision.view(), u.view(), "loading precision diag⟨α⟩ + ⟨τ_d⟩ Σ_n⟨h hᵀ⟩")
+    gaussian_from_natural(
+        precision.view(),
+        u.view(),
+        "loading precision diag⟨α⟩ + ⟨τ_d⟩ Σ_n⟨h hᵀ⟩",
+    )
 }
 
 /// The per-column inputs of the expected squared error.
@@ -146,7 +154,10 @@ pub(crate) fn expected_squared_error(
 
 /// q(τ_d) (§2.1, τ lines): G(a_τ + n_d/2, b_τ + E_d/2).
 pub(crate) fn noise_row(count: f64, sq_error: f64, prior_shape: f64, prior_rate: f64) -> GammaQ {
-    GammaQ { shape: prior_shape + 0.5 * count, rate: prior_rate + 0.5 * sq_error }
+    GammaQ {
+        shape: prior_shape + 0.5 * count,
+        rate: prior_rate + 0.5 * sq_error,
+    }
 }
 
 /// q(α_k) (§2.1, α lines): G(a_α + D/2, b_α + ½ Σ_d ⟨f_dk²⟩) from diag⟨FᵀF⟩ (K).
@@ -158,7 +169,10 @@ pub(crate) fn ard_factors(
 ) -> Vec<GammaQ> {
     loading_gram_diag
         .iter()
-        .map(|&w| GammaQ { shape: prior_shape + 0.5 * n_cols, rate: prior_rate + 0.5 * w })
+        .map(|&w| GammaQ {
+            shape: prior_shape + 0.5 * n_cols,
+            rate: prior_rate + 0.5 * w,
+        })
         .collect()
 }
 
