@@ -154,12 +154,12 @@ def per_update_rows(d: int, k: int, repeats: int, rng: np.random.Generator) -> l
         for dtype in (np.float64, np.float32):
             name = np.dtype(dtype).name
             if algo == "EM":
-                model: onlinefa.OnlineEM | onlinefa.OnlineSGA = onlinefa.OnlineEM(
+                model: onlinefa.OnlineEM | onlinefa.OnlineSGA = onlinefa.OnlineEM.algorithm2(
                     d, k, n_warmup=k + 2, init=f0, dtype=name
                 )
                 ref: NumpyOnlineEM | NumpyOnlineSGA = NumpyOnlineEM(f0, k + 2, dtype)
             else:
-                model = onlinefa.OnlineSGA(d, k, n_warmup=k + 2, init=f0, dtype=name)
+                model = onlinefa.OnlineSGA.algorithm1(d, k, n_warmup=k + 2, init=f0, dtype=name)
                 ref = NumpyOnlineSGA(f0, k + 2, 1e-3, dtype)
             data = stream.astype(dtype)
             model.update(data[:n_warm])

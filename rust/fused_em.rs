@@ -24,9 +24,12 @@ pub(crate) struct EmBlockIo<'a, T> {
     pub(crate) transform: Option<&'a [f64]>,
     /// H̄⁻¹ (K×K, row-major); None in the whitened basis (F = Ā).
     pub(crate) h_inv: Option<&'a [f64]>,
-    /// ρ_t of this sample and the noise floor.
+    /// ρ_t of this sample, the running mean's step (1/t under `Scaling::Data`) and the noise floor.
     pub(crate) rho: f64,
+    pub(crate) mean_rho: f64,
     pub(crate) floor: f64,
+    /// Σ d̄² over the block's rows after the update (accumulated).
+    pub(crate) dsq_sum: &'a mut f64,
     /// Outputs: F rows and y = F/ψ rows (nb×K), and the K-vector u (accumulated).
     pub(crate) f: &'a mut [f64],
     pub(crate) y: &'a mut [f64],
@@ -49,6 +52,7 @@ fn row_times<const K: usize>(row: &[f64; K], m: &[f64]) -> [f64; K] {
 #[inline(always)]
 fn em_block<T: Real, const K: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
     let mut uu = [0.0f64; K];
+    let mut dsq_sum = 0.0;
     for r in 0..nb {
         let a_row = &mut io.a[r * K..(r + 1) * K];
         let mut ar = [0.0f64; K];
@@ -84,11 +88,13 @@ fn em_block<T: Real, const K: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
         let psi = (io.dsq[r].to_f64() - fa).max(io.floor);
         let xi = io.x[r];
         let m0 = io.mean[r].to_f64();
-        let (mean_s, m1) = stored::<T>(m0 + io.rho * (xi - m0));
+        let (mean_s, m1) = stored::<T>(m0 + io.mean_rho * (xi - m0));
         io.mean[r] = mean_s;
         let d = xi - m1;
         let dsq0 = io.dsq[r].to_f64();
-        io.dsq[r] = T::from_f64(dsq0 + io.rho * (d * d - dsq0));
+        let (dsq_s, dsq1) = stored::<T>(dsq0 + io.rho * (d * d - dsq0));
+        io.dsq[r] = dsq_s;
+        dsq_sum += dsq1;
         io.d_last[r] = T::from_f64(d);
         let inv_psi = 1.0 / psi;
         for j in 0..K {
@@ -101,6 +107,7 @@ fn em_block<T: Real, const K: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
     for j in 0..K {
         io.u[j] += uu[j];
     }
+    *io.dsq_sum += dsq_sum;
 }
 
 #[cfg(target_arch = "x86_64")]

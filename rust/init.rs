@@ -17,18 +17,22 @@ use crate::linalg::{lower_triangular_inverse, SpdFactor};
 /// Rows per independently seeded block of random draws.
 const RNG_BLOCK_ROWS: usize = 4096;
 
-/// Fill `out` (rows × cols) with N(0, 1) draws; row block `b` uses stream `b` of `seed`.
+/// Fill `out` (rows × cols) with N(0, 1) draws; row block `b` uses stream `b` of `seed` (on rayon when
+/// there are several blocks and threads are usable, see `crate::fork`; the draws are the same either way).
 pub fn fill_standard_normal(mut out: ArrayViewMut2<f64>, seed: u64) {
-    out.axis_chunks_iter_mut(Axis(0), RNG_BLOCK_ROWS)
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(block, mut chunk)| {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            rng.set_stream(block as u64);
-            for v in chunk.iter_mut() {
-                *v = rng.sample(StandardNormal);
-            }
-        });
+    let fill = |(block, mut chunk): (usize, ArrayViewMut2<f64>)| {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(block as u64);
+        for v in chunk.iter_mut() {
+            *v = rng.sample(StandardNormal);
+        }
+    };
+    let blocks = out.axis_chunks_iter_mut(Axis(0), RNG_BLOCK_ROWS);
+    if blocks.len() > 1 && crate::fork::parallel_allowed() {
+        blocks.into_par_iter().enumerate().for_each(fill);
+    } else {
+        blocks.enumerate().for_each(fill);
+    }
 }
 
 /// A fresh seed from the operating system (used when the caller gives none).

@@ -6,6 +6,7 @@
 //! Method MultiSWAG".
 
 pub mod error;
+pub mod fork;
 mod fused_em;
 pub mod init;
 pub mod linalg;
@@ -13,6 +14,7 @@ pub mod online_em;
 pub mod online_sga;
 mod pass;
 pub mod scalar;
+pub mod scaling;
 pub mod schedule;
 mod small_k;
 pub mod state;
@@ -26,6 +28,7 @@ pub use error::{FaError, Result};
 pub use online_em::{EmConfig, OnlineEm};
 pub use online_sga::{OnlineSga, SgaConfig};
 pub use scalar::Real;
+pub use scaling::Scaling;
 pub use schedule::StepSize;
 
 #[cfg(test)]

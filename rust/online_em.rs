@@ -18,6 +18,7 @@ use crate::pass::{
     validate_batch, Block, Scratch, Sums, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
 };
 use crate::scalar::{stored, Real};
+use crate::scaling::Scaling;
 use crate::schedule::StepSize;
 use crate::small_k::try_add_outer;
 use crate::vbfa::transform::Rotation;
@@ -33,6 +34,8 @@ pub struct EmConfig {
     pub step_size: StepSize,
     /// Apply the whitening (PX-EM) step after every M-step: F ← F R, Ā ← Ā R⁻ᵀ, H̄ ← I (R Rᵀ = H̄).
     pub whiten: bool,
+    /// Scale convention of the warm-up start, the noise floor and the mean (`Unit`: the thesis).
+    pub scaling: Scaling,
 }
 
 impl Default for EmConfig {
@@ -42,6 +45,7 @@ impl Default for EmConfig {
             noise_floor: 1e-10,
             step_size: StepSize::Harmonic,
             whiten: false,
+            scaling: Scaling::Unit,
         }
     }
 }
@@ -49,7 +53,8 @@ impl Default for EmConfig {
 /// Where the E-step of the next sample takes F and ψ from.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Source<T> {
-    /// Still within warm-up (+1): the initial loadings F₀ (D×K, row-major) with ψ = 1.
+    /// Still within warm-up (+1): the initial loadings F₀ (D×K, row-major) with ψ = 1, both scaled by
+    /// [`Scaling::warmup_scale`] (F₀ σ, ψ = σ²).
     Initial(Vec<T>),
     /// F = Ā H̄⁻¹ with this H̄⁻¹ (K×K).
     Stats(Array2<f64>),
@@ -83,6 +88,8 @@ pub struct OnlineEm<T: Real> {
     pub(crate) sigma: Array2<f64>,
     pub(crate) source: Source<T>,
     pub(crate) pending: Option<Pending>,
+    /// σ̂² = (1/D) Σ_d d̄²_d after the last pass (the data's scale, used by `Scaling::Data`).
+    pub(crate) scale_sq: f64,
 }
 
 /// Check (D, K) and the common hyper-parameters.
@@ -145,6 +152,10 @@ struct PassCtx<'a, T> {
     pending: Option<&'a Pending>,
     source: &'a Source<T>,
     rho: f64,
+    /// Step size of the running mean (1/t under `Scaling::Data`).
+    mean_rho: f64,
+    /// σ of the warm-up start F₀ σ, ψ₀ = σ².
+    init_scale: f64,
     floor: f64,
     k: usize,
 }
@@ -170,6 +181,7 @@ impl<T: Real> OnlineEm<T> {
             sigma: Array2::eye(k),
             source: Source::Initial(init),
             pending: None,
+            scale_sq: 0.0,
         })
     }
 
@@ -215,17 +227,20 @@ impl<T: Real> OnlineEm<T> {
     fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
         let t = self.n_seen + 1;
         let rho = self.config.step_size.rho(t);
-        self.pass(x, rho, scratch, sums);
+        let mean_rho = self.config.scaling.mean_rho(rho, t);
+        self.pass(x, rho, mean_rho, scratch, sums);
         self.finish(t, rho, sums)
     }
 
-    fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64, scratch: &mut Scratch, sums: &mut Sums) {
+    fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64, mean_rho: f64, scratch: &mut Scratch, sums: &mut Sums) {
         let k = self.n_components;
         let ctx = PassCtx {
             pending: self.pending.as_ref(),
             source: &self.source,
             rho,
-            floor: self.config.noise_floor,
+            mean_rho,
+            init_scale: self.config.scaling.warmup_scale(self.scale_sq),
+            floor: self.floor(),
             k,
         };
         let tasks: Vec<Rows<T>> = self
@@ -256,7 +271,14 @@ impl<T: Real> OnlineEm<T> {
         let precision = Array2::<f64>::eye(k) + &sums.s;
         let factor = SpdFactor::new_jittered(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
         let sigma = factor.inverse();
-        let m = factor.solve(sums.u.view());
+        let mut m = factor.solve(sums.u.view());
+        if matches!(self.source, Source::Initial(_)) && self.config.scaling.degenerate(self.scale_sq) {
+            // No scale yet (every earlier sample identical): the latent mean of this sample is not defined
+            // in the data's units, so it contributes m = 0 (as d₁ = 0 does for the first sample).
+            m.fill(0.0);
+        }
+        // Finite: every d̄²_d <= MAX_INPUT² (1e200 for f64 input), so the sum over D rows is too.
+        let scale_sq = sums.dsq / self.n_features as f64;
         // Line 10: B̄_t = B̄_{t−1} + ρ_t (m mᵀ − B̄_{t−1}).
         let b_bar = &self.b_bar + &((outer(&m) - &self.b_bar) * rho);
         let mut transform = None;
@@ -292,6 +314,7 @@ impl<T: Real> OnlineEm<T> {
         }
         self.pending = Some(Pending { rho, m, transform });
         self.n_seen = t;
+        self.scale_sq = scale_sq;
         Ok(())
     }
 
@@ -309,12 +332,30 @@ impl<T: Real> OnlineEm<T> {
         Array2::from_shape_vec((self.n_features, k), out).expect("D·K values collected")
     }
 
+    /// The noise floor the next pass applies (absolute, or relative to σ̂² under `Scaling::Data`).
+    pub fn floor(&self) -> f64 {
+        self.config.scaling.floor::<T>(self.config.noise_floor, self.scale_sq)
+    }
+
+    /// σ̂² = (1/D) Σ_d d̄²_d, the mean squared deviation of the features after the last sample.
+    pub fn scale_sq(&self) -> f64 {
+        self.scale_sq
+    }
+
+    /// Whether warm-up is over, i.e. the loadings and noise variances are fitted rather than initial.
+    pub fn is_fitted(&self) -> bool {
+        !matches!(self.source, Source::Initial(_))
+    }
+
     /// Loadings F (D×K) as the next E-step will use them.
     pub fn loadings(&self) -> Array2<f64> {
         match &self.source {
-            Source::Initial(f0) => Array2::from_shape_fn((self.n_features, self.n_components), |(i, j)| {
-                f0[i * self.n_components + j].to_f64()
-            }),
+            Source::Initial(f0) => {
+                let scale = self.config.scaling.warmup_scale(self.scale_sq);
+                Array2::from_shape_fn((self.n_features, self.n_components), |(i, j)| {
+                    f0[i * self.n_components + j].to_f64() * scale
+                })
+            }
             Source::Stats(h_inv) => self.current_a_bar().dot(h_inv),
             Source::Whitened => self.current_a_bar(),
         }
@@ -323,13 +364,16 @@ impl<T: Real> OnlineEm<T> {
     /// Noise variances ψ (D) as the next E-step will use them: ψ = max(d̄² − rowsum(F ⊙ Ā), floor).
     pub fn noise_variance(&self) -> Array1<f64> {
         match &self.source {
-            Source::Initial(_) => Array1::ones(self.n_features),
+            Source::Initial(_) => {
+                Array1::from_elem(self.n_features, self.config.scaling.warmup_scale(self.scale_sq).powi(2))
+            }
             Source::Stats(_) | Source::Whitened => {
                 let a = self.current_a_bar();
                 let f = self.loadings();
+                let floor = self.floor();
                 Array1::from_shape_fn(self.n_features, |i| {
                     let fa: f64 = f.row(i).dot(&a.row(i));
-                    (self.dsq_bar[i].to_f64() - fa).max(self.config.noise_floor)
+                    (self.dsq_bar[i].to_f64() - fa).max(floor)
                 })
             }
         }
@@ -389,17 +433,21 @@ fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx
             .iter_mut()
             .zip(rows.dsq[b0..b0 + nb].iter_mut())
             .zip(rows.d_last[b0..b0 + nb].iter_mut());
+        let mut dsq_sum = 0.0;
         for ((((mean, dsq), d_last), xi), d_out) in state.zip(x_blk.iter()).zip(blk.d.iter_mut()) {
             let xi = xi.to_f64();
             let m0 = mean.to_f64();
-            let (mean_s, m1) = stored::<T>(m0 + ctx.rho * (xi - m0));
+            let (mean_s, m1) = stored::<T>(m0 + ctx.mean_rho * (xi - m0));
             *mean = mean_s;
             let d = xi - m1;
             let dsq0 = dsq.to_f64();
-            *dsq = T::from_f64(dsq0 + ctx.rho * (d * d - dsq0));
+            let (dsq_s, dsq1) = stored::<T>(dsq0 + ctx.rho * (d * d - dsq0));
+            *dsq = dsq_s;
+            dsq_sum += dsq1;
             *d_last = T::from_f64(d);
             *d_out = d;
         }
+        sums.dsq += dsq_sum;
         // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
         accumulate_estep(blk, nb, sums);
     }
@@ -443,7 +491,9 @@ fn fused_block<T: Real, X: Real>(
         transform: transform.and_then(|w| w.as_slice()),
         h_inv,
         rho: ctx.rho,
+        mean_rho: ctx.mean_rho,
         floor: ctx.floor,
+        dsq_sum: &mut sums.dsq,
         f: &mut blk.f,
         y: &mut blk.tmp,
         u,
@@ -458,13 +508,17 @@ fn fused_block<T: Real, X: Real>(
 }
 
 /// blk.f[..nb] and blk.psi[..nb] for rows starting at global row `row0`:
-/// F = Ā H̄⁻¹ and ψ = max(d̄² − rowsum(F ⊙ Ā), floor) (4.33, 4.35), or F₀ and 1 during warm-up.
+/// F = Ā H̄⁻¹ and ψ = max(d̄² − rowsum(F ⊙ Ā), floor) (4.33, 4.35), or F₀ σ and σ² during warm-up.
 fn loadings_block<T: Real>(blk: &mut Block, dsq: &[T], row0: usize, ctx: &PassCtx<T>, nb: usize) {
     let k = ctx.k;
     match ctx.source {
         Source::Initial(f0) => {
+            // F₀ σ and ψ₀ = σ² (σ = 1 under `Scaling::Unit`: exactly the thesis's F₀, ψ = 1).
             load_rows(&f0[row0 * k..(row0 + nb) * k], &mut blk.f);
-            blk.psi[..nb].fill(1.0);
+            if ctx.init_scale != 1.0 {
+                blk.f[..nb * k].iter_mut().for_each(|v| *v *= ctx.init_scale);
+            }
+            blk.psi[..nb].fill(ctx.init_scale * ctx.init_scale);
             return;
         }
         Source::Stats(h_inv) => block_times(&blk.a, h_inv.view(), &mut blk.f, nb),
@@ -611,6 +665,7 @@ mod tests {
 
 mod checkpoint {
     use super::*;
+    use crate::scaling::{read_scaling, write_scaling};
     use crate::schedule::{read_schedule, write_schedule};
     use crate::state::{expect_kind, Checkpoint, StateMap, StateReader, StateReal, StateValue, StateWriter};
 
@@ -626,6 +681,7 @@ mod checkpoint {
             w.put("noise_floor", StateValue::Float(self.config.noise_floor));
             w.put("whiten", StateValue::Bool(self.config.whiten));
             write_schedule(&mut w, &self.config.step_size);
+            write_scaling(&mut w, self.config.scaling, self.scale_sq);
             w.put("n_seen", StateValue::Int(self.n_seen));
             w.array("mean", vec![d], &self.mean);
             w.array("a_bar", vec![d, k], &self.a_bar);
@@ -658,11 +714,13 @@ mod checkpoint {
             expect_kind(state, Self::KIND)?;
             let r = StateReader(state);
             let (d, k) = (r.usize("n_features")?, r.usize("n_components")?);
+            let (scaling, scale_sq) = read_scaling(&r)?;
             let config = EmConfig {
                 n_warmup: r.int("n_warmup")?,
                 noise_floor: r.float("noise_floor")?,
                 step_size: read_schedule(&r)?,
                 whiten: r.bool("whiten")?,
+                scaling,
             };
             validate_dims(d, k, config.noise_floor)
                 .and_then(|_| check_floor_fits::<T>(config.noise_floor))
@@ -700,6 +758,7 @@ mod checkpoint {
                 sigma: r.matrix("sigma", k, k)?,
                 source,
                 pending,
+                scale_sq,
             })
         }
     }

@@ -14,6 +14,7 @@ use crate::pass::{
     BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
 };
 use crate::scalar::{stored, Real};
+use crate::scaling::Scaling;
 use crate::schedule::StepSize;
 use crate::small_k::try_sga_step;
 
@@ -26,8 +27,12 @@ pub struct SgaConfig {
     pub n_warmup: u64,
     /// Lower bound on every ψ_d.
     pub noise_floor: f64,
-    /// Step sizes of the running mean θ̄.
+    /// Step sizes of the running mean θ̄ (under `Scaling::Unit`; `Scaling::Data` uses the exact mean).
     pub step_size: StepSize,
+    /// Scale convention: `Unit` is Algorithm 1 (F₀ = Q, ψ₀ = 1, absolute floor, plain SGD on F);
+    /// `Data` starts from F₀ = σ̂ Q, ψ₀ = d̄² of the warm-up, floors ψ relative to σ̂² and preconditions the
+    /// F step by ψ (ΔF = α (d mᵀ − F P)).
+    pub scaling: Scaling,
 }
 
 impl Default for SgaConfig {
@@ -37,6 +42,7 @@ impl Default for SgaConfig {
             n_warmup: 100,
             noise_floor: 1e-10,
             step_size: StepSize::Harmonic,
+            scaling: Scaling::Unit,
         }
     }
 }
@@ -60,6 +66,16 @@ pub struct OnlineSga<T: Real> {
     pub(crate) psi: Vec<T>,
     pub(crate) d_last: Vec<T>,
     pub(crate) pending: Option<Pending>,
+    /// σ̂² = (1/D) Σ_d d̄²_d over the warm-up samples (`Scaling::Data`; frozen once warm-up ends).
+    pub(crate) scale_sq: f64,
+}
+
+/// The data-scaled start applied by the first pass after warm-up (`Scaling::Data`): F ← σ F₀ and
+/// ψ ← max(d̄², floor) (ψ's storage holds the warm-up's running d̄²), or ψ ← 1 and F₀ kept when σ̂ = 0.
+#[derive(Clone, Copy)]
+struct Start {
+    sigma: f64,
+    degenerate: bool,
 }
 
 struct Rows<'a, T> {
@@ -73,10 +89,17 @@ struct Rows<'a, T> {
 struct PassCtx<'a> {
     pending: Option<&'a Pending>,
     active: bool,
+    /// Step size of the running mean.
     rho: f64,
     lr: f64,
     floor: f64,
     k: usize,
+    /// Warm-up under `Scaling::Data`: ψ's storage accumulates the running d̄² (step `rho`).
+    track_dsq: bool,
+    /// The data-scaled start, on the first pass after warm-up.
+    start: Option<Start>,
+    /// F step preconditioned by ψ (`Scaling::Data`).
+    precondition: bool,
 }
 
 impl<T: Real> OnlineSga<T> {
@@ -99,6 +122,7 @@ impl<T: Real> OnlineSga<T> {
             psi: try_filled(n_features, T::from_f64(1.0), "n_features")?,
             d_last: try_filled(n_features, T::default(), "n_features")?,
             pending: None,
+            scale_sq: 0.0,
         })
     }
 
@@ -144,13 +168,17 @@ impl<T: Real> OnlineSga<T> {
     fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
         let t = self.n_seen + 1;
         let active = t > self.config.n_warmup;
+        let data = self.config.scaling == Scaling::Data;
         let ctx = PassCtx {
             pending: self.pending.as_ref(),
             active,
-            rho: self.config.step_size.rho(t),
+            rho: self.config.scaling.mean_rho(self.config.step_size.rho(t), t),
             lr: self.config.lr,
-            floor: self.config.noise_floor,
+            floor: self.floor(),
             k: self.n_components,
+            track_dsq: data && !active,
+            start: (data && t == self.config.n_warmup + 1).then(|| self.start()),
+            precondition: data,
         };
         let k = self.n_components;
         let tasks: Vec<Rows<T>> = self
@@ -172,12 +200,39 @@ impl<T: Real> OnlineSga<T> {
         reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| {
             sga_task(rows, &x, &ctx, blk, part)
         });
+        let track_dsq = ctx.track_dsq;
         self.pending = if active { Some(estep(sums, k)?) } else { None };
+        if track_dsq {
+            self.scale_sq = sums.dsq / self.n_features as f64;
+        }
         self.n_seen = t;
         Ok(())
     }
 
-    /// F and ψ with the pending gradient step applied (what the next E-step will use).
+    /// The noise floor (absolute, or relative to σ̂² under `Scaling::Data`).
+    pub fn floor(&self) -> f64 {
+        self.config.scaling.floor::<T>(self.config.noise_floor, self.scale_sq)
+    }
+
+    /// σ̂², the mean over features of the warm-up's running squared deviations (0 under `Scaling::Unit`).
+    pub fn scale_sq(&self) -> f64 {
+        self.scale_sq
+    }
+
+    /// Whether warm-up is over (the loadings and noise variances have been fitted, not just initialised).
+    pub fn is_fitted(&self) -> bool {
+        self.n_seen > self.config.n_warmup
+    }
+
+    fn start(&self) -> Start {
+        Start {
+            sigma: self.config.scaling.warmup_scale(self.scale_sq),
+            degenerate: self.config.scaling.degenerate(self.scale_sq),
+        }
+    }
+
+    /// F and ψ with the pending gradient step applied (what the next E-step will use; during a data-scaled
+    /// warm-up, the start the first E-step after it will use).
     fn current(&self) -> (Array2<f64>, Array1<f64>) {
         let k = self.n_components;
         let mut f_out = Vec::with_capacity(self.n_features * k);
@@ -188,15 +243,20 @@ impl<T: Real> OnlineSga<T> {
             .chunks(BLOCK_ROWS * k)
             .zip(self.psi.chunks(BLOCK_ROWS))
             .zip(self.d_last.chunks(BLOCK_ROWS));
+        let start = (self.config.scaling == Scaling::Data && !self.is_fitted()).then(|| self.start());
         for ((f, psi), d_last) in chunks {
             let nb = psi.len();
             load_block(&mut blk, f, psi);
+            if let Some(start) = start {
+                start_block::<T>(&mut blk, start, self.floor(), nb);
+            }
             apply_gradient::<T>(
                 &mut blk,
                 d_last,
                 self.pending.as_ref(),
                 self.config.lr,
-                self.config.noise_floor,
+                self.floor(),
+                self.config.scaling == Scaling::Data,
                 nb,
             );
             f_out.extend_from_slice(&blk.f[..nb * k]);
@@ -237,20 +297,45 @@ fn load_block<T: Real>(blk: &mut Block, f: &[T], psi: &[T]) {
     load_rows(psi, &mut blk.psi);
 }
 
+/// The data-scaled start on a block (F₀ in blk.f, the warm-up's d̄² in blk.psi): F ← σ F₀, ψ ← max(d̄², floor),
+/// rounded to storage precision; when σ̂ = 0 (every warm-up sample identical) F₀ and ψ = 1 are kept instead.
+fn start_block<T: Real>(blk: &mut Block, start: Start, floor: f64, nb: usize) {
+    let k = blk.k;
+    if start.degenerate {
+        blk.psi[..nb].fill(1.0);
+        return;
+    }
+    for v in blk.f[..nb * k].iter_mut() {
+        *v = stored::<T>(*v * start.sigma).1;
+    }
+    for v in blk.psi[..nb].iter_mut() {
+        *v = stored::<T>(v.max(floor)).1;
+    }
+}
+
 /// Lines 10–14 of Algorithm 1 on a block of rows (F in blk.f, ψ in blk.psi), rounded to storage precision:
 /// ∇F = ψ⁻¹ ⊙ (d mᵀ − F P) (4.24), ∇β = ½ψ⁻¹ ⊙ (d² − 2 d ⊙ F m + rowsum(F P ⊙ F)) − ½ (4.25, 4.26),
-/// F ← F + α ∇F, β ← β + α ∇β with ψ = exp β, i.e. ψ ← ψ·exp(α ∇β), floored. Entries of F and ψ are
+/// F ← F + α ∇F, β ← β + α ∇β with ψ = exp β, i.e. ψ ← ψ·exp(α ∇β), floored. With `precondition` the F step
+/// is α ψ ⊙ ∇F = α (d mᵀ − F P), which is free of the data's units (`Scaling::Data`). Entries of F and ψ are
 /// clipped to ±`T::MAX_STATE` so a divergent step (learning rate too large for the data) stays finite;
 /// for any stable run the clip is inactive and the result is Algorithm 1. Shapes: blk.f nb×K,
 /// P = Σ + m mᵀ K×K, m K.
-fn apply_gradient<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pending>, lr: f64, floor: f64, nb: usize) {
+fn apply_gradient<T: Real>(
+    blk: &mut Block,
+    d_last: &[T],
+    pending: Option<&Pending>,
+    lr: f64,
+    floor: f64,
+    precondition: bool,
+    nb: usize,
+) {
     let Some(p) = pending else { return };
     let k = blk.k;
     let m = p.m.as_slice().expect("m is contiguous");
     block_times(&blk.f, p.p.view(), &mut blk.tmp, nb);
     load_rows(&d_last[..nb], &mut blk.d_prev);
     let (f, fp, psi, d) = (&mut blk.f, &blk.tmp, &mut blk.psi, &blk.d_prev);
-    if !try_sga_step(k, f, fp, psi, d, m, lr, floor, T::MAX_STATE, nb) {
+    if !try_sga_step(k, f, fp, psi, d, m, lr, floor, precondition, T::MAX_STATE, nb) {
         let rows = f[..nb * k].chunks_exact_mut(k).zip(fp[..nb * k].chunks_exact(k));
         for (((f_row, fp_row), psi), &d) in rows.zip(psi[..nb].iter_mut()).zip(d.iter()) {
             let inv_psi = 1.0 / *psi;
@@ -261,8 +346,9 @@ fn apply_gradient<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pendi
                 fp_f += fp * f;
             }
             let grad_beta = 0.5 * inv_psi * (d * d - 2.0 * d * f_m + fp_f) - 0.5;
+            let f_scale = if precondition { 1.0 } else { inv_psi };
             for ((f, &fp), &m_j) in f_row.iter_mut().zip(fp_row.iter()).zip(m.iter()) {
-                let grad_f = inv_psi * (d * m_j - fp);
+                let grad_f = f_scale * (d * m_j - fp);
                 *f = (*f + lr * grad_f).clamp(-T::MAX_STATE, T::MAX_STATE);
             }
             // ψ·exp(α ∇β), kept inside [floor, MAX_STATE]: an SGD step far too large for the data's scale
@@ -285,8 +371,12 @@ fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx, b
             let f_rows = &mut rows.f[b0 * k..(b0 + nb) * k];
             let psi_rows = &mut rows.psi[b0..b0 + nb];
             load_block(blk, f_rows, psi_rows);
-            if ctx.pending.is_some() {
-                apply_gradient::<T>(blk, &rows.d_last[b0..b0 + nb], ctx.pending, ctx.lr, ctx.floor, nb);
+            if let Some(start) = ctx.start {
+                start_block::<T>(blk, start, ctx.floor, nb);
+            }
+            if ctx.pending.is_some() || ctx.start.is_some() {
+                let d_last = &rows.d_last[b0..b0 + nb];
+                apply_gradient::<T>(blk, d_last, ctx.pending, ctx.lr, ctx.floor, ctx.precondition, nb);
                 for (dst, src) in f_rows.iter_mut().zip(blk.f.iter()) {
                     *dst = T::from_f64(*src);
                 }
@@ -307,6 +397,17 @@ fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx, b
             let d = xi - m1;
             *d_last = T::from_f64(d);
             *d_out = d;
+        }
+        if ctx.track_dsq {
+            // ψ's storage holds the warm-up's running d̄² (exact mean, d̄²_t = d̄²_{t−1} + (d² − d̄²_{t−1})/t).
+            let mut dsq_sum = 0.0;
+            for (v, &d) in rows.psi[b0..b0 + nb].iter_mut().zip(blk.d[..nb].iter()) {
+                let v0 = v.to_f64();
+                let (s, v1) = stored::<T>(v0 + ctx.rho * (d * d - v0));
+                *v = s;
+                dsq_sum += v1;
+            }
+            sums.dsq += dsq_sum;
         }
         if ctx.active {
             accumulate_estep(blk, nb, sums);
@@ -373,6 +474,7 @@ mod tests {
 mod checkpoint {
     use super::*;
     use crate::error::FaError;
+    use crate::scaling::{read_scaling, write_scaling};
     use crate::schedule::{read_schedule, write_schedule};
     use crate::state::{expect_kind, Checkpoint, StateMap, StateReader, StateReal, StateValue, StateWriter};
 
@@ -388,6 +490,7 @@ mod checkpoint {
             w.put("noise_floor", StateValue::Float(self.config.noise_floor));
             w.put("lr", StateValue::Float(self.config.lr));
             write_schedule(&mut w, &self.config.step_size);
+            write_scaling(&mut w, self.config.scaling, self.scale_sq);
             w.put("n_seen", StateValue::Int(self.n_seen));
             w.array("mean", vec![d], &self.mean);
             w.array("loadings", vec![d, k], &self.f);
@@ -404,11 +507,13 @@ mod checkpoint {
             expect_kind(state, Self::KIND)?;
             let r = StateReader(state);
             let (d, k) = (r.usize("n_features")?, r.usize("n_components")?);
+            let (scaling, scale_sq) = read_scaling(&r)?;
             let config = SgaConfig {
                 lr: r.float("lr")?,
                 n_warmup: r.int("n_warmup")?,
                 noise_floor: r.float("noise_floor")?,
                 step_size: read_schedule(&r)?,
+                scaling,
             };
             validate_dims(d, k, config.noise_floor)
                 .and_then(|_| check_floor_fits::<T>(config.noise_floor))
@@ -416,8 +521,14 @@ mod checkpoint {
             if config.lr <= 0.0 {
                 return Err(FaError::InvalidState("lr must be > 0".into()));
             }
+            let n_seen = r.int("n_seen")?;
             let psi = r.array::<T>("psi", &[d])?;
-            if psi.iter().any(|v| v.to_f64() <= 0.0) {
+            // During a data-scaled warm-up ψ's storage holds the running d̄², which may be 0.
+            let dsq_in_psi = scaling == Scaling::Data && n_seen <= config.n_warmup;
+            if psi
+                .iter()
+                .any(|v| v.to_f64() < 0.0 || (!dsq_in_psi && v.to_f64() == 0.0))
+            {
                 return Err(FaError::InvalidState("psi must be positive".into()));
             }
             let pending = if r.has("pending_m") {
@@ -432,12 +543,13 @@ mod checkpoint {
                 n_features: d,
                 n_components: k,
                 config,
-                n_seen: r.int("n_seen")?,
+                n_seen,
                 mean: r.array::<T>("mean", &[d])?,
                 f: r.array::<T>("loadings", &[d, k])?,
                 psi,
                 d_last: r.array::<T>("d_last", &[d])?,
                 pending,
+                scale_sq,
             })
         }
     }

@@ -27,10 +27,12 @@ pub(crate) const SNAPSHOT_MAX_ELEMENTS: usize = 1 << 18;
 /// Below this many state elements (D·K) a pass runs on the calling thread only.
 pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
 
-/// The cross-row quantities of one E-step: S = Σ_d f_d f_dᵀ/ψ_d (= C F, K×K) and u = Σ_d f_d d_d/ψ_d (= C d, K).
+/// The cross-row quantities of one E-step: S = Σ_d f_d f_dᵀ/ψ_d (= C F, K×K) and u = Σ_d f_d d_d/ψ_d (= C d, K),
+/// plus `dsq` = Σ_d d̄²_d, the sum of the running squared deviations after the pass (the data's scale σ̂² = dsq/D).
 pub(crate) struct Sums {
     pub(crate) s: Array2<f64>,
     pub(crate) u: Array1<f64>,
+    pub(crate) dsq: f64,
 }
 
 impl Sums {
@@ -38,13 +40,16 @@ impl Sums {
         Sums {
             s: Array2::zeros((k, k)),
             u: Array1::zeros(k),
+            dsq: 0.0,
         }
     }
 }
 
-/// Whether a state of `d` rows × `k` columns is worth splitting across threads.
+/// Whether a state of `d` rows × `k` columns is worth splitting across threads (and threads are usable:
+/// never in a forked child that inherited a used pool, see `crate::fork`). Small states never touch the
+/// pool, so they do not start it.
 pub(crate) fn use_parallel(d: usize, k: usize) -> bool {
-    d.saturating_mul(k.max(1)) >= PARALLEL_MIN_ELEMENTS && rayon::current_num_threads() > 1
+    d.saturating_mul(k.max(1)) >= PARALLEL_MIN_ELEMENTS && crate::fork::parallel_allowed()
 }
 
 /// Scratch buffers of one `update` call: a block and a partial sum per task, allocated once per call
@@ -78,6 +83,7 @@ where
     let run = |(task, (blk, sums)): (W, (&mut Block, &mut Sums))| {
         sums.s.fill(0.0);
         sums.u.fill(0.0);
+        sums.dsq = 0.0;
         kernel(task, blk, sums);
     };
     if parallel {
@@ -87,9 +93,11 @@ where
     }
     total.s.fill(0.0);
     total.u.fill(0.0);
+    total.dsq = 0.0;
     for part in &scratch.partials {
         total.s += &part.s;
         total.u += &part.u;
+        total.dsq += part.dsq;
     }
 }
 
@@ -212,7 +220,7 @@ pub(crate) fn validate_batch<T: Real, X: Real>(x: &ArrayView2<X>, n_features: us
         });
     }
     let bad = |row: ArrayView1<X>| row.iter().any(|v| !(v.to_f64().abs() <= T::MAX_INPUT));
-    let first_bad = if x.len() >= PARALLEL_MIN_ELEMENTS {
+    let first_bad = if x.len() >= PARALLEL_MIN_ELEMENTS && crate::fork::parallel_allowed() {
         x.axis_iter(Axis(0)).into_par_iter().position_first(bad)
     } else {
         x.axis_iter(Axis(0)).position(bad)

@@ -2,19 +2,24 @@
 //! the pure-Rust core and converts the result back. All the documentation users read lives in the Python
 //! wrappers (python/onlinefa/_models.py); these classes are their engines.
 
-use std::sync::{Mutex, MutexGuard};
-
-use ndarray::{Array2, ArrayView2};
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayDyn, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
+use ndarray::{Array, Array2, ArrayView, ArrayView2, Dimension};
+use numpy::{
+    Element, IntoPyArray, PyArray, PyArray1, PyArray2, PyArrayDyn, PyArrayMethods, PyReadonlyArray, PyReadonlyArray2,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use crate::error::FaError;
+// The engines' locks: a mutex that, in a child process forked while another thread held it, fails at once
+// instead of waiting forever (see rust/fork.rs).
+use crate::fork::{LockFailure, Mutex, MutexGuard};
 use crate::init::{entropy_seed, orthonormal_loadings};
 use crate::online_em::{EmConfig, OnlineEm};
 use crate::online_sga::{OnlineSga, SgaConfig};
 use crate::scalar::Real;
+use crate::scaling::Scaling;
 use crate::schedule::StepSize;
 use crate::state::{Checkpoint, StateMap, StateValue};
 
@@ -23,8 +28,62 @@ fn to_py_err(err: FaError) -> PyErr {
 }
 
 fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
-    m.lock()
-        .map_err(|_| PyRuntimeError::new_err("model state is poisoned by an earlier internal panic"))
+    m.lock().map_err(|failure| match failure {
+        LockFailure::Poisoned => PyRuntimeError::new_err("model state is poisoned by an earlier internal panic"),
+        LockFailure::HeldAtFork => PyRuntimeError::new_err(
+            "this model was in use by another thread when the process was forked, so its state in this child \
+             process may be half-updated and cannot be used; fork while no update is running, or create or \
+             load the model in the child",
+        ),
+    })
+}
+
+/// Refuse arrays that an ndarray view (strides counted in items) cannot describe: a byte stride that is
+/// not a multiple of the item size (e.g. a float field of a packed record array) or a data pointer not
+/// aligned to the item. rust-numpy would divide such strides by the item size, rounding down, and read
+/// the wrong addresses. The Python wrappers copy such arrays before they reach the engines
+/// (`onlinefa._validation.core_readable`); this is the engines' own guard.
+fn check_layout<T: Element, D: Dimension>(arr: &Bound<'_, PyArray<T, D>>, what: &str) -> PyResult<()> {
+    if addressable(arr) {
+        Ok(())
+    } else {
+        let item = std::mem::size_of::<T>();
+        Err(PyValueError::new_err(format!(
+            "{what} cannot be read in place: its byte strides {:?} are not multiples of the {item}-byte item \
+             size or its data is not {item}-byte aligned; pass a copy, e.g. numpy.array({what}, order='C')",
+            arr.strides()
+        )))
+    }
+}
+
+/// Whether an ndarray view (strides in items, aligned pointer) describes `arr` (see [`check_layout`]).
+fn addressable<T: Element, D: Dimension>(arr: &Bound<'_, PyArray<T, D>>) -> bool {
+    let item = std::mem::size_of::<T>();
+    let strides_in_items = arr
+        .shape()
+        .iter()
+        .zip(arr.strides())
+        .all(|(&len, &stride)| len <= 1 || stride.unsigned_abs() % item == 0);
+    strides_in_items && (arr.is_empty() || (arr.data() as usize) % std::mem::align_of::<T>() == 0)
+}
+
+/// An owned copy of an array of any layout (for inputs that are copied anyway: initial values, saved
+/// states): read in place when a view can describe it, else through a C-contiguous copy made by NumPy.
+fn owned_copy<T: Element + Copy, D: Dimension>(arr: &Bound<'_, PyArray<T, D>>) -> PyResult<Array<T, D>> {
+    if addressable(arr) {
+        return Ok(arr.readonly().as_array().to_owned());
+    }
+    let copy = arr.call_method1("copy", ("C",))?.cast_into::<PyArray<T, D>>()?;
+    Ok(copy.readonly().as_array().to_owned())
+}
+
+/// The ndarray view of a borrowed NumPy array, after [`check_layout`].
+fn checked_view<'a, T: Element, D: Dimension>(
+    arr: &'a PyReadonlyArray<'_, T, D>,
+    what: &str,
+) -> PyResult<ArrayView<'a, T, D>> {
+    check_layout(arr, what)?;
+    Ok(arr.as_array())
 }
 
 /// `init` if given, else orthonormal loadings drawn with `seed` (§4.4).
@@ -35,7 +94,7 @@ fn initial_loadings(
     seed: Option<u64>,
 ) -> PyResult<Array2<f64>> {
     match init {
-        Some(a) => Ok(a.as_array().to_owned()),
+        Some(a) => owned_copy(&a),
         None => {
             if n_components < 1 || n_components >= n_features {
                 // Leave the message to the core's validation (same wording for both paths).
@@ -87,9 +146,9 @@ fn dict_to_state(dict: &Bound<'_, PyDict>) -> PyResult<StateMap> {
         } else if value.is_instance_of::<PyString>() {
             StateValue::Text(value.extract()?)
         } else if let Ok(a) = value.cast::<PyArrayDyn<f64>>() {
-            StateValue::F64(a.shape().to_vec(), a.readonly().as_array().iter().copied().collect())
+            StateValue::F64(a.shape().to_vec(), owned_copy(a)?.iter().copied().collect())
         } else if let Ok(a) = value.cast::<PyArrayDyn<f32>>() {
-            StateValue::F32(a.shape().to_vec(), a.readonly().as_array().iter().copied().collect())
+            StateValue::F32(a.shape().to_vec(), owned_copy(a)?.iter().copied().collect())
         } else {
             return Err(PyValueError::new_err(format!(
                 "invalid state: entry `{key}` must be a float32/float64 array or a Python scalar"
@@ -120,14 +179,14 @@ macro_rules! update_from_any {
     ($self:ident, $py:ident, $x:ident) => {{
         if let Ok(arr) = $x.cast::<PyArray2<f64>>() {
             let ro = arr.readonly();
-            let view: ArrayView2<f64> = ro.as_array();
+            let view: ArrayView2<f64> = checked_view(&ro, "X")?;
             $py.detach(|| -> PyResult<()> {
                 let mut guard = lock(&$self.inner)?;
                 with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
             })
         } else if let Ok(arr) = $x.cast::<PyArray2<f32>>() {
             let ro = arr.readonly();
-            let view: ArrayView2<f32> = ro.as_array();
+            let view: ArrayView2<f32> = checked_view(&ro, "X")?;
             $py.detach(|| -> PyResult<()> {
                 let mut guard = lock(&$self.inner)?;
                 with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
@@ -200,6 +259,26 @@ macro_rules! model_methods {
                     py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.noise_variance())))?;
                 Ok(v.into_pyarray(py))
             }
+
+            /// Whether warm-up is over (loadings and noise variances fitted rather than initial).
+            #[getter]
+            fn is_fitted(&self, py: Python<'_>) -> PyResult<bool> {
+                py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.is_fitted())))
+            }
+
+            /// (n_seen, mean, loadings, noise_variance) read under one lock: one consistent state.
+            #[allow(clippy::type_complexity)]
+            fn snapshot<'py>(
+                &self,
+                py: Python<'py>,
+            ) -> PyResult<(u64, Bound<'py, PyArray1<f64>>, Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>)> {
+                let (t, mean, f, psi) = py.detach(|| {
+                    Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => {
+                        (m.n_seen(), m.mean(), m.loadings(), m.noise_variance())
+                    }))
+                })?;
+                Ok((t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
+            }
         }
     };
 }
@@ -213,7 +292,7 @@ pub struct OnlineEMCore {
 model_methods!(OnlineEMCore, {
     #[new]
     #[pyo3(signature = (n_features, n_components, *, init, seed, n_warmup, noise_floor, dtype,
-                        schedule, tau0, kappa, rho, whiten))]
+                        schedule, tau0, kappa, rho, whiten, scaling))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -229,6 +308,7 @@ model_methods!(OnlineEMCore, {
         kappa: f64,
         rho: f64,
         whiten: bool,
+        scaling: &str,
     ) -> PyResult<Self> {
         let step_size = step_size(schedule, tau0, kappa, rho)?;
         let config = EmConfig {
@@ -236,6 +316,7 @@ model_methods!(OnlineEMCore, {
             noise_floor,
             step_size,
             whiten,
+            scaling: Scaling::parse(scaling).map_err(to_py_err)?,
         };
         let init = initial_loadings(init, n_features, n_components, seed)?;
         let inner = py.detach(|| match dtype {
@@ -261,7 +342,7 @@ pub struct OnlineSGACore {
 model_methods!(OnlineSGACore, {
     #[new]
     #[pyo3(signature = (n_features, n_components, *, init, seed, lr, n_warmup, noise_floor, dtype,
-                        schedule, tau0, kappa, rho))]
+                        schedule, tau0, kappa, rho, scaling))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -277,6 +358,7 @@ model_methods!(OnlineSGACore, {
         tau0: f64,
         kappa: f64,
         rho: f64,
+        scaling: &str,
     ) -> PyResult<Self> {
         let step_size = step_size(schedule, tau0, kappa, rho)?;
         let config = SgaConfig {
@@ -284,6 +366,7 @@ model_methods!(OnlineSGACore, {
             n_warmup,
             noise_floor,
             step_size,
+            scaling: Scaling::parse(scaling).map_err(to_py_err)?,
         };
         let init = initial_loadings(init, n_features, n_components, seed)?;
         let inner = py.detach(|| match dtype {
@@ -340,14 +423,14 @@ pub struct VIFACore {
 fn vifa_step_any(core: &VIFACore, py: Python<'_>, grads: &Bound<'_, PyAny>) -> PyResult<()> {
     if let Ok(arr) = grads.cast::<PyArray2<f64>>() {
         let ro = arr.readonly();
-        let view: ArrayView2<f64> = ro.as_array();
+        let view: ArrayView2<f64> = checked_view(&ro, "grad")?;
         py.detach(|| -> PyResult<()> {
             let mut guard = lock(&core.inner)?;
             with_model!(&mut *guard, m => m.step(view)).map_err(to_py_err)
         })
     } else if let Ok(arr) = grads.cast::<PyArray2<f32>>() {
         let ro = arr.readonly();
-        let view: ArrayView2<f32> = ro.as_array();
+        let view: ArrayView2<f32> = checked_view(&ro, "grad")?;
         py.detach(|| -> PyResult<()> {
             let mut guard = lock(&core.inner)?;
             with_model!(&mut *guard, m => m.step(view)).map_err(to_py_err)
@@ -397,15 +480,17 @@ impl VIFACore {
             clip_grad_norm,
         };
         let loadings = match init {
-            Some(a) => a.as_array().to_owned(),
+            Some(a) => owned_copy(&a)?,
             None => {
                 validate_vifa_dims(n_features, n_components).map_err(to_py_err)?;
                 py.detach(|| orthonormal_loadings(n_features, n_components, seed))
                     .map_err(to_py_err)?
             }
         };
-        let mean = init_mean.as_ref().map(|a| a.as_array());
-        let noise_variance = init_noise_variance.as_ref().map(|a| a.as_array());
+        let init_mean = init_mean.as_ref().map(|a| owned_copy(a)).transpose()?;
+        let init_noise_variance = init_noise_variance.as_ref().map(|a| owned_copy(a)).transpose()?;
+        let mean = init_mean.as_ref().map(|a| a.view());
+        let noise_variance = init_noise_variance.as_ref().map(|a| a.view());
         let inner = py.detach(|| {
             let start = VifaInit {
                 loadings: loadings.view(),
@@ -636,7 +721,7 @@ impl VBFACore {
             init_noise_ratio,
             seed,
         )?;
-        let view = x.as_array();
+        let view = checked_view(&x, "X")?;
         let model = py
             .detach(|| crate::vbfa::VbfaBatch::new(view, config))
             .map_err(to_py_err)?;
@@ -759,7 +844,7 @@ impl VBFACore {
 
     /// E_q[h] of new rows (NaN = missing).
     fn latent_means<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let view = x.as_array();
+        let view = checked_view(&x, "X")?;
         Ok(self.with(py, |m| m.latent_means(view))?.into_pyarray(py))
     }
 }
@@ -827,7 +912,7 @@ impl OnlineVBFACore {
 
     /// Process one mini-batch of complete rows.
     fn partial_fit(&self, py: Python<'_>, x: PyReadonlyArray2<'_, f64>) -> PyResult<()> {
-        let view = x.as_array();
+        let view = checked_view(&x, "X")?;
         self.with(py, |m| m.partial_fit(view))
     }
 
@@ -870,7 +955,7 @@ impl OnlineVBFACore {
 
     /// E_q[h] of complete rows.
     fn latent_means<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let view = x.as_array();
+        let view = checked_view(&x, "X")?;
         Ok(self.with(py, |m| m.latent_means(view))?.into_pyarray(py))
     }
 }
@@ -885,10 +970,10 @@ fn vbfa_log_likelihood<'py>(
     noise_variance: numpy::PyReadonlyArray1<'_, f64>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let (x, c, f, psi) = (
-        x.as_array(),
-        mean.as_array(),
-        loadings.as_array(),
-        noise_variance.as_array(),
+        checked_view(&x, "X")?,
+        checked_view(&mean, "mean")?,
+        checked_view(&loadings, "loadings")?,
+        checked_view(&noise_variance, "noise_variance")?,
     );
     let out = py
         .detach(|| crate::vbfa::plugin_log_likelihood(x, c, f, psi))

@@ -7,6 +7,8 @@ pub trait Real: Copy + Send + Sync + Default + PartialOrd + std::fmt::Debug + 's
     const MAX_INPUT: f64;
     /// Largest magnitude a stored loading or variance may take (products of two stay finite).
     const MAX_STATE: f64;
+    /// Smallest value a relative noise floor may reach (keeps 1/ψ finite in this type's range).
+    const MIN_FLOOR: f64;
     /// Short dtype name ("float32"/"float64").
     const NAME: &'static str;
     /// Widen to `f64` (exact).
@@ -18,6 +20,7 @@ pub trait Real: Copy + Send + Sync + Default + PartialOrd + std::fmt::Debug + 's
 impl Real for f64 {
     const MAX_INPUT: f64 = 1e100;
     const MAX_STATE: f64 = 1e150;
+    const MIN_FLOOR: f64 = 1e-200;
     const NAME: &'static str = "float64";
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -32,6 +35,7 @@ impl Real for f64 {
 impl Real for f32 {
     const MAX_INPUT: f64 = 1e18;
     const MAX_STATE: f64 = 1e18;
+    const MIN_FLOOR: f64 = 1e-30;
     const NAME: &'static str = "float32";
     #[inline(always)]
     fn to_f64(self) -> f64 {

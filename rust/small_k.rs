@@ -119,6 +119,7 @@ fn sga_step<const K: usize>(
     m: &[f64],
     lr: f64,
     floor: f64,
+    precondition: bool,
     max_state: f64,
     nb: usize,
 ) {
@@ -134,8 +135,10 @@ fn sga_step<const K: usize>(
             fp_f += fp_row[j] * f_row[j];
         }
         let grad_beta = 0.5 * inv_psi * (di * di - 2.0 * di * f_m + fp_f) - 0.5;
+        // ∇F (4.24), or ψ ⊙ ∇F = d mᵀ − F P when preconditioned.
+        let f_scale = if precondition { 1.0 } else { inv_psi };
         for j in 0..K {
-            let grad_f = inv_psi * (di * mm[j] - fp_row[j]);
+            let grad_f = f_scale * (di * mm[j] - fp_row[j]);
             f_row[j] = (f_row[j] + lr * grad_f).clamp(-max_state, max_state);
         }
         *p = (*p * (lr * grad_beta).min(700.0).exp()).clamp(floor, max_state);
@@ -168,7 +171,8 @@ multiversion!(add_outer_dispatch, add_outer_avx2, add_outer_products, (y: &[f64]
 multiversion!(row_dots_dispatch, row_dots_avx2, row_dots, (x: &[f64], y: &[f64], out: &mut [f64], nb: usize));
 multiversion!(rank_one_dispatch, rank_one_avx2, rank_one_update, (a: &mut [f64], d: &[f64], m: &[f64], rho: f64, nb: usize));
 multiversion!(sga_step_dispatch, sga_step_avx2, sga_step,
-    (f: &mut [f64], fp: &[f64], psi: &mut [f64], d: &[f64], m: &[f64], lr: f64, floor: f64, max_state: f64, nb: usize));
+    (f: &mut [f64], fp: &[f64], psi: &mut [f64], d: &[f64], m: &[f64], lr: f64, floor: f64, precondition: bool,
+     max_state: f64, nb: usize));
 multiversion!(estep_sums_dispatch, estep_sums_avx2, estep_sums,
     (f: &[f64], psi: &[f64], d: &[f64], y: &mut [f64], u: &mut [f64], s: &mut [f64], nb: usize));
 
@@ -231,10 +235,14 @@ pub(crate) fn try_sga_step(
     m: &[f64],
     lr: f64,
     floor: f64,
+    precondition: bool,
     max_state: f64,
     nb: usize,
 ) -> bool {
-    by_k!(k, sga_step_dispatch(f, fp, psi, d, m, lr, floor, max_state, nb));
+    by_k!(
+        k,
+        sga_step_dispatch(f, fp, psi, d, m, lr, floor, precondition, max_state, nb)
+    );
     true
 }
 

@@ -64,6 +64,29 @@ def assert_hidden_state_intact(model: Any, twin: Any, fa_stream: StreamFactory, 
         assert rel_err(getattr(model, name), getattr(twin, name)) <= TWIN_RTOL, name
 
 
+@pytest.fixture(scope="session")
+def snapshot() -> Snapshot:
+    """Copies of every observable state array plus ``n_seen``, also during warm-up.
+
+    Overrides the shared fixture: before warm-up ends ``loadings``/``noise_variance`` raise
+    ``NotFittedError``, so the (F, ψ) the next E-step will use come from ``initial_parameters()``.
+    """
+
+    def take(model: Any) -> dict[str, Any]:
+        if model.is_fitted:
+            loadings, noise_variance = model.loadings, model.noise_variance
+        else:
+            loadings, noise_variance = model.initial_parameters()
+        return {
+            "mean": np.array(model.mean, copy=True),
+            "loadings": np.array(loadings, copy=True),
+            "noise_variance": np.array(noise_variance, copy=True),
+            "n_seen": int(model.n_seen),
+        }
+
+    return take
+
+
 def mentions_number(message: str, number: int) -> bool:
     """Whether ``number`` appears in ``message`` as a whole number (not inside a longer one)."""
     return re.search(rf"(?<![\d.]){number}(?![\d.])", message) is not None
@@ -243,8 +266,12 @@ def test_unknown_dtype_is_rejected(model_class: str) -> None:
 def test_valid_edge_hyper_parameters_are_accepted(model_class: str) -> None:
     """The boundaries just inside the valid region: K = D − 1, K = 1, no warm-up."""
     cls = getattr(onlinefa, model_class)
-    assert np.asarray(cls(5, 4, n_warmup=0, seed=0).loadings).shape == (5, 4)
-    assert np.asarray(cls(2, 1, n_warmup=0, seed=0).loadings).shape == (2, 1)
+    for n_features, n_components in ((5, 4), (2, 1)):
+        model = cls(n_features, n_components, n_warmup=0, seed=0)
+        assert np.asarray(model.initial_parameters()[0]).shape == (n_features, n_components)
+        model.update(np.arange(1.0, n_features + 1.0))
+        assert model.is_fitted
+        assert np.asarray(model.loadings).shape == (n_features, n_components)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,8 +375,10 @@ def test_integer_input_is_converted(model_class: str, rel_err: RelErr) -> None:
 
 @pytest.mark.parametrize("model_class", MODEL_CLASSES)
 @pytest.mark.parametrize("method", ["log_prob", "transform"])
-def test_queries_reject_wrong_width_and_non_numeric(model_class: str, method: str) -> None:
-    model = new_model(model_class)
+def test_queries_reject_wrong_width_and_non_numeric(
+    model_class: str, method: str, fa_stream: StreamFactory
+) -> None:
+    model, _ = warmed_up_pair(model_class, fa_stream)
     with pytest.raises(ValueError) as excinfo:
         getattr(model, method)(np.ones((3, N_FEATURES + 1)))
     assert mentions_number(str(excinfo.value), N_FEATURES), str(excinfo.value)
@@ -358,7 +387,7 @@ def test_queries_reject_wrong_width_and_non_numeric(model_class: str, method: st
 
 
 @pytest.mark.parametrize("model_class", MODEL_CLASSES)
-def test_sample_rejects_negative_count(model_class: str) -> None:
-    model = new_model(model_class)
+def test_sample_rejects_negative_count(model_class: str, fa_stream: StreamFactory) -> None:
+    model, _ = warmed_up_pair(model_class, fa_stream)
     with pytest.raises(ValueError):
         model.sample(-1, seed=0)

@@ -84,7 +84,7 @@ def assert_same_state(left: dict[str, Any], right: dict[str, Any]) -> None:
 @pytest.mark.parametrize(("algorithm", "engine", "options", "engine_options"), [
     # Defaults: EM with whitening and the κ = 0.9 power schedule, SGA with the thesis's 1/t.
     ("em", onlinefa.OnlineEM, {}, {"whiten": True, "schedule": "power", "kappa": 0.9}),
-    ("em", onlinefa.OnlineEM, {"whiten": False, "schedule": "harmonic"}, {}),  # thesis Algorithm 2
+    ("em", onlinefa.OnlineEM, {"whiten": False, "schedule": "harmonic"}, {"whiten": False, "schedule": "harmonic"}),
     ("em", onlinefa.OnlineEM, {"schedule": "constant", "rho": 0.05}, {"whiten": True, "schedule": "constant", "rho": 0.05}),
     ("sga", onlinefa.OnlineSGA, {"lr": 5e-3}, {"lr": 5e-3}),
     ("sga", onlinefa.OnlineSGA, {"schedule": "power", "kappa": 0.8, "tau0": 3.0},

@@ -76,11 +76,12 @@ def test_recorded_values_match_an_independent_rerun(tiny_run: Path) -> None:
     stream = sample_fa(c, loadings, psi, 300, seed=rng)
     true_cov = loadings @ loadings.T + np.diag(psi)
     batch = FactorAnalysis(n_components=2, svd_method="randomized", random_state=6).fit(stream)
-    em = onlinefa.OnlineEM(12, 2, n_warmup=100, seed=6)
+    em = onlinefa.OnlineEM.algorithm2(12, 2, n_warmup=100, seed=6)
     em.update(stream)
-    sga = onlinefa.OnlineSGA(12, 2, lr=1e-3, n_warmup=100, seed=6)
+    sga = onlinefa.OnlineSGA.algorithm1(12, 2, lr=1e-3, n_warmup=100, seed=6)
     sga.update(stream)
-    whitened = onlinefa.OnlineEM(12, 2, n_warmup=100, seed=6, whiten=True, schedule="power", kappa=0.9)
+    whitened = onlinefa.OnlineEM(12, 2, n_warmup=100, seed=6, whiten=True, schedule="power", kappa=0.9,
+                                 scaling="unit")
     whitened.update(stream)
     estimates = {
         "batch": (batch.mean_, batch.get_covariance()),

@@ -72,12 +72,26 @@ def test_log_prob_matches_scipy(model_class: str, fa_stream: StreamFactory) -> N
     np.testing.assert_allclose(got, expected, rtol=DENSE_RTOL)
 
 
-def test_log_prob_of_fresh_model_is_standard_form() -> None:
-    """Before any update: mean 0, covariance F Fᵀ + I with orthonormal F (closed form per row)."""
-    model = onlinefa.OnlineEM(5, 2, seed=0)
+@pytest.mark.parametrize("model_class", MODEL_CLASSES)
+def test_queries_in_warm_up_raise_not_fitted(model_class: str) -> None:
+    """In warm-up the fitted Gaussian is refused; the mean and the thesis start (Q, ψ = 1) are available."""
+    model = getattr(onlinefa, model_class)(5, 2, n_warmup=3, seed=0, scaling="unit")
+    model.update(np.ones((3, 5)))  # n_seen = n_warmup: still warming up
+    assert not model.is_fitted
     queries = np.random.default_rng(1).standard_normal((4, 5))
-    expected = stats.multivariate_normal(mean=np.zeros(5), cov=dense_covariance(model)).logpdf(queries)
-    np.testing.assert_allclose(np.asarray(model.log_prob(queries)), expected, rtol=DENSE_RTOL)
+    calls = {
+        "loadings": lambda: model.loadings, "noise_variance": lambda: model.noise_variance,
+        "log_prob": lambda: model.log_prob(queries), "transform": lambda: model.transform(queries),
+        "sample": lambda: model.sample(3, seed=0), "covariance": lambda: model.covariance(),
+    }
+    for name, call in calls.items():
+        with pytest.raises(onlinefa.NotFittedError):
+            call()
+        assert issubclass(onlinefa.NotFittedError, ValueError), name
+    np.testing.assert_array_equal(np.asarray(model.mean), np.ones(5))
+    loadings, noise = (np.asarray(a, dtype=np.float64) for a in model.initial_parameters())
+    np.testing.assert_allclose(loadings.T @ loadings, np.eye(2), atol=1e-12)
+    np.testing.assert_array_equal(noise, np.ones(5))
 
 
 @pytest.mark.parametrize("model_class", MODEL_CLASSES)
@@ -139,7 +153,10 @@ def test_sample_mean_and_covariance_match_model(model_class: str, fa_stream: Str
 
 def test_sample_of_fresh_model_has_zero_mean() -> None:
     """Fresh model: N(0, F Fᵀ + I); each coordinate mean has sd ≤ sqrt(2/n) ≈ 0.01, bound 6 sd."""
-    draws = np.asarray(onlinefa.OnlineSGA(5, 2, seed=1).sample(20000, seed=3))
+    model = onlinefa.OnlineSGA.algorithm1(5, 2, n_warmup=0, seed=1)
+    model.update(np.zeros(5))  # one zero row: fitted, running mean still exactly 0
+    np.testing.assert_array_equal(np.asarray(model.mean), np.zeros(5))
+    draws = np.asarray(model.sample(20000, seed=3))
     assert np.abs(draws.mean(axis=0)).max() < 6 * np.sqrt(2 / 20000)
 
 
@@ -157,7 +174,8 @@ def test_covariance_limit_is_documented(model_class: str) -> None:
 
 def test_covariance_refuses_above_limit_unless_forced() -> None:
     too_many = DOCUMENTED_DENSE_LIMIT + 1
-    model = onlinefa.OnlineEM(too_many, 1, seed=0)
+    model = onlinefa.OnlineEM.algorithm2(too_many, 1, n_warmup=0, seed=0)
+    model.update(np.random.default_rng(1).standard_normal((2, too_many)))
     with pytest.raises(ValueError) as excinfo:
         model.covariance()
     assert str(DOCUMENTED_DENSE_LIMIT) in str(excinfo.value)
@@ -165,7 +183,8 @@ def test_covariance_refuses_above_limit_unless_forced() -> None:
     assert forced.shape == (too_many, too_many)
     # Spot-check instead of a second dense D×D matrix: the diagonal and a few random entries.
     column = np.asarray(model.loadings)[:, 0]
-    np.testing.assert_allclose(np.diag(forced), column**2 + 1.0, rtol=1e-15)
+    noise = np.asarray(model.noise_variance)
+    np.testing.assert_allclose(np.diag(forced), column**2 + noise, rtol=1e-15)
     rows, cols = np.random.default_rng(0).integers(0, too_many, size=(2, 50))
     off_diagonal = rows != cols
     np.testing.assert_allclose(
@@ -174,5 +193,6 @@ def test_covariance_refuses_above_limit_unless_forced() -> None:
 
 
 def test_covariance_at_limit_needs_no_force() -> None:
-    model = onlinefa.OnlineSGA(DOCUMENTED_DENSE_LIMIT, 1, seed=0)
+    model = onlinefa.OnlineSGA.algorithm1(DOCUMENTED_DENSE_LIMIT, 1, n_warmup=0, seed=0)
+    model.update(np.random.default_rng(1).standard_normal(DOCUMENTED_DENSE_LIMIT))
     assert np.asarray(model.covariance()).shape == (DOCUMENTED_DENSE_LIMIT, DOCUMENTED_DENSE_LIMIT)

@@ -126,9 +126,15 @@ def assert_valid_model(model: Any) -> None:
             return
         model = model._model
     assert np.isfinite(model.mean).all()
-    assert np.isfinite(model.loadings).all()
-    assert np.isfinite(model.noise_variance).all() and (model.noise_variance > 0).all()
-    assert np.isfinite(model.covariance()).all()
+    if model.is_fitted:
+        loadings, noise_variance = model.loadings, model.noise_variance
+        assert np.isfinite(model.covariance()).all()
+    else:  # warm-up: the fitted Gaussian is refused, the initialisation must still be valid
+        loadings, noise_variance = model.initial_parameters()
+        with pytest.raises(onlinefa.NotFittedError):
+            model.covariance()
+    assert np.isfinite(loadings).all()
+    assert np.isfinite(noise_variance).all() and (noise_variance > 0).all()
     for value in model._core.get_state().values():
         if isinstance(value, np.ndarray):
             assert np.isfinite(value).all()
@@ -280,7 +286,7 @@ def test_constructors_build_valid_models_or_raise(model_class: str, kwargs: dict
     except CLEAR_ERRORS:
         return
     assert_valid_model(model)
-    assert model.loadings.shape == (model.n_features, model.n_components)
+    assert model.initial_parameters()[0].shape == (model.n_features, model.n_components)
     call_and_check(model, lambda: model.update(np.random.default_rng(0).standard_normal((5, model.n_features))))
 
 
@@ -404,7 +410,8 @@ def test_float32_on_badly_scaled_data_stays_valid(model_class: str) -> None:
 def test_em_constant_feature_gets_the_noise_floor_and_no_loading() -> None:
     # Online EM: d_t = 0 for a constant feature, so its rows of Ā and d̄² stay exactly 0, its loading
     # is 0 and ψ = d̄² − rowsum(F ⊙ Ā) = 0 is replaced by the floor — as documented.
-    model = onlinefa.OnlineEM(SCALES.size, 2, seed=0, dtype="float32", noise_floor=1e-7)
+    # scaling="unit" keeps the thesis' absolute floor (the data-relative floor is tested below).
+    model = onlinefa.OnlineEM(SCALES.size, 2, seed=0, dtype="float32", noise_floor=1e-7, scaling="unit")
     for batch in badly_scaled_batches(1):
         model.update(batch)
     assert model.noise_variance[-1] == 1e-7
@@ -415,3 +422,23 @@ def test_em_constant_feature_gets_the_noise_floor_and_no_loading() -> None:
     true_variance = (np.sum(mixing**2, axis=0) + 1.0) * SCALES**2
     model_variance = np.diag(model.covariance())
     np.testing.assert_allclose(model_variance[:-1], true_variance[:-1], rtol=0.05)
+
+
+def test_em_constant_feature_gets_the_data_relative_noise_floor() -> None:
+    # scaling="data" (default): the floor is noise_floor·σ̂², σ̂² the mean over features of the running
+    # squared deviations d̄². The stream is stationary, so σ̂² estimates the mean of the true feature
+    # variances; with the power schedule (κ = 0.9) at t = 1e5 the effective window is ≳ 1e4 samples of a
+    # sum dominated by the σ = 1e3 feature, relative standard error ≲ sqrt(2/1e4) = 1.4%; 5% is > 3 of them.
+    noise_floor = 1e-7
+    model = onlinefa.OnlineEM(SCALES.size, 2, seed=0, dtype="float32", noise_floor=noise_floor)
+    for batch in badly_scaled_batches(1):
+        model.update(batch)
+    mixing = mixing_matrix(1)
+    true_variance = (np.sum(mixing**2, axis=0) + 1.0) * SCALES**2
+    expected_floor = noise_floor * float(np.mean(true_variance))
+    assert (model.loadings[-1] == 0.0).all()
+    np.testing.assert_allclose(model.noise_variance[-1], expected_floor, rtol=0.05)
+    # Exactly max(noise_floor·mean(d̄²), tiny), rounded to the float32 state.
+    dsq_bar = np.asarray(model._core.get_state()["dsq_bar"], dtype=np.float64)
+    exact_floor = max(noise_floor * float(np.mean(dsq_bar)), float(np.finfo(np.float32).tiny))
+    np.testing.assert_allclose(model.noise_variance[-1], exact_floor, rtol=1e-6)

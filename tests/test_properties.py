@@ -115,9 +115,11 @@ def check_noise_positive_after_every_row(model: Any, stream: npt.NDArray[np.floa
     """Feed ``stream`` row by row; ψ must be finite and > 0 (and F finite) after each row."""
     for row in stream:
         model.update(row)
-        noise = np.asarray(model.noise_variance)
+        # During warm-up the fitted values are refused; the initialisation the E-step uses must be valid.
+        loadings, noise = model.snapshot()[1:] if model.is_fitted else model.initial_parameters()
+        noise = np.asarray(noise)
         assert np.all(np.isfinite(noise)) and np.all(noise > 0), noise
-        assert np.all(np.isfinite(model.loadings))
+        assert np.all(np.isfinite(loadings))
 
 
 @PROPERTY_SETTINGS
@@ -178,7 +180,7 @@ def check_float32_matches_float64(
 ) -> None:
     """Both models get identical float32-representable inputs and init; only state precision differs."""
     stream32 = stream.astype(np.float32)
-    init = np.asarray(build(model_class, case).loadings, dtype=np.float32).astype(np.float64)
+    init = np.asarray(build(model_class, case).initial_parameters()[0], dtype=np.float32).astype(np.float64)
     single = build(model_class, case, init=init, dtype="float32")
     double = build(model_class, case, init=init, dtype="float64")
     single.update(stream32)

@@ -1,4 +1,4 @@
-"""OnlineEM's whitening (PX-EM) step and step-size schedules (issue 7; derivation in docs/whitening.md).
+"""OnlineEM's whitening (PX-EM) step and step-size schedules (derivation in docs/whitening.md).
 
 References used here, all independent of the Rust core:
 
@@ -8,6 +8,9 @@ References used here, all independent of the Rust core:
   (the thesis transcription shared by the suite);
 * closed-form identities of the step (F' F'ᵀ = F H̄ Fᵀ, ψ' = ψ, H̄' = I) checked on the Rust state itself;
 * a NumPy exponential-moving-average transcription of each schedule, compared with the running mean.
+
+The NumPy transcriptions are of the unit-scale algorithm (F₀ = Q, ψ₀ = 1, running mean on the schedule), so
+OnlineEM is built with ``scaling="unit"`` wherever it is compared with them.
 
 Tolerances follow tests/test_online_parity.py: ``PARITY_RTOL = 1e-10`` (norm-wise relative) between two
 float64 implementations of the same recursion, justified per configuration by
@@ -144,12 +147,25 @@ class WhitenedReferenceEM:
                 self.B_bar = self.identity - sigma  # so that H̄ = Σ + B̄ = I
 
 
+def read_state(model: Any) -> dict[str, FloatArray]:
+    """Copies of mean, F and ψ; during an OnlineEM warm-up F and ψ are those its next E-step uses."""
+    if isinstance(model, onlinefa.OnlineEM) and not model.is_fitted:
+        loadings, noise_variance = model.initial_parameters()
+    else:
+        loadings, noise_variance = model.loadings, model.noise_variance
+    return {
+        "mean": np.array(model.mean, dtype=np.float64),
+        "loadings": np.array(loadings, dtype=np.float64),
+        "noise_variance": np.array(noise_variance, dtype=np.float64),
+    }
+
+
 def feed(model: Any, stream: FloatArray, points: list[int]) -> list[dict[str, FloatArray]]:
     """Feed ``stream`` in batches ending at each of ``points``; copy mean, F and ψ after each."""
     snaps, start = [], 0
     for stop in points:
         model.update(stream[start:stop])
-        snaps.append({name: np.array(getattr(model, name), dtype=np.float64) for name in STATE_NAMES})
+        snaps.append(read_state(model))
         start = stop
     return snaps
 
@@ -221,7 +237,9 @@ def test_online_em_matches_whitened_reference(
     init = explicit_init(n_features, n_components, n_features)
     points = points_for(n_warmup, n_samples)
     options = SCHEDULES[schedule]
-    model = onlinefa.OnlineEM(n_features, n_components, n_warmup=n_warmup, init=init, whiten=whiten, **options)
+    model = onlinefa.OnlineEM(
+        n_features, n_components, n_warmup=n_warmup, init=init, whiten=whiten, scaling="unit", **options
+    )
     expected = feed(WhitenedReferenceEM(init, n_warmup, whiten=whiten, **options), stream, points)
     assert min(float(s["noise_variance"].min()) for s in expected) > 1e-3  # floor inactive: parity expected
     assert_snaps_close(feed(model, stream, points), expected, PARITY_RTOL, rel_err)
@@ -241,23 +259,23 @@ def test_whitened_reference_without_whitening_is_the_thesis_reference(
 
 
 @pytest.mark.parametrize(("n_features", "n_components", "n_warmup", "n_samples"), CONFIGS)
-def test_defaults_are_exactly_the_thesis_algorithm(
+def test_algorithm2_is_exactly_the_thesis_algorithm(
     n_features: int, n_components: int, n_warmup: int, n_samples: int,
     fa_stream: StreamFactory, explicit_init: InitFactory, rel_err: RelErr,
 ) -> None:  # fmt: skip
-    """whiten=False with ρ_t = 1/t is Algorithm 2: equal to the thesis reference, identical to the defaults."""
+    """whiten=False, ρ_t = 1/t and unit scaling is Algorithm 2: the thesis reference, identical to algorithm2()."""
     stream = fa_stream(n_features, n_components, n_samples, 9 * n_features)
     init = explicit_init(n_features, n_components, 2 * n_features)
     points = points_for(n_warmup, n_samples)
     explicit = onlinefa.OnlineEM(
-        n_features, n_components, n_warmup=n_warmup, init=init, whiten=False, schedule="harmonic"
+        n_features, n_components, n_warmup=n_warmup, init=init, whiten=False, schedule="harmonic", scaling="unit"
     )
-    default = onlinefa.OnlineEM(n_features, n_components, n_warmup=n_warmup, init=init)
+    thesis = onlinefa.OnlineEM.algorithm2(n_features, n_components, n_warmup=n_warmup, init=init)
     got = feed(explicit, stream, points)
     assert_snaps_close(got, feed(ReferenceOnlineEM(init, n_warmup), stream, points), PARITY_RTOL, rel_err)
-    for got_state, default_state in zip(got, feed(default, stream, points), strict=True):
+    for got_state, thesis_state in zip(got, feed(thesis, stream, points), strict=True):
         for name in STATE_NAMES:
-            np.testing.assert_array_equal(got_state[name], default_state[name])
+            np.testing.assert_array_equal(got_state[name], thesis_state[name])
 
 
 # ------------------------------------------------------------------- the step itself, on the Rust state
@@ -369,34 +387,51 @@ def ema_mean(stream: FloatArray, schedule: dict[str, Any]) -> FloatArray:
     return mean
 
 
+MEAN_SCHEDULES: list[dict[str, Any]] = [
+    {"schedule": "harmonic"},
+    {"schedule": "power", "tau0": 0.0, "kappa": 0.6},
+    {"schedule": "power", "tau0": 50.0, "kappa": 1.0},
+    {"schedule": "power", "tau0": 10.0, "kappa": 0.8},
+    {"schedule": "constant", "rho": 0.2},
+    {"schedule": "constant", "rho": 1.0},
+]
+
+
 @pytest.mark.parametrize("model_class", ["OnlineEM", "OnlineSGA"])
-@pytest.mark.parametrize(
-    "schedule",
-    [
-        {"schedule": "harmonic"},
-        {"schedule": "power", "tau0": 0.0, "kappa": 0.6},
-        {"schedule": "power", "tau0": 50.0, "kappa": 1.0},
-        {"schedule": "power", "tau0": 10.0, "kappa": 0.8},
-        {"schedule": "constant", "rho": 0.2},
-        {"schedule": "constant", "rho": 1.0},
-    ],
-)
-def test_running_mean_follows_the_schedule(
+@pytest.mark.parametrize("schedule", MEAN_SCHEDULES)
+def test_unit_scaling_running_mean_follows_the_schedule(
     model_class: str, schedule: dict[str, Any], fa_stream: StreamFactory, rel_err: RelErr
 ) -> None:
-    # ρ_t is observable through the running mean; a wrong exponent, a missing τ₀ or a missing 1/t floor
-    # changes it at the 1e-2 level, rounding at the 1e-15 level.
+    # Under scaling="unit" (the thesis), ρ_t is observable through the running mean; a wrong exponent, a
+    # missing τ₀ or a missing 1/t floor changes it at the 1e-2 level, rounding at the 1e-15 level.
     stream = fa_stream(8, 2, 400, 21)
-    model = getattr(onlinefa, model_class)(8, 2, seed=0, n_warmup=20, **schedule)
+    model = getattr(onlinefa, model_class)(8, 2, seed=0, n_warmup=20, scaling="unit", **schedule)
     for stop in (1, 7, 50, 400):
         model.update(stream[model.n_seen : stop])
         assert rel_err(model.mean, ema_mean(stream[:stop], schedule)) <= 1e-13
 
 
+@pytest.mark.parametrize("model_class", ["OnlineEM", "OnlineSGA"])
+@pytest.mark.parametrize("schedule", MEAN_SCHEDULES)
+def test_data_scaling_mean_is_the_sample_mean_whatever_the_schedule(
+    model_class: str, schedule: dict[str, Any], fa_stream: StreamFactory, rel_err: RelErr
+) -> None:
+    # Under the default scaling="data" the mean is the exact running average (θ_SWA) for every schedule:
+    # np.mean to rounding (t·eps at worst: 400 · 2.2e-16 ≈ 9e-14 < 1e-12), while every non-harmonic
+    # schedule's EMA differs from it at the 1e-2 level (test_unit_scaling_running_mean_follows_the_schedule).
+    stream = fa_stream(8, 2, 400, 21)
+    model = getattr(onlinefa, model_class)(8, 2, seed=0, n_warmup=20, **schedule)
+    for stop in (1, 7, 50, 400):
+        model.update(stream[model.n_seen : stop])
+        assert rel_err(model.mean, np.mean(stream[:stop], axis=0)) <= 1e-12
+
+
 def test_schedules_differ_from_each_other(fa_stream: StreamFactory, rel_err: RelErr) -> None:
-    # Guards the test above against a schedule argument that is silently ignored.
+    # Guards the unit-scaling test above against a schedule argument that is silently ignored.
     stream = fa_stream(8, 2, 400, 22)
-    means = [onlinefa.OnlineEM(8, 2, seed=0, **options).update(stream).mean for options in SCHEDULES.values()]
+    means = [
+        onlinefa.OnlineEM(8, 2, seed=0, scaling="unit", **options).update(stream).mean for options in SCHEDULES.values()
+    ]
     for i in range(len(means)):
         for j in range(i):
             assert rel_err(means[i], means[j]) > 1e-3
@@ -412,7 +447,8 @@ def test_constant_step_tracks_a_drifting_mean() -> None:
     times = np.arange(1, n_samples + 1)[:, None]
     stream = velocity * times + rng.standard_normal((n_samples, n_features))
     current = velocity * n_samples
-    tracking = onlinefa.OnlineEM(n_features, 2, seed=0, schedule="constant", rho=rho).update(stream)
+    tracking = onlinefa.OnlineEM(n_features, 2, seed=0, schedule="constant", rho=rho, scaling="unit").update(stream)
+    # The default (data scaling) keeps the exact running average 1/t whatever the schedule.
     harmonic = onlinefa.OnlineEM(n_features, 2, seed=0).update(stream)
     expected_lag = velocity * (1 - rho) / rho
     assert abs(float(np.mean(current - tracking.mean)) - expected_lag) < 0.1
@@ -451,7 +487,7 @@ def planted_stream(n_samples: int) -> FloatArray:
 
 
 #: The initial loadings of ``OnlineEM(30, 3, seed=2)`` (thesis §4.4 QR initialisation of the core).
-PLANTED_INIT = onlinefa.OnlineEM(30, 3, seed=2).loadings
+PLANTED_INIT = onlinefa.OnlineEM(30, 3, seed=2).initial_parameters()[0]
 
 
 def test_whitening_never_drives_noise_to_the_floor() -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._models import OnlineEM, OnlineSGA
+from ._models import NotFittedError, OnlineEM, OnlineSGA
 from .rotation import canonical_loadings
 from .vbfa import VBFA, OnlineVBFA
 from .vifa import VIFA
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings",
+    "NotFittedError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings",
 ]  # fmt: skip
 
 

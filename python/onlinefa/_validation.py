@@ -17,11 +17,30 @@ MAX_INT = 2**63 - 1
 MAX_ABS_VALUE = 1e100
 
 
-def as_sample_matrix(X: ArrayLike, n_features: int, dtype: DTypeLike | None = None) -> NDArray[Any]:
-    """Return ``X`` as an (n, D) float array, without copying when it already is float32/float64.
+def core_readable(arr: NDArray[Any]) -> NDArray[Any]:
+    """Return ``arr`` itself when the Rust core can read it in place, else a C-contiguous aligned copy.
 
-    Booleans, integers and float16 are converted once to float64; complex, object, string and other
-    non-real inputs raise TypeError. A 1-D input of length D is one sample. ``dtype`` forces a dtype.
+    The core addresses an array element by element: it needs native byte order, a data pointer aligned
+    to the item and every byte stride (of an axis longer than 1) a multiple of the item size. NumPy can
+    express other layouts — a float field of a packed record array (row stride 8·D + 4 bytes),
+    ``np.frombuffer`` at an odd offset, byte-swapped dtypes — and those are copied here, once, so every
+    layout is read as its values. C/F order, steps and negative strides are read without a copy.
+    """
+    itemsize = arr.dtype.itemsize
+    addressable = all(stride % itemsize == 0 for stride, length in zip(arr.strides, arr.shape) if length > 1)
+    if arr.dtype.isnative and arr.flags.aligned and addressable:
+        return arr
+    return np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C")
+
+
+def as_sample_matrix(X: ArrayLike, n_features: int, dtype: DTypeLike | None = None) -> NDArray[Any]:
+    """Return ``X`` as an (n, D) float array the core reads in place, without copying when it can.
+
+    float32/float64 arrays are kept as they are unless their layout needs a copy (see
+    :func:`core_readable`); booleans, integers and float16 are converted once to float64; complex,
+    object, string and other non-real inputs raise TypeError. A 1-D input of length D is one sample.
+    ``dtype`` forces a dtype and a C-contiguous result: it is used by the NumPy query helpers, whose
+    rounding would otherwise depend on the memory order of the input.
 
     Raises
     ------
@@ -40,17 +59,16 @@ def as_sample_matrix(X: ArrayLike, n_features: int, dtype: DTypeLike | None = No
             f"got an array of dtype {arr.dtype}"
         )
     if dtype is not None:
-        arr = arr.astype(dtype, copy=False)
-    elif arr.dtype not in NATIVE_FLOATS or not arr.dtype.isnative:
-        target = np.float32 if arr.dtype == np.float32 else np.float64
-        arr = arr.astype(target)
+        arr = np.ascontiguousarray(arr, dtype=dtype)
+    elif arr.dtype.newbyteorder("=") not in NATIVE_FLOATS:
+        arr = arr.astype(np.float64)
     if arr.ndim == 1:
         arr = arr.reshape(1, -1)
     if arr.ndim != 2 or arr.shape[1] != n_features:
         raise ValueError(
             f"expected samples of shape (n_samples, {n_features}) or ({n_features},), got shape {np.shape(X)}"
         )
-    return arr
+    return core_readable(arr)
 
 
 def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) -> int:

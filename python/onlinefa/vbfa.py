@@ -27,7 +27,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from . import _core
 from ._params import ParamsMixin
-from ._validation import check_int, check_positive_float, check_seed
+from ._validation import check_int, check_positive_float, check_seed, core_readable
 
 __all__ = ["VBFA", "OnlineVBFA", "VBFAPosterior"]
 
@@ -83,7 +83,7 @@ def _as_data(X: ArrayLike, n_features: int | None = None) -> FloatArray:
         raise ValueError(f"expected a 2-D array of shape (n_samples, n_features), got shape {arr.shape}")
     if n_features is not None and arr.shape[1] != n_features:
         raise ValueError(f"expected samples of shape (n_samples, {n_features}), got shape {arr.shape}")
-    return np.ascontiguousarray(arr, dtype=np.float64)
+    return core_readable(np.ascontiguousarray(arr, dtype=np.float64))  # aligned too: np.frombuffer may not be
 
 
 @dataclass(frozen=True)

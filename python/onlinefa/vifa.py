@@ -20,7 +20,9 @@ from numpy.typing import ArrayLike, NDArray
 from . import _core
 from ._persist import CheckpointMixin
 from ._gaussian import FactorGaussianMixin
-from ._validation import check_dtype, check_init, check_int, check_positive_float, check_seed
+from ._validation import (
+    NATIVE_FLOATS, check_dtype, check_init, check_int, check_positive_float, check_seed, core_readable,
+)
 
 __all__ = ["VIFA"]
 
@@ -60,11 +62,12 @@ def _check_optimizer(optimizer: object) -> str:
 
 
 def _as_gradients(grad: ArrayLike, n_rows: int, n_features: int) -> NDArray[Any]:
-    """Return ``grad`` as an (n_rows, D) float32/float64 array, read in place when it already is one."""
+    """Return ``grad`` as an (n_rows, D) float32/float64 array, read in place when the core can (see
+    :func:`~onlinefa._validation.core_readable`)."""
     arr = np.asarray(grad)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"grad must be a real numeric array, got dtype {arr.dtype}")
-    if arr.dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or not arr.dtype.isnative:
+    if arr.dtype.newbyteorder("=") not in NATIVE_FLOATS:
         arr = arr.astype(np.float64)
     if arr.ndim == 1 and n_rows == 1:
         arr = arr.reshape(1, -1)
@@ -73,7 +76,7 @@ def _as_gradients(grad: ArrayLike, n_rows: int, n_features: int) -> NDArray[Any]
         raise ValueError(
             f"grad must have shape {expected} (one row per pending draw), got shape {np.shape(grad)}"
         )
-    return arr
+    return core_readable(arr)
 
 
 class VIFA(CheckpointMixin, FactorGaussianMixin):

@@ -300,7 +300,7 @@ impl VbfaOnline {
             let updates = (lo..hi).map(|d| column(d, &mut sums)).collect::<Result<Vec<_>>>()?;
             Ok((updates, sums))
         };
-        let parallel = d_all.saturating_mul(k * k * k) >= 1 << 16 && rayon::current_num_threads() > 1;
+        let parallel = d_all.saturating_mul(k * k * k) >= 1 << 16 && crate::fork::parallel_allowed();
         let results: Vec<(Vec<ColumnUpdate>, LoadingSums)> = if parallel {
             chunks.par_iter().map(run_chunk).collect::<Result<_>>()?
         } else {

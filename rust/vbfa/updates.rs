@@ -22,7 +22,7 @@ where
     F: Fn(usize) -> Result<T> + Sync + Send,
 {
     let work = n.saturating_mul(k.saturating_mul(k).saturating_mul(k));
-    if work >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1 {
+    if work >= PARALLEL_MIN_WORK && crate::fork::parallel_allowed() {
         (0..n).into_par_iter().map(f).collect()
     } else {
         (0..n).map(f).collect()

@@ -26,6 +26,7 @@ EXPERIMENT_MODULES: tuple[str, ...] = (
     "linreg_window",
     "linreg_vifa",
     "uci_linreg",
+    "swag",
     "vbfa_transform",
 )
 

@@ -154,6 +154,10 @@ class OnlineModel(Protocol):
         """Apply the rows of ``x`` in order."""
         ...
 
+    def initial_parameters(self) -> tuple[FloatArray, FloatArray]:
+        """(F, ψ) as the next E-step uses them, also during warm-up."""
+        ...
+
     @property
     def mean(self) -> Any:
         """Running mean, shape (D,)."""
@@ -200,8 +204,8 @@ class OnlineLearner:
             The model's current Gaussian.
         """
         self._model.update(new_rows)
-        loadings = np.asarray(self._model.loadings, dtype=np.float64)
-        noise_variance = np.asarray(self._model.noise_variance, dtype=np.float64)
+        # The thesis scores its models at T = 100 = n_warmup too, i.e. their initialisation.
+        loadings, noise_variance = self._model.initial_parameters()
         covariance = loadings @ loadings.T + np.diag(noise_variance)
         return GaussianEstimate(np.array(self._model.mean, dtype=np.float64), covariance)
 
@@ -295,8 +299,9 @@ def online_em_method(**options: Any) -> LearnerFactory:
     def factory(n_features: int, n_components: int, seed: int) -> Learner:
         import onlinefa
 
+        settings = {"whiten": False, "schedule": "harmonic", "scaling": "unit", **options}
         model = onlinefa.OnlineEM(
-            n_features, n_components, n_warmup=N_WARMUP, init=None, seed=seed, **options
+            n_features, n_components, n_warmup=N_WARMUP, init=None, seed=seed, **settings
         )
         return OnlineLearner(model)
 
@@ -322,8 +327,9 @@ def online_sga_method(lr: float = SGA_LEARNING_RATE, **options: Any) -> LearnerF
     def factory(n_features: int, n_components: int, seed: int) -> Learner:
         import onlinefa
 
+        settings = {"schedule": "harmonic", "scaling": "unit", **options}
         model = onlinefa.OnlineSGA(
-            n_features, n_components, lr=lr, n_warmup=N_WARMUP, init=None, seed=seed, **options
+            n_features, n_components, lr=lr, n_warmup=N_WARMUP, init=None, seed=seed, **settings
         )
         return OnlineLearner(model)
 

@@ -172,9 +172,10 @@ def run_fold(
     pretrain = linreg.SGDPhase(args.pretrain_lr, args.weight_decay, batch_size, args.pretrain_epochs, drop_last=True)
     pretrained = linreg.run_sgd(X_train, y_train, start, pretrain, seed=np.random.default_rng(pretrain_seed)).theta
 
-    em = onlinefa.OnlineEM(n_params, args.n_components, n_warmup=args.n_warmup, seed=int(model_seeds[0]))
-    sga = onlinefa.OnlineSGA(n_params, args.n_components, lr=args.sga_lr, n_warmup=args.n_warmup,
-                             seed=int(model_seeds[1]))
+    # The thesis's algorithms (this experiment reproduces its chapter 6).
+    em = onlinefa.OnlineEM.algorithm2(n_params, args.n_components, n_warmup=args.n_warmup, seed=int(model_seeds[0]))
+    sga = onlinefa.OnlineSGA.algorithm1(n_params, args.n_components, lr=args.sga_lr, n_warmup=args.n_warmup,
+                                        seed=int(model_seeds[1]))
     swa = RunningMean(n_params)
     collect = linreg.SGDPhase(args.lr, args.weight_decay, batch_size, args.epochs, drop_last=True)
     result = linreg.run_sgd(X_train, y_train, pretrained, collect, seed=np.random.default_rng(collect_seed),

@@ -1,0 +1,46 @@
+"""PyTorch workflow: collect SGD iterates, sample posterior parameter vectors, average predictions.
+
+Needs the optional extra ``onlinefa[torch]``; this is the only part of onlinefa that imports torch.
+
+- :class:`ParameterVector`: the flat vector θ of a module's parameters (copy out, copy in).
+- :class:`SnapshotCollector`: feeds θ to a streaming posterior (``OnlineEM``, ``OnlineSGA``, ``SWAG``,
+  ...) every N optimiser steps, through ``Optimizer.register_step_post_hook``.
+- :func:`sample_parameters`: chunked draws θ ~ N(c, scale·(F Fᵀ + Ψ)) from any onlinefa posterior or a
+  :class:`MultiSWAG` mixture.
+- :func:`bayesian_model_average`: predictions averaged over draws, with batch-norm refresh
+  (:func:`refresh_batch_norm`).
+- :func:`vifa_step`: one VIFA training step on a module.
+- :func:`to_torch`: any model's Gaussian as ``torch.distributions.LowRankMultivariateNormal``.
+- :class:`SWAG`: the SWAG baseline of Maddox et al. (NumPy-based, in :mod:`onlinefa.torch.swag`).
+
+See the "PyTorch workflow" section of docs/usage.md for an end-to-end example.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._bma import bayesian_model_average, refresh_batch_norm
+from ._collect import SnapshotCollector
+from ._distributions import to_torch
+from ._params import ParameterVector
+from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
+from ._sampling import sample_parameters
+from ._vifa import vifa_step
+
+if TYPE_CHECKING:
+    from .swag import SWAG
+
+__all__ = [
+    "GaussianParameters", "MultiSWAG", "ParameterVector", "SWAG", "SnapshotCollector", "bayesian_model_average",
+    "gaussian_parameters", "refresh_batch_norm", "sample_parameters", "to_torch", "vifa_step",
+]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    # SWAG lives in its own (NumPy-only) module, imported on first use.
+    if name == "SWAG":
+        from .swag import SWAG
+
+        return SWAG
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,170 @@
+"""Bayesian model averaging over posterior draws: :func:`bayesian_model_average`, :func:`refresh_batch_norm`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+import torch
+
+from .._validation import check_int
+from ._params import ParameterVector
+from ._sampling import sample_parameters
+
+__all__ = ["bayesian_model_average", "refresh_batch_norm"]
+
+def _inputs(batch: object, device: torch.device) -> object:
+    """The inputs of a batch (its first element when it is a tuple or list), moved to ``device``."""
+    inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
+
+
+def _batch_norm_layers(module: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:
+    return [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def refresh_batch_norm(module: torch.nn.Module, loader: Iterable[object], *, device: torch.device | None = None) -> None:
+    """Recompute the running statistics of every batch-norm layer from one pass over ``loader``.
+
+    Parameters drawn from a posterior need statistics of their own (Maddox et al., "A Simple Baseline
+    for Bayesian Uncertainty in Deep Learning", §3): each layer's running mean and variance are reset
+    and replaced by the plain average over the batches of the batch statistics (``momentum=None``),
+    computed in training mode under ``torch.no_grad``. The module's training flag and the layers'
+    momenta are restored; nothing happens without batch-norm layers.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+    loader : iterable of batches
+        The inputs are the first element of each tuple/list batch, or the batch itself.
+    device : torch.device, optional
+        Where to move the inputs (default: the device of the first parameter, else left alone).
+    """
+    layers = _batch_norm_layers(module)
+    if not layers:
+        return
+    if device is None:
+        first = next(module.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+    momenta = [layer.momentum for layer in layers]
+    was_training = module.training
+    try:
+        for layer in layers:
+            layer.reset_running_stats()
+            layer.momentum = None
+        module.train()
+        with torch.no_grad():
+            for batch in loader:
+                module(_inputs(batch, device))
+    finally:
+        for layer, momentum in zip(layers, momenta):
+            layer.momentum = momentum
+        module.train(was_training)
+
+
+@contextmanager
+def _preserved(module: torch.nn.Module, parameters: tuple[torch.Tensor, ...]) -> Iterator[None]:
+    """Restore ``parameters``, the module's buffers and its training flag on exit (also on error)."""
+    tensors = list(parameters) + [b for b in module.buffers() if all(b is not p for p in parameters)]
+    saved = [t.detach().clone() for t in tensors]
+    was_training = module.training
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for tensor, value in zip(tensors, saved):
+                tensor.copy_(value)
+        module.train(was_training)
+
+
+def _predict(module: torch.nn.Module, loader: Iterable[object], device: torch.device) -> torch.Tensor:
+    outputs = [module(_inputs(batch, device)) for batch in loader]
+    if not outputs:
+        raise ValueError("the loader yielded no batches")
+    return torch.cat(outputs)
+
+
+def bayesian_model_average(
+    module: torch.nn.Module,
+    posterior: object,
+    loader: Iterable[object],
+    *,
+    n_samples: int = 30,
+    scale: float = 1.0,
+    seed: int | None = None,
+    task: str = "classification",
+    bn_loader: Iterable[object] | None = None,
+    parameters: Iterable[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Predict with parameter draws from a posterior and average (Bayesian model averaging).
+
+    For each draw θ_s of :func:`sample_parameters` (same ``seed``, ``scale``): assign θ_s into the module,
+    refresh the batch-norm statistics on ``bn_loader`` if given (:func:`refresh_batch_norm`), and predict
+    every batch of ``loader`` in eval mode under ``torch.no_grad``. The loader is iterated once per draw,
+    so it must give the same batches in the same order each time (no shuffling).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+    posterior : model or MultiSWAG
+        Gaussian over θ (D = the number of entries of ``parameters``).
+    loader : iterable of batches
+        Inputs are the first element of each tuple/list batch (or the batch itself), moved to the
+        parameters' device.
+    n_samples : int, default=30
+        Number of draws S (>= 1).
+    scale : float, default=1.0
+        Covariance scale of the draws (SWAG's 0.5 is ``scale=0.5``).
+    seed : int, optional
+        Seed of the draws.
+    task : {"classification", "regression"}, default="classification"
+        See Returns.
+    bn_loader : iterable of batches, optional
+        Training data for recomputing batch-norm statistics after each assignment.
+    parameters : iterable of torch.Tensor, optional
+        The tensors θ covers (default ``module.parameters()``); the others keep their values.
+
+    Returns
+    -------
+    torch.Tensor
+        Classification: (1/S) Σ_s softmax(logits_s) over the last dimension, shape (N, C), float32 or
+        the parameters' float64. Regression: the predictions of every draw stacked, shape (S, N, ...),
+        from which callers form the predictive mean and variance.
+
+    Raises
+    ------
+    ValueError
+        ``task`` unknown, ``n_samples`` < 1, the posterior's D differs from the parameters', or an
+        empty loader.
+
+    Notes
+    -----
+    The parameters, buffers (batch-norm statistics included) and training flag of the module are
+    restored afterwards, also when an exception interrupts the averaging.
+    """
+    if task not in ("classification", "regression"):
+        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    n = check_int(n_samples, "n_samples", 1)
+    vector = ParameterVector(module if parameters is None else parameters)
+    dtype = torch.float64 if any(p.dtype == torch.float64 for p in vector.parameters) else torch.float32
+    draws = sample_parameters(posterior, n, scale=scale, seed=seed, dtype=dtype, device=vector.device)
+    total: torch.Tensor | None = None
+    per_draw: list[torch.Tensor] = []
+    with _preserved(module, vector.parameters), torch.no_grad():
+        for chunk in draws:
+            if chunk.shape[1] != len(vector):
+                raise ValueError(f"the posterior has {chunk.shape[1]} features but the parameters {len(vector)}")
+            for theta in chunk:
+                vector.assign(theta)
+                if bn_loader is not None:
+                    refresh_batch_norm(module, bn_loader, device=vector.device)
+                module.eval()
+                output = _predict(module, loader, vector.device)
+                if task == "regression":
+                    per_draw.append(output)
+                    continue
+                probabilities = torch.softmax(output.to(dtype), dim=-1)
+                total = probabilities if total is None else total.add_(probabilities)
+    if task == "regression":
+        return torch.stack(per_draw)
+    assert total is not None
+    return total.div_(n)

@@ -1,0 +1,155 @@
+"""Chunked posterior draws θ ~ N(c, scale·(F Fᵀ + diag ψ)) as tensors: :func:`sample_parameters`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from .._validation import check_int, check_seed
+from ._params import check_float_dtype
+from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
+
+__all__ = ["sample_parameters"]
+
+
+def _check_scale(scale: object) -> float:
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
+    value = float(scale)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"scale must be finite and >= 0, got {scale}")
+    return value
+
+
+def _component_seeds(seed: int | None, n_components: int) -> list[int | None]:
+    """Independent seeds of the mixture components, derived from ``seed`` by ``numpy.random.SeedSequence``."""
+    if seed is None:
+        return [None] * n_components
+    children = np.random.SeedSequence(seed).spawn(n_components)
+    return [int(child.generate_state(1, np.uint64)[0]) for child in children]
+
+
+class _Plan:
+    """What to draw: (posterior, number of draws, seed) per mixture component, Gaussians read lazily."""
+
+    def __init__(self, posterior: object, n_samples: int, seed: int | None) -> None:
+        if isinstance(posterior, MultiSWAG):
+            counts = posterior.split(n_samples)
+            self.parts = list(zip(posterior.components, counts, _component_seeds(seed, len(posterior))))
+            self.first: GaussianParameters | None = None
+        else:
+            self.first = gaussian_parameters(posterior)  # fail now, not at the first next()
+            self.parts = [(posterior, n_samples, seed)]
+
+
+def sample_parameters(
+    posterior: object,
+    n_samples: int,
+    *,
+    scale: float = 1.0,
+    seed: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    chunk_size: int = 8,
+) -> Iterator[torch.Tensor]:
+    """Draw parameter vectors θ = c + √scale · (F h + ψ^{1/2} ⊙ z), h ~ N(0, I_K), z ~ N(0, I_D), in chunks.
+
+    Memory is O(chunk_size·D + D·K): no D×D matrix and never all draws at once. Draw i uses the i-th
+    block of K + D standard normals of one ``torch.Generator``, so for a given seed the concatenated
+    draws do not depend on ``chunk_size``.
+
+    Parameters
+    ----------
+    posterior : model or MultiSWAG
+        Any onlinefa model with a Gaussian (OnlineEM, OnlineSGA, VIFA, VBFA, OnlineVBFA,
+        OnlineFactorAnalysis, SWAG), or a :class:`MultiSWAG` mixture, whose draws are split evenly across
+        its components (component m gets ``n // M`` draws, one more if ``m < n % M``; component 0's first;
+        component seeds derived from ``seed`` by ``numpy.random.SeedSequence.spawn``).
+    n_samples : int
+        Number of draws (>= 0).
+    scale : float, default=1.0
+        Multiplies the covariance (>= 0); SWAG's sampling "scale = 0.5" is ``scale=0.5``.
+    seed : int, optional
+        Seed in [0, 2**64) of the draws; None: fresh entropy.
+    dtype : torch.dtype, default=torch.float32
+        Dtype of the draws (computed in float64 when ``dtype`` is float64, else in float32).
+    device : str or torch.device, default="cpu"
+        Where the generator, the Gaussian and the draws live (the draws depend on the device's generator).
+    chunk_size : int, default=8
+        Largest number of rows per yielded tensor (>= 1).
+
+    Yields
+    ------
+    torch.Tensor of shape (m, D), m <= chunk_size
+        Fresh tensors (never reused); a mixture yields each component's chunks separately.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Invalid arguments or a posterior without a usable Gaussian (raised by this call, not by the
+        iteration).
+
+    Examples
+    --------
+    >>> import numpy as np, onlinefa, torch
+    >>> em = onlinefa.OnlineEM(5, 2, seed=0).update(np.random.default_rng(0).standard_normal((200, 5)))
+    >>> draws = torch.cat(list(sample_parameters(em, 10, seed=1, chunk_size=3)))
+    >>> draws.shape
+    torch.Size([10, 5])
+    >>> bool(torch.equal(draws, torch.cat(list(sample_parameters(em, 10, seed=1, chunk_size=10)))))
+    True
+    """
+    n = check_int(n_samples, "n_samples", 0)
+    plan = _Plan(posterior, n, check_seed(seed))
+    return _draw_plan(
+        plan,
+        scale=_check_scale(scale),
+        dtype=check_float_dtype(dtype),
+        device=torch.device(device),
+        chunk_size=check_int(chunk_size, "chunk_size", 1),
+    )
+
+
+def _draw_plan(
+    plan: _Plan, *, scale: float, dtype: torch.dtype, device: torch.device, chunk_size: int
+) -> Iterator[torch.Tensor]:
+    for posterior, count, seed in plan.parts:
+        if count == 0:
+            continue
+        gaussian = plan.first if plan.first is not None else gaussian_parameters(posterior)
+        plan.first = None  # release the arrays once they are on the device
+        yield from _draw_gaussian(gaussian, count, seed, scale, dtype, device, chunk_size)
+
+
+def _draw_gaussian(
+    gaussian: GaussianParameters,
+    n_samples: int,
+    seed: int | None,
+    scale: float,
+    dtype: torch.dtype,
+    device: torch.device,
+    chunk_size: int,
+) -> Iterator[torch.Tensor]:
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    mean = torch.as_tensor(gaussian.mean, dtype=compute, device=device)
+    loadings_t = torch.as_tensor(gaussian.loadings.T, dtype=compute, device=device)  # (K, D)
+    noise_sd = torch.as_tensor(np.sqrt(gaussian.noise_variance), dtype=compute, device=device)
+    n_components, n_features = loadings_t.shape
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    root_scale = math.sqrt(scale)
+    noise = torch.empty((min(chunk_size, n_samples), n_components + n_features), dtype=compute, device=device)
+    for start in range(0, n_samples, chunk_size):
+        rows = min(chunk_size, n_samples - start)
+        for row in range(rows):  # one block of K + D normals per draw: independent of the chunking
+            torch.randn(n_components + n_features, generator=generator, out=noise[row])
+        h, z = noise[:rows, :n_components], noise[:rows, n_components:]
+        draws = torch.addmm(z * noise_sd, h, loadings_t)
+        draws.mul_(root_scale).add_(mean)
+        yield draws.to(dtype)
