@@ -343,6 +343,11 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// Whether warm-up is over, i.e. the loadings and noise variances are fitted rather than initial.
+    /// Warm-up length: the fitted Gaussian exists once more than this many samples were seen.
+    pub fn n_warmup(&self) -> u64 {
+        self.config.n_warmup
+    }
+
     pub fn is_fitted(&self) -> bool {
         !matches!(self.source, Source::Initial(_))
     }

@@ -220,6 +220,11 @@ impl<T: Real> OnlineSga<T> {
     }
 
     /// Whether warm-up is over (the loadings and noise variances have been fitted, not just initialised).
+    /// Warm-up length: the fitted Gaussian exists once more than this many samples were seen.
+    pub fn n_warmup(&self) -> u64 {
+        self.config.n_warmup
+    }
+
     pub fn is_fitted(&self) -> bool {
         self.n_seen > self.config.n_warmup
     }

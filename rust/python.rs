@@ -260,6 +260,12 @@ macro_rules! model_methods {
                 Ok(v.into_pyarray(py))
             }
 
+            /// Warm-up length: queries answer once more than this many samples were seen.
+            #[getter]
+            fn n_warmup(&self, py: Python<'_>) -> PyResult<u64> {
+                py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.n_warmup())))
+            }
+
             /// Whether warm-up is over (loadings and noise variances fitted rather than initial).
             #[getter]
             fn is_fitted(&self, py: Python<'_>) -> PyResult<bool> {

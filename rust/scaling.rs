@@ -66,11 +66,12 @@ impl Scaling {
     }
 
     /// The noise floor of a pass: `noise_floor` (absolute) for `Unit`; max(noise_floor · σ̂², T::MIN_FLOOR)
-    /// for `Data`.
+    /// for `Data`, capped at `T::MAX_STATE` (ψ is kept within [floor, T::MAX_STATE], so a data scale
+    /// near the largest accepted input must not push the floor above that ceiling).
     pub fn floor<T: Real>(self, noise_floor: f64, scale_sq: f64) -> f64 {
         match self {
             Scaling::Unit => noise_floor,
-            Scaling::Data => (noise_floor * scale_sq).max(T::MIN_FLOOR),
+            Scaling::Data => (noise_floor * scale_sq).max(T::MIN_FLOOR).min(T::MAX_STATE),
         }
     }
 
@@ -117,6 +118,9 @@ mod tests {
         assert_eq!(Scaling::Unit.floor::<f64>(1e-10, 1e-8), 1e-10);
         assert_eq!(Scaling::Data.floor::<f64>(1e-10, 1e-8), 1e-18);
         assert_eq!(Scaling::Data.floor::<f64>(1e-10, 0.0), <f64 as Real>::MIN_FLOOR);
+        // A data scale near the largest accepted input (1e100² for f64) keeps the floor under the ceiling.
+        assert_eq!(Scaling::Data.floor::<f64>(1e-6, 1e200), <f64 as Real>::MAX_STATE);
+        assert_eq!(Scaling::Data.floor::<f32>(1e-6, 1e36), <f32 as Real>::MAX_STATE);
         assert_eq!(Scaling::Unit.mean_rho(0.3, 10), 0.3);
         assert_eq!(Scaling::Data.mean_rho(0.3, 10), 0.1);
         for s in [Scaling::Unit, Scaling::Data] {

@@ -139,6 +139,11 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
         return self
 
     @property
+    def n_warmup(self) -> int:
+        """Warm-up length: the fitted Gaussian is available once more than this many samples were seen."""
+        return self._core.n_warmup
+
+    @property
     def is_fitted(self) -> bool:
         """Whether warm-up is over, so that ``loadings``, ``noise_variance`` and the queries are fitted."""
         return self._core.is_fitted

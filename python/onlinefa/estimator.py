@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
-from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA
+from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
 from ._validation import check_dtype, check_int, check_positive_float, check_seed
 from .interop import as_numpy
 from ._params import ParamsMixin
@@ -142,8 +142,10 @@ class OnlineFactorAnalysis(_EstimatorBase):
     algorithm : {"em", "sga"}, default="em"
         Online EM (:class:`onlinefa.OnlineEM`) or online stochastic gradient ascent
         (:class:`onlinefa.OnlineSGA`).
-    n_warmup : int, default=100
-        Samples during which only the running averages move and the loadings keep their initial value.
+    n_warmup : int or "auto", default="auto"
+        Samples during which only the running averages move and the loadings keep their initial value;
+        "auto" is min(K + 2, 100). :meth:`fit` needs more rows than this, and after :meth:`partial_fit`
+        the estimator counts as fitted (and answers queries) only once more rows than this were seen.
     lr : float, default=1e-3
         Learning rate of ``algorithm="sga"`` (validated, unused by EM).
     whiten : bool, default=True
@@ -217,7 +219,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
         n_components: int,
         *,
         algorithm: str = "em",
-        n_warmup: int = 100,
+        n_warmup: int | Literal["auto"] = "auto",
         lr: float = 1e-3,
         whiten: bool = True,
         schedule: str = "auto",
@@ -273,7 +275,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
         return model_class(
             n_features,
             n_components,
-            n_warmup=check_int(self.n_warmup, "n_warmup", 0),
+            n_warmup=resolve_warmup(self.n_warmup, n_components),
             seed=_seed_from(self.random_state),
             noise_floor=check_positive_float(self.noise_floor, "noise_floor"),
             dtype=_state_dtype(self.dtype),
@@ -314,7 +316,10 @@ class OnlineFactorAnalysis(_EstimatorBase):
         return out
 
     def _check_n_features(self, n_features: int) -> None:
-        expected = self._fitted_model().n_features
+        model: StreamingModel | None = self.__dict__.get("_model")
+        if model is None:
+            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet.")
+        expected = model.n_features
         if n_features != expected:
             raise ValueError(
                 f"X has {n_features} features, but {type(self).__name__} is expecting {expected} "
@@ -328,11 +333,17 @@ class OnlineFactorAnalysis(_EstimatorBase):
                 f"This {type(self).__name__} instance is not fitted yet. Call 'fit' or 'partial_fit' "
                 "with appropriate arguments before using this estimator."
             )
+        if not model.is_fitted:
+            raise NotFittedError(
+                f"This {type(self).__name__} instance has seen {model.n_seen} samples and is still in "
+                f"its warm-up of {model.n_warmup}; call 'partial_fit' with more samples (or lower n_warmup)."
+            )
         return model
 
     def __sklearn_is_fitted__(self) -> bool:
-        """Whether :meth:`fit` or :meth:`partial_fit` has been called (scikit-learn protocol)."""
-        return "_model" in self.__dict__
+        """Whether the estimator has seen more samples than its warm-up (scikit-learn protocol)."""
+        model: StreamingModel | None = self.__dict__.get("_model")
+        return model is not None and model.is_fitted
 
     # -- fitting --------------------------------------------------------------------------------------
     def partial_fit(self, X: ArrayLike, y: object = None) -> Self:
@@ -401,6 +412,11 @@ class OnlineFactorAnalysis(_EstimatorBase):
         """
         arr = self._fitting_input(X, first=True)
         fresh = self._new_model(arr.shape[1])
+        if arr.shape[0] <= fresh.n_warmup:
+            raise ValueError(
+                f"fit needs more rows than n_warmup={fresh.n_warmup}, got n_samples={arr.shape[0]}: a fit that "
+                "ends inside the warm-up would be only the initialisation. Lower n_warmup or pass more rows."
+            )
         fresh.update(arr)
         self._model = fresh
         return self
