@@ -15,8 +15,9 @@
 //! Protocol: [`Vifa::sample`] draws θ (4.50) and remembers the draw; after L = `n_grad_samples` draws,
 //! [`Vifa::step`] takes the L gradients (an L×D matrix, row l the gradient at draw l), averages the L
 //! reparameterised estimates and applies one SGD or Adam step to c, F and β (Algorithm 3, lines 9–20).
-//! The caller's gradient must estimate ∇θ of the full-data NLL without bias (mini-batch mean × N, the
-//! erratum to line 8 in `../shared/papers/README.md`); the prior and entropy terms are not scaled.
+//! The caller's gradient must estimate ∇θ of the full-data NLL without bias (mini-batch mean × N; the
+//! thesis's line 8 writes a plain mini-batch mean, which would weight the likelihood by 1/N); the prior
+//! and entropy terms are not scaled.
 //!
 //! Noise is counter-based: draw j's h and z come from ChaCha8 stream j of a key derived from the seed, and
 //! the z entries of row block b start at word (b + 1)·2³² of that stream. z can therefore be regenerated

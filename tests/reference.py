@@ -2,7 +2,7 @@
 
 These are *test references*: deliberately simple, one sample at a time, written line by line from
 Brownlie (2021), "Extending the Bayesian Deep Learning Method MultiSWAG", Algorithm 1 (online SGA)
-and Algorithm 2 (online EM), with the errata of ``../shared/papers/README.md`` fixed:
+and Algorithm 2 (online EM), with these errata of the pseudo-code fixed:
 
 * line 5 of both algorithms is the running mean ``θ̄_t = θ̄_{t-1} + (θ_t - θ̄_{t-1}) / t``;
 * ``d_t = θ_t - θ̄_t`` uses the mean *after* including ``θ_t`` (so ``d_1 = 0``).

@@ -182,7 +182,7 @@ def test_no_update_and_no_rotation_lowers_the_bound(prior: Any, translation: Any
 
     "Within rounding": 1e-11 relative to |L| ≈ 1e4 nats, far above double-precision accumulation error
     (~1e-13) and far below any real decrease. The paper's mean translation is not a maximiser; on §4.1's
-    data set 2 (20 % missing) it may lose at most 1e-3 nats, the bound the issue sets.
+    data set 2 (20 % missing) it may lose at most 1e-3 nats, the bound this test allows.
     """
     data = paper_dataset(2, seed=5, n_samples=200, n_features=50)
     model = onlinefa.VBFA(10, prior=prior, translation=translation, seed=6).initialize(data.observed)
@@ -264,7 +264,7 @@ def test_transformations_cut_sweeps_to_convergence_five_fold_on_dataset_2() -> N
 
 @pytest.fixture(scope="module")
 def five_factor_stream() -> FloatArray:
-    """N = 5000, D = 50, 5 true factors (the issue's online setting)."""
+    """N = 5000, D = 50, 5 true factors (a stream large enough for online VB-FA to converge)."""
     return factor_data(5000, 50, 5, seed=11, missing=0.0)
 
 

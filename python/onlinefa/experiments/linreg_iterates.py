@@ -6,7 +6,7 @@ batch 100, no weight decay) from a ``torch.nn.Linear``-style initialisation; the
 lr in {0.1, 0.01} and weight decay lambda in {0.1, 0.001}, collecting the parameter vector after every
 update (1000 iterates). The iterates' empirical Gaussian is compared with the posterior: relative mean
 distance, relative covariance distance, and the 2-Wasserstein distance W2 together with W2^2 (the
-thesis's "Wasserstein" column behaves like W2^2, see ``../shared/papers/README.md``).
+thesis's "Wasserstein" column behaves like W2^2: its values match the squared distance, not W2).
 
 The module also holds the helpers the other synthetic linear-regression experiments (``linreg-window``,
 ``linreg-vifa``) share: the per-trial problem, seeds, distances, summaries and the contour plot.
