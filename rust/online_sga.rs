@@ -358,11 +358,28 @@ fn apply_gradient<T: Real>(
             }
             // ψ·exp(α ∇β), kept inside [floor, MAX_STATE]: an SGD step far too large for the data's scale
             // (learning rate vs. variance) is clipped instead of overflowing to inf.
-            *psi = (*psi * (lr * grad_beta).min(700.0).exp()).clamp(floor, T::MAX_STATE);
+            *psi = (*psi * log_psi_step(lr * grad_beta, precondition).exp()).clamp(floor, T::MAX_STATE);
         }
     }
     for v in blk.f[..nb * k].iter_mut().chain(blk.psi[..nb].iter_mut()) {
         *v = stored::<T>(*v).1;
+    }
+}
+
+/// Largest change of log ψ in one data-scaled step: ψ moves by at most a factor e per sample.
+pub(crate) const MAX_LOG_PSI_STEP: f64 = 1.0;
+
+/// The step α ∇β applied to β = log ψ. Unit scaling (Algorithm 1) only caps it at 700 so exp stays finite.
+/// Data scaling (`precondition`) bounds it to ±[`MAX_LOG_PSI_STEP`]: a feature whose warm-up variance was
+/// zero starts at the floor, and its first non-zero deviation has d²/ψ up to 1e10, a step that would throw
+/// ψ to the ceiling where the gradient (→ −½) can never bring it back. A stable run, where α ∇β is of order
+/// α, never meets the bound.
+#[inline(always)]
+pub(crate) fn log_psi_step(step: f64, precondition: bool) -> f64 {
+    if precondition {
+        step.clamp(-MAX_LOG_PSI_STEP, MAX_LOG_PSI_STEP)
+    } else {
+        step.min(700.0)
     }
 }
 

@@ -141,7 +141,7 @@ fn sga_step<const K: usize>(
             let grad_f = f_scale * (di * mm[j] - fp_row[j]);
             f_row[j] = (f_row[j] + lr * grad_f).clamp(-max_state, max_state);
         }
-        *p = (*p * (lr * grad_beta).min(700.0).exp()).clamp(floor, max_state);
+        *p = (*p * crate::online_sga::log_psi_step(lr * grad_beta, precondition).exp()).clamp(floor, max_state);
     }
 }
 

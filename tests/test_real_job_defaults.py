@@ -138,3 +138,17 @@ def test_snapshot_is_cached_read_only_and_refreshed_by_update() -> None:
     assert second[1] is not first[1]
     np.testing.assert_array_equal(second[1], em._core.loadings())
     np.testing.assert_array_equal(second[2], em._core.noise_variance())
+
+
+def test_sga_feature_frozen_during_warm_up_does_not_diverge() -> None:
+    # Parameters that do not move during warm-up (dead units, a frozen layer) start at the noise floor
+    # (~1e-10 σ̂²). The latents can explain at most K of them once they move, so the others meet d²/ψ ~ 1e10,
+    # and an unbounded log-ψ step threw their ψ to the state's ceiling (1e150), where the gradient (→ −½)
+    # cannot bring it back. The noise variance must stay on the data's scale: below the largest squared
+    # deviation any feature ever showed, times 10.
+    X = weight_scale_stream(200, 3)
+    X[:20, :5] = X[0, :5]  # five features (> K) frozen during and after the warm-up of K + 2 = 5 samples
+    model = onlinefa.OnlineSGA(D, K, seed=0).update(X)
+    largest_square = float(np.max((X - X.mean(axis=0)) ** 2))
+    assert np.isfinite(model.loadings).all()
+    assert model.noise_variance.max() < 10 * largest_square

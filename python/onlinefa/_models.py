@@ -359,7 +359,9 @@ class OnlineSGA(_StreamingModel):
     step of size ``lr`` on F (4.24) and on β = log ψ (4.26), ψ = exp β. Each update reads and writes the
     D×K state once. Under the default ``scaling="data"`` the model starts from F₀ σ̂ and ψ₀ = d̄² of the
     warm-up samples, and the F step is preconditioned by ψ (ΔF = lr·ψ ⊙ ∇F = lr·(d mᵀ − F P)), so ``lr``
-    has no units and c·θ gives c² times the covariance. :meth:`algorithm1` builds the thesis's algorithm.
+    has no units and c·θ gives c² times the covariance; the log-ψ step is bounded to ±1 per sample (a
+    feature frozen during warm-up starts at the noise floor, and its first deviations would otherwise throw ψ
+    to the largest storable value). :meth:`algorithm1` builds the thesis's algorithm.
 
     Parameters
     ----------

@@ -17,6 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
+from ._models import NotFittedError as ModelNotFittedError
 from ._validation import check_dtype, check_int, check_positive_float, check_seed
 from .interop import as_numpy
 from ._params import ParamsMixin
@@ -42,21 +43,20 @@ _CHECKPOINT_KIND = "OnlineFactorAnalysis"
 _FIRST_MODEL_LOCK = threading.Lock()
 
 
-class _NotFittedError(ValueError, AttributeError):
-    """Raised when a fitted attribute or method is used before ``fit``/``partial_fit``."""
-
-
 if TYPE_CHECKING:
     _EstimatorBase = ParamsMixin
-    NotFittedError = _NotFittedError
+    NotFittedError = ModelNotFittedError
 else:
     try:
         from sklearn.base import BaseEstimator, TransformerMixin
-        from sklearn.exceptions import NotFittedError
+        from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
     except ImportError:
         _EstimatorBase = ParamsMixin
-        NotFittedError = _NotFittedError
+        NotFittedError = ModelNotFittedError
     else:
+
+        class NotFittedError(_SklearnNotFittedError, ModelNotFittedError):
+            """Both scikit-learn's ``NotFittedError`` and :class:`onlinefa.NotFittedError`."""
 
         class _EstimatorBase(TransformerMixin, BaseEstimator):
             """scikit-learn's transformer bases, in the order scikit-learn requires."""
@@ -375,7 +375,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
         if model is None and self._publish_first_model(arr):
             return self
         self._check_n_features(arr.shape[1])
-        self._fitted_model().update(arr)
+        self.__dict__["_model"].update(arr)
         return self
 
     def _publish_first_model(self, arr: NDArray[Any]) -> bool:
