@@ -27,11 +27,14 @@ StreamFactory = Callable[[int, int, int, int], npt.NDArray[np.float64]]
 
 # Every check of scikit-learn's suite applies to a streaming model: fit() resets and streams the rows,
 # so fit is idempotent, order-invariant queries hold, and partial_fit exists. Nothing is listed as an
-# expected failure. The instances use n_components=1 because several checks fit 2-feature data
-# (n_components must be < n_features), and a short warm-up so that the loadings are actually learnt
-# on the checks' 20-100 row data sets.
+# expected failure. The defaults are checked, and K = 1 and K = 2 (several checks fit 2-feature data,
+# where K = 2 is fitted with K = 1, see n_components_) with a short warm-up so that the loadings are
+# actually learnt on the checks' 20-100 row data sets.
 CHECKED_ESTIMATORS = [
+    OnlineFactorAnalysis(),
     OnlineFactorAnalysis(1, n_warmup=5, random_state=0),
+    OnlineFactorAnalysis(2, n_warmup=5, random_state=0),
+    OnlineFactorAnalysis(2, algorithm="sga", lr=1e-2, n_warmup=5, random_state=0),
     OnlineFactorAnalysis(1, algorithm="sga", lr=1e-2, n_warmup=5, random_state=0),
     OnlineFactorAnalysis(1, n_warmup=5, dtype="float32", random_state=0),
 ]
@@ -124,6 +127,26 @@ def test_fit_transform_equals_fit_then_transform(fa_stream: StreamFactory) -> No
     X = fa_stream(D, K, 300, 4)
     fa = OnlineFactorAnalysis(K, n_warmup=20, random_state=0)
     np.testing.assert_array_equal(fa.fit_transform(X), clone(fa).fit(X).transform(X))
+
+
+@pytest.mark.parametrize(("n_components", "fitted"), [(None, D - 1), (2, 2), (D - 1, D - 1), (D, D - 1), (50, D - 1)])
+def test_n_components_resolves_to_at_most_n_features_minus_one(
+    fa_stream: StreamFactory, n_components: int | None, fitted: int,
+) -> None:
+    # K >= D is fitted with K = D - 1 (which represents every covariance); the fit is then exactly the
+    # one requested with D - 1. None is min(10, D - 1).
+    X = fa_stream(D, K, 200, 6)
+    fa = OnlineFactorAnalysis(n_components, n_warmup=20, random_state=1).fit(X)
+    explicit = OnlineFactorAnalysis(fitted, n_warmup=20, random_state=1).fit(X)
+    assert fa.n_components_ == fitted and fa.components_.shape == (fitted, D)
+    assert fa.get_params()["n_components"] == n_components  # the parameter itself is left as given
+    assert_same_state(engine_state(fa._model), engine_state(explicit._model))
+    assert fa.transform(X[:4]).shape == (4, fitted)
+
+
+def test_default_n_components_is_capped_at_ten(fa_stream: StreamFactory) -> None:
+    X = fa_stream(30, K, 100, 6)
+    assert OnlineFactorAnalysis(n_warmup=20).fit(X).n_components_ == 10
 
 
 def test_random_state_objects_follow_scikit_learn_conventions(fa_stream: StreamFactory) -> None:
@@ -224,7 +247,7 @@ def test_unfitted_estimator_raises_not_fitted() -> None:
 
 @pytest.mark.parametrize(("params", "error", "needle"), [
     ({"n_components": 0}, ValueError, "n_components"),
-    ({"n_components": 5}, ValueError, "n_components=5 must be smaller than n_features = 5"),
+    ({"n_components": -2}, ValueError, "n_components"),
     ({"n_components": 1.5}, TypeError, "n_components"),
     ({"n_components": 2, "algorithm": "gibbs"}, ValueError, "algorithm"),
     ({"n_components": 2, "n_warmup": -1}, ValueError, "n_warmup"),
@@ -252,7 +275,7 @@ def test_failed_fit_keeps_the_previous_model(fa_stream: StreamFactory) -> None:
     with pytest.raises(ValueError, match="NaN"):
         fa.fit(bad)
     with pytest.raises(ValueError, match="n_components"):
-        fa.set_params(n_components=D).fit(X)
+        fa.set_params(n_components=0).fit(X)
     assert_same_state(engine_state(fa._model), before)
 
 

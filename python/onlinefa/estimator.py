@@ -39,6 +39,8 @@ _SCHEDULES = ("auto", "harmonic", "power", "constant")
 #: estimator of that time (thesis Algorithm 2), for checkpoints that do not store them.
 _LEGACY_PARAMS: dict[str, Any] = {"whiten": False, "schedule": "harmonic", "tau0": 0.0, "kappa": 0.9, "rho": 0.01}
 _CHECKPOINT_KIND = "OnlineFactorAnalysis"
+#: K fitted when ``n_components=None`` (capped at n_features − 1).
+DEFAULT_N_COMPONENTS = 10
 #: Guards the installation of the model by the first partial_fit when several threads race for it.
 _FIRST_MODEL_LOCK = threading.Lock()
 
@@ -85,6 +87,13 @@ def _state_dtype(dtype: object) -> str:
         raise
     except Exception as err:  # np.dtype raises SyntaxError, KeyError, ... for some strings
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}") from err
+
+
+def _resolve_n_components(n_components: object, n_features: int) -> int:
+    """The K fitted for ``n_features`` (see the ``n_components`` parameter of OnlineFactorAnalysis)."""
+    if n_components is None:
+        return min(DEFAULT_N_COMPONENTS, n_features - 1)
+    return min(check_int(n_components, "n_components", 1), n_features - 1)
 
 
 def _is_sparse(data: object) -> bool:
@@ -137,8 +146,11 @@ class OnlineFactorAnalysis(_EstimatorBase):
 
     Parameters
     ----------
-    n_components : int
-        K, the number of latent factors, 1 <= K < n_features.
+    n_components : int or None, default=None
+        K, the number of latent factors (>= 1). None means min(10, n_features − 1). A value >= n_features
+        is fitted with K = n_features − 1 factors (``n_components_``), which already express every
+        covariance matrix exactly: Σ = (Σ − λ_min I) + λ_min I with Σ − λ_min I positive semi-definite
+        of rank <= n_features − 1. The streaming models need K < n_features.
     algorithm : {"em", "sga"}, default="em"
         Online EM (:class:`onlinefa.OnlineEM`) or online stochastic gradient ascent
         (:class:`onlinefa.OnlineSGA`).
@@ -187,6 +199,8 @@ class OnlineFactorAnalysis(_EstimatorBase):
         Number of samples seen since the last :meth:`fit`.
     n_features_in_ : int
         Number of features, fixed by the first :meth:`partial_fit` (or :meth:`fit`).
+    n_components_ : int
+        Number of factors actually fitted (``n_components`` resolved as described above).
 
     Notes
     -----
@@ -216,7 +230,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
 
     def __init__(
         self,
-        n_components: int,
+        n_components: int | None = None,
         *,
         algorithm: str = "em",
         n_warmup: int | Literal["auto"] = "auto",
@@ -266,11 +280,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
     def _new_model(self, n_features: int) -> StreamingModel:
         """Validate the hyper-parameters and build a fresh streaming model for ``n_features``."""
         model_class = self._model_class()
-        n_components = check_int(self.n_components, "n_components", 1)
-        if n_components >= n_features:
-            raise ValueError(
-                f"n_components={n_components} must be smaller than n_features = {n_features}"
-            )
+        n_components = _resolve_n_components(self.n_components, n_features)
         check_positive_float(self.lr, "lr")
         return model_class(
             n_features,
@@ -564,6 +574,11 @@ class OnlineFactorAnalysis(_EstimatorBase):
     def n_samples_seen_(self) -> int:
         """Number of samples seen since the last :meth:`fit`."""
         return self._fitted_model().n_seen
+
+    @property
+    def n_components_(self) -> int:
+        """Number of factors fitted (``n_components`` resolved for ``n_features_in_``)."""
+        return self._fitted_model().n_components
 
     @property
     def n_features_in_(self) -> int:
