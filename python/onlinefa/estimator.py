@@ -17,10 +17,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
-from ._models import NotFittedError as ModelNotFittedError
-from ._validation import check_dtype, check_int, check_positive_float, check_seed
+from ._validation import check_dtype, check_int, check_positive_float
 from .interop import as_numpy
-from ._params import ParamsMixin
+from ._sklearn_base import EstimatorBase, NotFittedError, seed_from
 from .rotation import canonical_loadings, canonical_rotation
 
 if TYPE_CHECKING:
@@ -43,40 +42,6 @@ _CHECKPOINT_KIND = "OnlineFactorAnalysis"
 DEFAULT_N_COMPONENTS = 10
 #: Guards the installation of the model by the first partial_fit when several threads race for it.
 _FIRST_MODEL_LOCK = threading.Lock()
-
-
-if TYPE_CHECKING:
-    _EstimatorBase = ParamsMixin
-    NotFittedError = ModelNotFittedError
-else:
-    try:
-        from sklearn.base import BaseEstimator, TransformerMixin
-        from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
-    except ImportError:
-        _EstimatorBase = ParamsMixin
-        NotFittedError = ModelNotFittedError
-    else:
-
-        class NotFittedError(_SklearnNotFittedError, ModelNotFittedError):
-            """Both scikit-learn's ``NotFittedError`` and :class:`onlinefa.NotFittedError`."""
-
-        class _EstimatorBase(TransformerMixin, BaseEstimator):
-            """scikit-learn's transformer bases, in the order scikit-learn requires."""
-
-
-def _seed_from(random_state: object) -> int | None:
-    """Seed for the model's initial loadings, following scikit-learn's ``random_state`` convention."""
-    if isinstance(random_state, np.random.RandomState):
-        return int(random_state.randint(0, 2**31 - 1))
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**63 - 1))
-    try:
-        return check_seed(random_state)
-    except TypeError as err:
-        raise TypeError(
-            "random_state must be None, an int or a numpy RandomState/Generator, "
-            f"got {type(random_state).__name__}"
-        ) from err
 
 
 def _state_dtype(dtype: object) -> str:
@@ -136,7 +101,7 @@ def _check_finite(X: NDArray[Any], limit: float | None) -> None:
         raise ValueError(f"Input X contains a value with |x| > {limit:g}, the largest accepted")
 
 
-class OnlineFactorAnalysis(_EstimatorBase):
+class OnlineFactorAnalysis(EstimatorBase):
     """Streaming factor analysis with scikit-learn's estimator API (a streaming ``FactorAnalysis``).
 
     Fits N(``mean_``, ``components_ᵀ components_`` + diag ``noise_variance_``) in one pass over the
@@ -286,7 +251,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
             n_features,
             n_components,
             n_warmup=resolve_warmup(self.n_warmup, n_components),
-            seed=_seed_from(self.random_state),
+            seed=seed_from(self.random_state),
             noise_floor=check_positive_float(self.noise_floor, "noise_floor"),
             dtype=_state_dtype(self.dtype),
             **self._model_options(),

@@ -133,18 +133,15 @@ impl VbfaOnline {
         if x.nrows() == 0 {
             return Ok(());
         }
-        let state = match self.state.take() {
-            Some(state) => state,
+        // The step works on a copy so that a numerical breakdown leaves the model exactly as it was. The
+        // copy is O(D·K²) while the step itself is O(B·D·K + D·K³), so it does not dominate.
+        let start = match &self.state {
+            Some(state) => state.clone(),
             None => self.initial_state(x),
         };
-        let result = self.step(state, x);
-        match result {
-            Ok(state) => {
-                self.state = Some(state);
-                Ok(())
-            }
-            Err(err) => Err(err),
-        }
+        let next = self.step(start, x)?;
+        self.state = Some(next);
+        Ok(())
     }
 
     fn check_batch(&self, x: ArrayView2<f64>) -> Result<()> {
