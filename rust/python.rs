@@ -928,6 +928,11 @@ impl OnlineVBFACore {
     }
 
     #[getter]
+    fn n_features(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |m| Ok(m.n_features()))
+    }
+
+    #[getter]
     fn n_batches(&self, py: Python<'_>) -> PyResult<u64> {
         self.with(py, |m| Ok(m.n_batches()))
     }

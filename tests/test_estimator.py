@@ -149,6 +149,17 @@ def test_default_n_components_is_capped_at_ten(fa_stream: StreamFactory) -> None
     assert OnlineFactorAnalysis(n_warmup=20).fit(X).n_components_ == 10
 
 
+def test_partial_fit_continues_through_the_warm_up(fa_stream: StreamFactory) -> None:
+    # Batches smaller than the warm-up: the estimator is not fitted in between, yet partial_fit goes on.
+    X = fa_stream(D, K, 60, 9)
+    fa = OnlineFactorAnalysis(K, n_warmup=20, random_state=2)
+    for row in range(25):
+        fa.partial_fit(X[row : row + 1])
+        assert fa.__sklearn_is_fitted__() == (row + 1 > 20)
+    reference = OnlineFactorAnalysis(K, n_warmup=20, random_state=2).fit(X[:25])
+    assert_same_state(engine_state(fa._model), engine_state(reference._model))
+
+
 def test_random_state_objects_follow_scikit_learn_conventions(fa_stream: StreamFactory) -> None:
     X = fa_stream(D, K, 200, 5)
     for random_state in (np.random.RandomState(0), np.random.default_rng(0)):
@@ -232,6 +243,12 @@ def test_feature_count_is_fixed_by_the_first_partial_fit(fa_stream: StreamFactor
         with pytest.raises(ValueError, match=f"X has {D - 1} features, but OnlineFactorAnalysis is expecting {D}"):
             method(X[:, :-1])
     assert_same_state(engine_state(fa._model), before)
+
+
+def test_not_fitted_error_is_both_the_librarys_and_scikit_learns() -> None:
+    with pytest.raises(onlinefa.NotFittedError) as caught:
+        OnlineFactorAnalysis(2).transform(np.zeros((3, 5)))
+    assert isinstance(caught.value, NotFittedError)  # scikit-learn's
 
 
 def test_unfitted_estimator_raises_not_fitted() -> None:
@@ -321,8 +338,7 @@ WITHOUT_SKLEARN = textwrap.dedent(
     import numpy as np
     import onlinefa
     assert "sklearn" not in sys.modules or sys.modules["sklearn"] is None
-    from onlinefa import OnlineFactorAnalysis
-    from onlinefa.estimator import NotFittedError
+    from onlinefa import NotFittedError, OnlineFactorAnalysis
     assert [c.__name__ for c in OnlineFactorAnalysis.__mro__] == [
         "OnlineFactorAnalysis", "ParamsMixin", "object"], OnlineFactorAnalysis.__mro__
     fa = OnlineFactorAnalysis(2, n_warmup=10, random_state=0)
@@ -345,6 +361,9 @@ WITHOUT_SKLEARN = textwrap.dedent(
     assert Z.shape == (100, 2) and np.isfinite(fa.score(X))
     again = pickle.loads(pickle.dumps(fa))
     assert np.array_equal(again.transform(X), Z)
+    for vb in (onlinefa.VBFA(2, max_iter=20, random_state=0), onlinefa.OnlineVBFA(2, random_state=0)):
+        assert type(vb).__mro__[-2:] == (onlinefa._params.ParamsMixin, object)
+        assert vb.fit(X).transform(X).shape == (100, 2) and np.isfinite(vb.score(X, None))
     print("ok")
     """
 )

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from ._models import NotFittedError, OnlineEM, OnlineSGA
 from .rotation import canonical_loadings
-from .vbfa import VBFA, OnlineVBFA
 from .vifa import VIFA
 
 if TYPE_CHECKING:
     from .estimator import OnlineFactorAnalysis
+    from .vbfa import VBFA, OnlineVBFA
 
 __version__ = "0.1.0"
 
@@ -36,10 +36,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The estimator is imported on first use: it imports scikit-learn when that is installed, and
+    # The estimators are imported on first use: they import scikit-learn when that is installed, and
     # `import onlinefa` must stay numpy-only.
     if name == "OnlineFactorAnalysis":
         from .estimator import OnlineFactorAnalysis
 
         return OnlineFactorAnalysis
+    if name in ("VBFA", "OnlineVBFA"):
+        from . import vbfa
+
+        return getattr(vbfa, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

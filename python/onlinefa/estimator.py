@@ -18,8 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
 from ._validation import check_dtype, check_int, check_positive_float
-from .interop import as_numpy
-from ._sklearn_base import EstimatorBase, NotFittedError, seed_from
+from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .rotation import canonical_loadings, canonical_rotation
 
 if TYPE_CHECKING:
@@ -59,33 +58,6 @@ def _resolve_n_components(n_components: object, n_features: int) -> int:
     if n_components is None:
         return min(DEFAULT_N_COMPONENTS, n_features - 1)
     return min(check_int(n_components, "n_components", 1), n_features - 1)
-
-
-def _is_sparse(data: object) -> bool:
-    return hasattr(data, "toarray") and hasattr(data, "nnz")
-
-
-def _as_real_matrix(data: object) -> NDArray[Any]:
-    """``data`` as a 2-D real array (float32/float64 kept without copying; others to float64)."""
-    if _is_sparse(data):
-        raise TypeError("sparse input is not supported by OnlineFactorAnalysis; pass a dense array")
-    X = as_numpy(data)
-    if X.dtype.kind == "c":
-        raise ValueError("Complex data not supported; pass real-valued samples")
-    if X.dtype.kind == "O":
-        X = X.astype(np.float64)  # numbers stored as objects; anything else raises TypeError here
-    if X.dtype.kind not in "biuf":
-        raise TypeError(f"expected real numeric samples, got an array of dtype {X.dtype}")
-    if X.ndim != 2:
-        shape_name = "scalar" if X.ndim == 0 else f"{X.ndim}D"
-        raise ValueError(
-            f"Expected a 2D array of shape (n_samples, n_features), got a {shape_name} array instead. "
-            "Reshape your data either using array.reshape(-1, 1) if your data has a single feature or "
-            "array.reshape(1, -1) if it contains a single sample."
-        )
-    if X.dtype not in (np.float32, np.float64) or not X.dtype.isnative:
-        X = X.astype(np.float64)
-    return X
 
 
 def _check_finite(X: NDArray[Any], limit: float | None) -> None:
@@ -260,7 +232,7 @@ class OnlineFactorAnalysis(EstimatorBase):
     # -- input checks ---------------------------------------------------------------------------------
     def _fitting_input(self, X: object, *, first: bool) -> NDArray[Any]:
         """Validate a fitting batch; ``first``: it fixes n_features (else it must match)."""
-        arr = _as_real_matrix(X)
+        arr = as_real_matrix(X)
         n_samples, n_features = arr.shape
         if n_samples < 1:
             raise ValueError(
@@ -280,7 +252,7 @@ class OnlineFactorAnalysis(EstimatorBase):
     def _query_input(self, X: object) -> FloatArray:
         """Validate the input of a query method (fitted model, matching features, finite, float64)."""
         self._fitted_model()
-        arr = _as_real_matrix(X)
+        arr = as_real_matrix(X)
         if arr.shape[0] < 1:
             raise ValueError(
                 f"Found array with 0 sample(s) (shape={arr.shape}) while a minimum of 1 is required."
