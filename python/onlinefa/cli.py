@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .errors import CommandError
 
-class CommandError(Exception):
-    """A user-facing failure: printed as one line, exit code 2, no traceback."""
+__all__ = ["CommandError", "main"]
 
 
 def _build_parser() -> argparse.ArgumentParser:

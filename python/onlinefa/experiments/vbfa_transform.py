@@ -545,7 +545,7 @@ def run(args: argparse.Namespace) -> int:
     int
         0 on success.
     """
-    from ..cli import CommandError
+    from ..errors import CommandError
 
     try:
         config = config_from_args(args)
