@@ -7,7 +7,7 @@ use numpy::{
     Element, IntoPyArray, PyArray, PyArray1, PyArray2, PyArrayDyn, PyArrayMethods, PyReadonlyArray, PyReadonlyArray2,
     PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
@@ -23,8 +23,21 @@ use crate::scaling::Scaling;
 use crate::schedule::StepSize;
 use crate::state::{Checkpoint, StateMap, StateValue};
 
+pyo3::create_exception!(
+    onlinefa._core,
+    NumericalBreakdownError,
+    pyo3::exceptions::PyArithmeticError,
+    "The algorithm broke down numerically (a matrix that must be positive definite is not); the model is unchanged."
+);
+
+/// The one conversion of core errors: numerical breakdown → `NumericalBreakdownError` (an
+/// `ArithmeticError`), allocation failure → `MemoryError`, everything else (invalid input) → `ValueError`.
 fn to_py_err(err: FaError) -> PyErr {
-    PyValueError::new_err(err.to_string())
+    match err {
+        FaError::NotPositiveDefinite(_) => NumericalBreakdownError::new_err(err.to_string()),
+        FaError::Allocation { .. } => PyMemoryError::new_err(err.to_string()),
+        _ => PyValueError::new_err(err.to_string()),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
@@ -409,6 +422,8 @@ fn orthonormal_init<'py>(
 
 #[pymodule]
 mod _core {
+    #[pymodule_export]
+    use super::NumericalBreakdownError;
     #[pymodule_export]
     use super::{orthonormal_init, OnlineEMCore, OnlineSGACore, VIFACore};
     #[pymodule_export]

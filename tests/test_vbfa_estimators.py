@@ -108,7 +108,7 @@ def test_online_breakdown_keeps_the_model_and_the_stream_continues_exactly() -> 
     before = online_snapshot(model)
     poison = X[200:250].copy()
     poison[3, 2] = 1e18  # finite and accepted, but the rebuilt loading precision is not positive definite
-    with pytest.raises(ValueError, match="numerical breakdown"):
+    with pytest.raises(onlinefa.NumericalBreakdownError, match="numerical breakdown"):
         model.partial_fit(poison)
     assert online_snapshot(model) == before
     # The next batch continues from the kept state, as if the failed one had never been offered.
@@ -126,8 +126,9 @@ def test_failed_online_fit_keeps_the_previous_fit(bad: str) -> None:
         "inf_in_last_row": np.where(np.arange(120)[:, None] == 119, np.inf, X),
         "breakdown": np.where(np.arange(120)[:, None] == 70, 1e18, X),
     }[bad]
-    with pytest.raises(ValueError, match={"nan_in_row_30": "row 30", "empty": "0 sample", "inf_in_last_row": "row 119",
-                                          "breakdown": "numerical breakdown"}[bad]):
+    error = onlinefa.NumericalBreakdownError if bad == "breakdown" else ValueError
+    with pytest.raises(error, match={"nan_in_row_30": "row 30", "empty": "0 sample", "inf_in_last_row": "row 119",
+                                     "breakdown": "numerical breakdown"}[bad]):
         model.fit(data)
     assert online_snapshot(model) == before
     with pytest.raises(ValueError, match="0 sample"):
@@ -149,7 +150,7 @@ def test_failed_batch_fit_keeps_the_previous_fit() -> None:
     bound, components, elbo = model.lower_bound(), model.components_.copy(), model.elbo_.copy()
     broken = X.copy()
     broken[3, 2] = 1e90  # the rotation objective loses its maximum: a numerical breakdown mid-fit
-    with pytest.raises(ValueError, match="numerical breakdown"):
+    with pytest.raises(onlinefa.NumericalBreakdownError, match="numerical breakdown"):
         model.fit(broken)
     with pytest.raises(ValueError, match="0 sample"):
         model.fit(X[:0])

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._loader import load
+from .errors import NumericalBreakdownError
 from ._models import NotFittedError, OnlineEM, OnlineSGA
 from .rotation import canonical_loadings
 from .vifa import VIFA
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "NotFittedError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "load",
+    "NotFittedError", "NumericalBreakdownError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "load",
 ]  # fmt: skip
 
 

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     n_samples, n_features = data.shape
     try:
         model = build_model(args, n_features)
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, MemoryError) as err:
         raise CommandError(str(err)) from err
     if n_samples <= model.n_warmup:
         raise CommandError(
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         held_out = _stream(model, data, args.batch_rows, f"fit {args.method}")
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, ArithmeticError) as err:
         raise CommandError(f"{err} (nothing was written)") from err
     seconds = time.perf_counter() - started
     try:

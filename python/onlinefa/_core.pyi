@@ -7,6 +7,7 @@ from typing_extensions import Self
 from numpy.typing import NDArray
 
 __all__ = [
+    "NumericalBreakdownError",
     "OnlineEMCore",
     "OnlineSGACore",
     "OnlineVBFACore",
@@ -15,6 +16,8 @@ __all__ = [
     "orthonormal_init",
     "vbfa_log_likelihood",
 ]
+
+class NumericalBreakdownError(ArithmeticError): ...
 
 @final
 class OnlineEMCore:

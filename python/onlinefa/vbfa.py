@@ -369,8 +369,10 @@ class VBFA(_VBFAEstimator):
         Raises
         ------
         ValueError
-            Wrong shape, no rows, an infinite value, a column with no observed value, an invalid
-            hyper-parameter, or a numerical breakdown. The previous fit is then kept unchanged.
+            Wrong shape, no rows, an infinite value, a column with no observed value, or an invalid
+            hyper-parameter. The previous fit is then kept unchanged.
+        onlinefa.NumericalBreakdownError
+            The coordinate ascent broke down numerically; the previous fit is kept unchanged.
         """
         max_iter = check_int(self.max_iter, "max_iter", 1)
         tol = _check_tol(self.tol)
@@ -611,8 +613,10 @@ class OnlineVBFA(_VBFAEstimator):
         Raises
         ------
         ValueError
-            Wrong shape, no rows, a NaN/infinite value, an invalid hyper-parameter or a numerical
-            breakdown; the model is left exactly as it was.
+            Wrong shape, no rows, a NaN/infinite value or an invalid hyper-parameter; the model is left
+            exactly as it was.
+        onlinefa.NumericalBreakdownError
+            The update broke down numerically; the model is left exactly as it was.
         """
         engine: _core.OnlineVBFACore | None = self.__dict__.get("_engine")
         if engine is None:
@@ -643,7 +647,7 @@ class OnlineVBFA(_VBFAEstimator):
 
         Raises
         ------
-        ValueError
+        ValueError, onlinefa.NumericalBreakdownError
             As :meth:`partial_fit`, for any batch; every row is validated before any is applied, and the
             previous fit is kept unchanged on any error.
         """
