@@ -154,3 +154,21 @@ def test_progress_off_a_terminal_is_plain_lines_with_rate_and_eta() -> None:
     text = stream.getvalue()
     assert "\r" not in text and "\x1b" not in text
     assert text.count("\n") == 1 and text.startswith("fit em: 100/100 (100%),") and "/s, ETA 0:00:00" in text
+
+
+def test_info_prints_class_configuration_and_state(samples: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "model.ckpt"
+    assert main(["fit", str(samples), "-k", str(K), "-o", str(out), "--schedule", "constant", "--rho", "0.05"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    model = onlinefa.load(out)
+    assert text.startswith(f"{out}: OnlineEM\n")
+    assert "schedule                 = 'constant'" in text and f"n_seen                   = {T}" in text
+    assert f"mean                     array ({D},) float64, min {model.mean.min():.6g}, max {model.mean.max():.6g}" in text
+    (tmp_path / "junk").write_bytes(b"junk")
+    assert main(["info", str(tmp_path / "junk")]) == 2
+    assert "not a valid onlinefa checkpoint" in capsys.readouterr().err
+    assert main(["info", str(tmp_path / "absent")]) == 2
+    assert "no such file" in capsys.readouterr().err

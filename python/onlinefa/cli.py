@@ -1,4 +1,4 @@
-"""The ``onlinefa`` command: ``fit``, ``demo`` and ``experiment <name>``."""
+"""The ``onlinefa`` command: ``fit``, ``info``, ``demo`` and ``experiment <name>``."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"onlinefa {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from . import _cli_fit, _cli_demo
+    from . import _cli_demo, _cli_fit, _cli_info
 
     _cli_fit.add_parser(commands)
+    _cli_info.add_parser(commands)
     _cli_demo.add_parser(commands)
 
     experiment = commands.add_parser("experiment", help="reproduce an experiment of the thesis")
