@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._models import OnlineEM, OnlineSGA, resolve_warmup
+from ._models import OnlineEM, OnlineSGA
 from ._progress import Progress
 from .errors import CommandError
 

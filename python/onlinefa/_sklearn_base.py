@@ -13,8 +13,7 @@ from numpy.typing import NDArray
 
 from ._models import NotFittedError as LibraryNotFittedError
 from ._params import ParamsMixin
-from ._validation import check_seed
-from .interop import as_numpy
+from ._validation import as_numpy, check_seed
 
 
 if TYPE_CHECKING:
