@@ -160,6 +160,19 @@ def test_partial_fit_continues_through_the_warm_up(fa_stream: StreamFactory) -> 
     assert_same_state(engine_state(fa._model), engine_state(reference._model))
 
 
+def test_sample_draws_from_the_fitted_gaussian(fa_stream: StreamFactory) -> None:
+    X = fa_stream(D, K, 300, 11)
+    fa = OnlineFactorAnalysis(K, n_warmup=20, random_state=0).fit(X)
+    np.testing.assert_array_equal(fa.sample(7, random_state=5), fa._model.sample(7, seed=5))
+    assert fa.sample(random_state=1).shape == (1, D) and fa.sample(0).shape == (0, D)
+    # Seeded statistical check: the mean of 20000 draws is within 5 standard errors of mean_.
+    draws = fa.sample(20000, random_state=2)
+    standard_error = np.sqrt(np.diag(fa.get_covariance()) / 20000)
+    assert np.all(np.abs(draws.mean(axis=0) - fa.mean_) < 5 * standard_error)
+    with pytest.raises(NotFittedError):
+        OnlineFactorAnalysis(K).sample(3)
+
+
 def test_random_state_objects_follow_scikit_learn_conventions(fa_stream: StreamFactory) -> None:
     X = fa_stream(D, K, 200, 5)
     for random_state in (np.random.RandomState(0), np.random.default_rng(0)):

@@ -434,6 +434,24 @@ class OnlineFactorAnalysis(EstimatorBase):
         """
         return float(np.mean(self.score_samples(X)))
 
+    def sample(
+        self, n_samples: int = 1, random_state: int | np.random.RandomState | np.random.Generator | None = None
+    ) -> FloatArray:
+        """Draw samples from the fitted Gaussian without forming the D×D covariance.
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+            Number of draws (>= 0).
+        random_state : int, RandomState, Generator or None, default=None
+            Seed of the draws (scikit-learn's convention); the same int gives the same draws.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features)
+        """
+        return self._fitted_model().sample(n_samples, seed=seed_from(random_state))
+
     def get_covariance(self) -> FloatArray:
         """Dense model covariance, ``components_.T @ components_ + diag(noise_variance_)``.
 
