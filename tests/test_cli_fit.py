@@ -172,3 +172,23 @@ def test_info_prints_class_configuration_and_state(samples: Path, tmp_path: Path
     assert "not a valid onlinefa checkpoint" in capsys.readouterr().err
     assert main(["info", str(tmp_path / "absent")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_info_into_a_closed_pipe_stops_quietly(samples: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "model.ckpt"
+    assert main(["fit", str(samples), "-k", str(K), "-o", str(out)]) == 0
+    # stdout is a pipe whose reader is gone (as after `| head`); line buffering makes the first print fail.
+    code = (
+        "import os, sys\n"
+        "read_end, write_end = os.pipe()\n"
+        "os.close(read_end)\n"
+        "os.dup2(write_end, 1)\n"
+        "sys.stdout.reconfigure(line_buffering=True)\n"
+        "from onlinefa.cli import main\n"
+        f"raise SystemExit(main(['info', {str(out)!r}]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 141 and result.stderr == "", result.stderr
