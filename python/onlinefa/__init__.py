@@ -27,11 +27,12 @@ from .vifa import VIFA
 
 if TYPE_CHECKING:
     from .estimator import OnlineFactorAnalysis
+    from .gfa import GFA
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "NotFittedError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings",
+    "GFA", "NotFittedError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings",
 ]  # fmt: skip
 
 
@@ -42,4 +43,8 @@ def __getattr__(name: str) -> Any:
         from .estimator import OnlineFactorAnalysis
 
         return OnlineFactorAnalysis
+    if name == "GFA":
+        from .gfa import GFA
+
+        return GFA
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use ndarray::{s, Array1, Array2, Array3, ArrayView2, Axis};
+use ndarray::{Array1, Array2, Array3, ArrayView2, Axis};
 
 use super::rotation::maximise_group_rotation;
 use super::{GfaConfig, Groups, NoiseModel};
@@ -288,10 +288,19 @@ impl GfaBatch {
     pub fn apply(&mut self, step: GfaStep) -> Result<()> {
         match step {
             GfaStep::Latents => self.update_latents(),
-            GfaStep::Bias => Ok(self.update_bias()),
+            GfaStep::Bias => {
+                self.update_bias();
+                Ok(())
+            }
             GfaStep::Loadings => self.update_loadings(),
-            GfaStep::Noise => Ok(self.update_noise()),
-            GfaStep::Ard => Ok(self.update_ard()),
+            GfaStep::Noise => {
+                self.update_noise();
+                Ok(())
+            }
+            GfaStep::Ard => {
+                self.update_ard();
+                Ok(())
+            }
             GfaStep::Translate => self.translate().map(|_| ()),
             GfaStep::Rotate => self.rotate().map(|_| ()),
             GfaStep::Drop => self.drop_inactive().map(|_| ()),
@@ -709,6 +718,37 @@ impl GfaBatch {
         Ok((means, vars))
     }
 
+    /// Posterior means E_q[h_n] of new rows (N×D, NaN = unobserved) given the fitted global factors.
+    pub fn latent_means(&self, x: ArrayView2<f64>) -> Result<Array2<f64>> {
+        self.check_query(x)?;
+        let missing = MissingPattern::of(x);
+        let zeroed = x.mapv(|v| if v.is_nan() { 0.0 } else { v });
+        Ok(self.latent_posteriors(zeroed.view(), &missing)?.0)
+    }
+
+    /// Shape (·, D) and no infinite or huge value.
+    fn check_query(&self, x: ArrayView2<f64>) -> Result<()> {
+        let (n, d) = x.dim();
+        if d != self.groups.n_features() {
+            return Err(FaError::Shape {
+                what: "X",
+                expected: format!("(n_samples, {})", self.groups.n_features()),
+                got: vec![n, d],
+            });
+        }
+        if let Some(row) = x
+            .rows()
+            .into_iter()
+            .position(|r| r.iter().any(|&v| is_bad_entry(v, true)))
+        {
+            return Err(FaError::BadValue {
+                row,
+                kind: "an infinite or huge value (NaN marks an unobserved value)".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// Settings.
     pub fn config(&self) -> &GfaConfig {
         &self.config
@@ -769,17 +809,13 @@ impl GfaBatch {
     pub fn converged(&self) -> bool {
         self.converged
     }
-    /// h̄ columns of the kept factors for rows 0..n (used by tests).
-    #[cfg(test)]
-    fn latent_block(&self, n: usize) -> Array2<f64> {
-        self.h_mean.slice(s![..n, ..]).to_owned()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::vbfa::{Prior, Step, VbfaBatch, VbfaConfig};
+    use ndarray::s;
 
     /// N×D data: 3 factors, with factor 0 shared, 1 only in group 0, 2 only in group 1; groups of 6 and
     /// 8 features with noise sd 0.3 and 0.6; optionally every 5th entry missing.
@@ -898,9 +934,7 @@ mod tests {
         assert!((gfa.noise_variance() - vbfa.noise_variance())
             .iter()
             .all(|v| v.abs() < 1e-9));
-        assert!((gfa.latent_block(40) - vbfa.latent_mean())
-            .iter()
-            .all(|v| v.abs() < 1e-9));
+        assert!((gfa.latent_mean() - vbfa.latent_mean()).iter().all(|v| v.abs() < 1e-9));
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod batch;
 mod bound;
 mod rotation;
 
-pub use batch::{GfaBatch, GfaSweep};
+pub use batch::{GfaBatch, GfaStep, GfaSweep};
 pub use bound::GfaBoundTerms;
 pub use rotation::{group_rotation_gradient, group_rotation_objective, maximise_group_rotation};
 

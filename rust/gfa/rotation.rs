@@ -139,7 +139,7 @@ pub fn maximise_group_rotation(
         if !(slope > 0.0) {
             break;
         }
-        let Some((step, f_new, g_new, r_new)) = line_search(&p, &r, &direction, f, slope) else {
+        let Some((_, f_new, g_new, r_new)) = line_search(&p, &r, &direction, f, slope) else {
             break;
         };
         let s = &r_new - &r;
@@ -155,7 +155,7 @@ pub fn maximise_group_rotation(
         r = r_new;
         f = f_new;
         g = g_new;
-        if gain <= 1e-13 * f.abs().max(1.0) || step == 0.0 || g.amax() <= 1e-10 * f.abs().max(1.0) {
+        if gain <= 1e-12 * f.abs().max(1.0) || g.amax() <= 1e-9 * f.abs().max(1.0) {
             break;
         }
     }
@@ -178,7 +178,8 @@ pub fn maximise_group_rotation(
     ))
 }
 
-/// The L-BFGS ascent direction H·g (two-loop recursion on −f; H₀ = γ I with γ = sᵀy/yᵀy).
+/// The L-BFGS ascent direction H·g (two-loop recursion on −f; H₀ = γ I with γ = sᵀy/yᵀy, or
+/// 1/max(1, ‖g‖) before any curvature pair).
 fn lbfgs_direction(g: &DMatrix<f64>, history: &[(DMatrix<f64>, DMatrix<f64>, f64)]) -> DMatrix<f64> {
     let mut q = g.clone();
     let mut alphas = Vec::with_capacity(history.len());
@@ -187,8 +188,9 @@ fn lbfgs_direction(g: &DMatrix<f64>, history: &[(DMatrix<f64>, DMatrix<f64>, f64
         q -= y * a;
         alphas.push(a);
     }
-    if let Some((s, y, _)) = history.last() {
-        q *= s.dot(y) / y.dot(y);
+    match history.last() {
+        Some((s, y, _)) => q *= s.dot(y) / y.dot(y),
+        None => q /= g.norm().max(1.0), // first step: at most unit length
     }
     for ((s, y, rho), a) in history.iter().zip(alphas.into_iter().rev()) {
         let b = rho * y.dot(&q);
