@@ -279,6 +279,11 @@ class GFA(_EstimatorBase):
     @staticmethod
     def _data(X: ArrayLike, observed: ArrayLike | None) -> FloatArray:
         arr = _as_real_matrix(X).astype(np.float64)  # a copy: NaN may be written below
+        for axis, what in ((0, "sample"), (1, "feature")):
+            if arr.shape[axis] < 1:
+                raise ValueError(
+                    f"Found array with 0 {what}(s) (shape={arr.shape}) while a minimum of 1 is required by GFA."
+                )
         if np.isinf(arr).any():
             raise ValueError("Input X contains infinity (NaN marks a missing value)")
         if observed is not None:
