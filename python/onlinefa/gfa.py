@@ -83,8 +83,8 @@ def resolve_groups(groups: object, n_features: int) -> tuple[NDArray[np.int64], 
         m = int(groups)
         if not 1 <= m <= n_features:
             raise ValueError(f"groups={m} must be between 1 and n_features={n_features} (no empty group)")
-        sizes = [len(part) for part in np.array_split(np.arange(n_features), m)]
-        return np.repeat(np.arange(m), sizes).astype(np.int64), list(range(m))
+        split = [len(part) for part in np.array_split(np.arange(n_features), m)]
+        return np.repeat(np.arange(m), split).astype(np.int64), list(range(m))
     if isinstance(groups, (str, bytes)) or not isinstance(groups, (Sequence, np.ndarray)):
         raise TypeError(f"groups must be an int or a sequence, got {type(groups).__name__}")
     values = np.asarray(groups)
@@ -94,7 +94,7 @@ def resolve_groups(groups: object, n_features: int) -> tuple[NDArray[np.int64], 
         labels, index = np.unique(values, return_inverse=True)
         return index.astype(np.int64), labels.tolist()
     if values.dtype.kind in "iu":
-        sizes = values.astype(np.int64)
+        sizes: NDArray[np.int64] = values.astype(np.int64)
         if (sizes < 0).any():
             raise ValueError(f"group sizes must be >= 0, got {sizes.tolist()}")
         if int(sizes.sum()) == n_features:
