@@ -1024,7 +1024,7 @@ impl GFACore {
 #[pymethods]
 impl GFACore {
     #[new]
-    #[pyo3(signature = (x, groups, n_components, *, noise, rotate, rotate_start, drop_factors, drop_tol, init_noise_ratio, seed))]
+    #[pyo3(signature = (x, groups, n_components, *, noise, rotate, rotate_start, drop_factors, drop_tol, init_noise_ratio, seed, ard_rank=None, ard_lambda=0.1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -1038,6 +1038,8 @@ impl GFACore {
         drop_tol: f64,
         init_noise_ratio: f64,
         seed: Option<u64>,
+        ard_rank: Option<usize>,
+        ard_lambda: f64,
     ) -> PyResult<Self> {
         let noise = match noise {
             "group" => crate::gfa::NoiseModel::Group,
@@ -1051,6 +1053,8 @@ impl GFACore {
         let config = crate::gfa::GfaConfig {
             n_components,
             noise,
+            ard_rank,
+            ard_lambda,
             hyper: crate::vbfa::Hyper::default(),
             rotate,
             rotate_start,
@@ -1170,7 +1174,12 @@ impl GFACore {
         Ok(self.with(py, |m| Ok(m.loading_cov().clone()))?.into_pyarray(py))
     }
 
-    /// (shapes, rates) of q(α_mk), each M×K.
+    /// ⟨α_mk⟩ (M×K; α itself for the low-rank ARD).
+    fn alpha_mean<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        Ok(self.with(py, |m| Ok(m.alpha_means()))?.into_pyarray(py))
+    }
+
+    /// (shapes, rates) of q(α_mk), each M×K (full-rank q(α); unused by the low-rank ARD).
     fn ard<'py>(&self, py: Python<'py>) -> PyResult<GfaMatrixPair<'py>> {
         let (shape, rate) = self.with(py, |m| Ok((m.ard().mapv(|q| q.shape), m.ard().mapv(|q| q.rate))))?;
         Ok((shape.into_pyarray(py), rate.into_pyarray(py)))

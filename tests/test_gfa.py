@@ -298,3 +298,28 @@ def test_bad_data_is_rejected_with_clear_errors() -> None:
         g.predict_group(x, 5)
     with pytest.raises(ValueError, match="expecting 10 features"):
         g.transform(x[:, :7])
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_low_rank_ard_recovers_the_pattern_and_the_noise(rank: int) -> None:
+    x, labels, pattern, taus = synthetic(0)
+    g = onlinefa.GFA(8, labels, ard_rank=rank, max_iter=2000, tol=1e-8, random_state=0).fit(x)
+    assert g.n_components_ == 4
+    assert pattern_matches(g.activity_, pattern), np.round(g.activity_, 3)
+    np.testing.assert_allclose(g.noise_precision_, taus, rtol=0.05)
+    assert np.all(np.diff(g.elbo_)[np.diff(g.n_components_history_) == 0] >= -1e-9 * abs(g.elbo_[-1]))
+    # α of the active cells is far below α of the inactive ones.
+    active = g.activity_ > 0.02
+    assert g.alpha_[active].max() < g.alpha_[~active].min()
+
+
+def test_low_rank_ard_is_monotone_under_every_step() -> None:
+    x, labels, _, _ = synthetic(9, n=80, sizes=(5, 7, 6), missing=0.1)
+    e = engine(x, labels, 6, ard_rank=2)
+    last = e.elbo()
+    for _ in range(6):
+        for step in ["latents", "bias", "loadings", "noise", "ard", "translate", "rotate"]:
+            e.apply(step)
+            now = e.elbo()
+            assert now >= last - 1e-10 * abs(last), (step, last, now)
+            last = now

@@ -126,6 +126,12 @@ class GFA(_EstimatorBase):
         n_features is always read as labels.
     noise : {"group", "feature"}, default="group"
         One isotropic noise precision per group, or one per feature (diagonal Ψ).
+    ard_rank : int or None, default=None
+        None: the full-rank ARD, a Gamma posterior per group and factor. An int R: the low-rank ARD
+        log α = U Vᵀ + μ_u 1ᵀ + 1 μ_vᵀ (U: groups × R, V: factors × R, point estimates with a N(0, 1/λ)
+        prior), which shares strength between groups when there are many of them.
+    ard_lambda : float, default=0.1
+        λ of the low-rank ARD.
     rotate : bool, default=True
         Apply the exact translation and the group rotation after every sweep (much faster convergence).
     drop_factors : bool, default=True
@@ -155,7 +161,7 @@ class GFA(_EstimatorBase):
     mean_ : ndarray of shape (n_features,)
         Posterior mean of the bias c.
     alpha_ : ndarray of shape (n_groups, n_components_)
-        ⟨α_mk⟩, the ARD precisions (large = factor k switched off in group m).
+        ⟨α_mk⟩, the ARD precisions (large = factor k switched off in group m); α for the low-rank ARD.
     activity_ : ndarray of shape (n_groups, n_components_)
         Share of each group's total variance explained by each factor.
     elbo_ : ndarray of shape (n_iter_,)
@@ -184,6 +190,8 @@ class GFA(_EstimatorBase):
         groups: GroupsSpec = 1,
         *,
         noise: NoiseName = "group",
+        ard_rank: int | None = None,
+        ard_lambda: float = 0.1,
         rotate: bool = True,
         drop_factors: bool = True,
         drop_tol: float = 1e-3,
@@ -195,6 +203,8 @@ class GFA(_EstimatorBase):
         self.n_components = n_components
         self.groups = groups
         self.noise = noise
+        self.ard_rank = ard_rank
+        self.ard_lambda = ard_lambda
         self.rotate = rotate
         self.drop_factors = drop_factors
         self.drop_tol = drop_tol
@@ -246,6 +256,8 @@ class GFA(_EstimatorBase):
             drop_tol=_check_tol(self.drop_tol, "drop_tol", 1.0),
             init_noise_ratio=check_positive_float(self.init_noise_ratio, "init_noise_ratio"),
             seed=_seed_from(self.random_state),
+            ard_rank=None if self.ard_rank is None else check_int(self.ard_rank, "ard_rank", 1),
+            ard_lambda=check_positive_float(self.ard_lambda, "ard_lambda"),
         )
         engine.fit(check_int(self.max_iter, "max_iter", 1), _check_tol(self.tol, "tol"))
         self._engine = engine
@@ -301,8 +313,7 @@ class GFA(_EstimatorBase):
         shape, rate = engine.noise()
         self.noise_precision_ = shape / rate
         self.mean_ = engine.bias_mean()
-        a_shape, a_rate = engine.ard()
-        self.alpha_ = a_shape / a_rate
+        self.alpha_ = engine.alpha_mean()
         self.activity_ = engine.activity()
         self.elbo_ = elbo
         self.n_components_history_ = ks.astype(np.int64)

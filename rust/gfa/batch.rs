@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use ndarray::{Array1, Array2, Array3, ArrayView2, Axis};
 
-use super::rotation::maximise_group_rotation;
+use super::lowrank::LowRankArd;
+use super::rotation::{maximise_group_rotation, maximise_group_rotation_fixed};
 use super::{GfaConfig, Groups, NoiseModel};
 use crate::error::{invalid, FaError, Result};
 use crate::init::fill_standard_normal;
@@ -99,6 +100,8 @@ pub struct GfaBatch {
     pub(super) alpha: Array2<GammaQ>,
     /// q(τ_m) (M) or q(τ_d) (D).
     pub(super) tau: Vec<GammaQ>,
+    /// The low-rank ARD (then `alpha` is unused), or None for the full-rank q(α).
+    pub(super) low_rank: Option<LowRankArd>,
     pub(super) stats: ColumnStats,
     /// Σ_{d∈m} (observed variance of feature d), the scale of the dropping rule (M).
     group_variance: Vec<f64>,
@@ -257,6 +260,15 @@ impl GfaBatch {
         };
         let stats = ColumnStats::from_latents(x_zeroed.view(), &missing, h_mean.view(), &h_cov);
         let alpha = Array2::from_elem((groups.n_groups(), k), GammaQ { shape: 1.0, rate: 1.0 });
+        let low_rank = config.ard_rank.map(|r| {
+            LowRankArd::new(
+                groups.n_groups(),
+                k,
+                r,
+                config.ard_lambda,
+                config.seed ^ 0x9e37_79b9_7f4a_7c15,
+            )
+        });
         let mut model = GfaBatch {
             config,
             groups,
@@ -271,6 +283,7 @@ impl GfaBatch {
             f_log_det,
             alpha,
             tau,
+            low_rank,
             stats,
             group_variance,
             kept: (0..k).collect(),
@@ -373,9 +386,20 @@ impl GfaBatch {
         }
     }
 
-    /// ⟨α_mk⟩ (M×K).
+    /// ⟨α_mk⟩ (M×K); α itself for the low-rank ARD.
     pub fn alpha_means(&self) -> Array2<f64> {
-        self.alpha.mapv(|q| q.mean())
+        match &self.low_rank {
+            Some(lr) => lr.log_alpha().mapv(f64::exp),
+            None => self.alpha.mapv(|q| q.mean()),
+        }
+    }
+
+    /// ⟨ln α_mk⟩ (M×K); ln α for the low-rank ARD.
+    pub fn alpha_mean_logs(&self) -> Array2<f64> {
+        match &self.low_rank {
+            Some(lr) => lr.log_alpha(),
+            None => self.alpha.mapv(|q| q.mean_log()),
+        }
     }
 
     /// q(h_n) for every row, then the column statistics.
@@ -506,10 +530,25 @@ impl GfaBatch {
         }
     }
 
-    /// q(α_mk) = G(a_α + D_m/2, b_α + ½ Σ_{d∈m} ⟨f_dk²⟩) (the notes' full-rank q(α)).
+    /// q(α_mk) = G(a_α + D_m/2, b_α + ½ Σ_{d∈m} ⟨f_dk²⟩) (the notes' full-rank q(α)), or for the low-rank
+    /// ARD the L-BFGS re-fit of (U, V, μ_u, μ_v) to B_mk = Σ_{d∈m} ⟨f_dk²⟩ from their current values.
     pub fn update_ard(&mut self) {
         let hyper = self.config.hyper;
         let k = self.f_mean.ncols();
+        if self.low_rank.is_some() {
+            let b = Array2::from_shape_fn((self.groups.n_groups(), k), |(m, j)| {
+                self.groups
+                    .members(m)
+                    .iter()
+                    .map(|&d| self.f_mean[[d, j]].powi(2) + self.f_cov[[d, j, j]])
+                    .sum::<f64>()
+            });
+            let sizes = self.groups.sizes();
+            if let Some(lr) = self.low_rank.as_mut() {
+                lr.fit(b.view(), &sizes);
+            }
+            return;
+        }
         let mut alpha = Array2::from_elem((self.groups.n_groups(), k), GammaQ { shape: 1.0, rate: 1.0 });
         for m in 0..self.groups.n_groups() {
             let members = self.groups.members(m);
@@ -566,17 +605,16 @@ impl GfaBatch {
     }
 
     /// The group rotation (see `rotation.rs`) applied to q(H), q(F) and the statistics, then q(α).
-    /// Returns R and the gain of the bound f(R) − f(I) ≥ 0.
+    /// Returns R and the gain of the bound f(R) − f(I) ≥ 0 (before the q(α) update; for the low-rank ARD
+    /// α is held fixed during the rotation and re-fitted after it, which can only add to the gain).
     pub fn rotate(&mut self) -> Result<(Rotation, f64)> {
         let hyper = self.config.hyper;
-        let (rot, gain) = maximise_group_rotation(
-            self.stats.total_gram.view(),
-            self.stats.n_rows,
-            &self.group_loading_grams(),
-            &self.groups.sizes(),
-            hyper.a_alpha,
-            hyper.b_alpha,
-        )?;
+        let (grams, sizes) = (self.group_loading_grams(), self.groups.sizes());
+        let (s, n) = (self.stats.total_gram.view(), self.stats.n_rows);
+        let (rot, gain) = match &self.low_rank {
+            Some(_) => maximise_group_rotation_fixed(s, n, &grams, &sizes, self.alpha_means().view())?,
+            None => maximise_group_rotation(s, n, &grams, &sizes, hyper.a_alpha, hyper.b_alpha)?,
+        };
         self.h_mean = rot.latents(self.h_mean.view());
         self.h_cov.rotate(&rot);
         self.f_mean = rot.loadings(self.f_mean.view());
@@ -656,6 +694,9 @@ impl GfaBatch {
         self.f_mean = self.f_mean.select(Axis(1), &keep);
         self.h_mean = self.h_mean.select(Axis(1), &keep);
         self.kept = keep.iter().map(|&j| self.kept[j]).collect();
+        if let Some(lr) = self.low_rank.as_mut() {
+            lr.select_factors(&keep);
+        }
         self.stats = ColumnStats::from_latents(self.x.view(), &self.missing, self.h_mean.view(), &self.h_cov);
         self.update_ard();
         Ok(dropped)
@@ -854,13 +895,19 @@ mod tests {
 
     #[test]
     fn every_update_and_transformation_raises_the_bound() {
-        for (noise, missing) in [
-            (NoiseModel::Group, true),
-            (NoiseModel::Feature, true),
-            (NoiseModel::Group, false),
+        for (noise, missing, ard_rank) in [
+            (NoiseModel::Group, true, None),
+            (NoiseModel::Feature, true, None),
+            (NoiseModel::Group, false, None),
+            (NoiseModel::Group, true, Some(1)),
+            (NoiseModel::Feature, false, Some(2)),
         ] {
             let (x, groups) = data(60, missing);
-            let mut m = GfaBatch::new(x.view(), groups, config(5, noise)).expect("model");
+            let cfg = GfaConfig {
+                ard_rank,
+                ..config(5, noise)
+            };
+            let mut m = GfaBatch::new(x.view(), groups, cfg).expect("model");
             let mut last = m.elbo();
             for _ in 0..8 {
                 for step in [
@@ -874,7 +921,10 @@ mod tests {
                 ] {
                     m.apply(step).expect("step");
                     let now = m.elbo();
-                    assert!(now >= last - 1e-10 * last.abs(), "{noise:?} {step:?}: {last} -> {now}");
+                    assert!(
+                        now >= last - 1e-10 * last.abs(),
+                        "{noise:?} {ard_rank:?} {step:?}: {last} -> {now}"
+                    );
                     last = now;
                 }
             }
@@ -945,6 +995,33 @@ mod tests {
         assert_eq!(m.loading_mean().ncols(), 3, "kept {:?}", m.kept_components());
         assert_eq!(m.alpha_means().dim(), (2, 3));
         // The bound is monotone between drops.
+        for pair in m.history().windows(2) {
+            if pair[0].n_components == pair[1].n_components {
+                assert!(pair[1].elbo >= pair[0].elbo - 1e-9 * pair[0].elbo.abs());
+            }
+        }
+    }
+
+    #[test]
+    fn low_rank_ard_recovers_the_pattern_and_drops_factors() {
+        let (x, groups) = data(200, false);
+        let cfg = GfaConfig {
+            ard_rank: Some(1),
+            ..config(8, NoiseModel::Group)
+        };
+        let mut m = GfaBatch::new(x.view(), groups, cfg).expect("model");
+        m.fit(300, 1e-7).expect("fit");
+        assert_eq!(m.loading_mean().ncols(), 3, "kept {:?}", m.kept_components());
+        // One shared factor and one private factor per group: exactly one inactive cell per private factor.
+        let active = m.activity().mapv(|v| v > 0.02);
+        let per_factor: Vec<usize> = active
+            .columns()
+            .into_iter()
+            .map(|c| c.iter().filter(|&&a| a).count())
+            .collect();
+        let mut sorted = per_factor.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![1, 1, 2], "{active:?}");
         for pair in m.history().windows(2) {
             if pair[0].n_components == pair[1].n_components {
                 assert!(pair[1].elbo >= pair[0].elbo - 1e-9 * pair[0].elbo.abs());

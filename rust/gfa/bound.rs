@@ -6,6 +6,9 @@
 //!   − ½ Σ_d [β(c̄_d² + c̃_d) − 1 − ln(β c̃_d)]                                          (bias)
 //!   + Σ_d [½ Σ_k ⟨ln α_{g(d)k}⟩ − ½ Σ_k ⟨α_{g(d)k}⟩⟨f_dk²⟩ + ½ ln|Σ_{f_d}| + K/2]      (loadings)
 //!   + Σ_{m,k} [E ln G(α_mk | a_α, b_α) + H q(α_mk)] + Σ_τ [E ln G(τ | a_τ, b_τ) + H q(τ)].
+//!
+//! For the low-rank ARD (α a point estimate) ⟨ln α⟩ = ln α, ⟨α⟩ = α, and the α term is ln p(U) + ln p(V)
+//! (the bound of ln p(X, U, V), maximised over U, V).
 
 use super::batch::GfaBatch;
 use crate::vbfa::elbo::HALF_LN_2PI;
@@ -22,7 +25,7 @@ pub struct GfaBoundTerms {
     pub bias: f64,
     /// E[ln p(F|α)] + H[q(F)].
     pub loadings: f64,
-    /// −KL(q(α)‖p(α)) over the M×K precisions.
+    /// −KL(q(α)‖p(α)) over the M×K precisions (low-rank ARD: ln p(U) + ln p(V)).
     pub ard: f64,
     /// −KL(q(τ)‖p(τ)) over the M (or D) precisions.
     pub noise: f64,
@@ -41,7 +44,7 @@ impl GfaBatch {
         let hyper = self.config.hyper;
         let k = self.f_mean.ncols();
         let alpha_means = self.alpha_means();
-        let alpha_logs = self.alpha.mapv(|q| q.mean_log());
+        let alpha_logs = self.alpha_mean_logs();
         let (mut likelihood, mut bias, mut loadings) = (0.0, 0.0, 0.0);
         for d in 0..self.groups.n_features() {
             let m = self.groups.of(d);
@@ -58,11 +61,14 @@ impl GfaBatch {
         }
         let latents =
             -0.5 * (self.stats.total_gram.diag().sum() - self.stats.n_rows * k as f64 - self.h_cov.log_det_sum());
-        let ard = self
-            .alpha
-            .iter()
-            .map(|q| q.prior_plus_entropy(hyper.a_alpha, hyper.b_alpha))
-            .sum();
+        let ard = match &self.low_rank {
+            Some(lr) => lr.log_prior(),
+            None => self
+                .alpha
+                .iter()
+                .map(|q| q.prior_plus_entropy(hyper.a_alpha, hyper.b_alpha))
+                .sum(),
+        };
         let noise = self
             .tau
             .iter()

@@ -18,11 +18,16 @@
 
 mod batch;
 mod bound;
+mod lbfgs;
+mod lowrank;
 mod rotation;
 
 pub use batch::{GfaBatch, GfaStep, GfaSweep};
 pub use bound::GfaBoundTerms;
-pub use rotation::{group_rotation_gradient, group_rotation_objective, maximise_group_rotation};
+pub use lowrank::{full_rank_point_estimate, LowRankArd};
+pub use rotation::{
+    group_rotation_gradient, group_rotation_objective, maximise_group_rotation, maximise_group_rotation_fixed,
+};
 
 use crate::error::{invalid, Result};
 use crate::vbfa::Hyper;
@@ -43,6 +48,11 @@ pub struct GfaConfig {
     pub n_components: usize,
     /// Noise model.
     pub noise: NoiseModel,
+    /// `None`: the full-rank q(α) (Gamma factors); `Some(R)`: the low-rank ARD log α = U Vᵀ + μ_u 1ᵀ + 1 μ_vᵀ
+    /// with U: M×R, V: K×R (point estimates).
+    pub ard_rank: Option<usize>,
+    /// λ, the prior precision of U and V in the low-rank ARD (the notes use 0.1).
+    pub ard_lambda: f64,
     /// Prior hyper-parameters (`broad_alpha` is unused).
     pub hyper: Hyper,
     /// Apply the translation and the group rotation after each sweep from `rotate_start` on.
@@ -64,6 +74,8 @@ impl Default for GfaConfig {
         GfaConfig {
             n_components: 2,
             noise: NoiseModel::Group,
+            ard_rank: None,
+            ard_lambda: 0.1,
             hyper: Hyper::default(),
             rotate: true,
             rotate_start: 1,
@@ -89,6 +101,15 @@ impl GfaConfig {
         }
         if !(self.drop_tol.is_finite() && (0.0..1.0).contains(&self.drop_tol)) {
             return Err(invalid("drop_tol", format!("must be in [0, 1), got {}", self.drop_tol)));
+        }
+        if self.ard_rank == Some(0) {
+            return Err(invalid("ard_rank", "must be >= 1 (or None for the full-rank q(α))"));
+        }
+        if !(self.ard_lambda.is_finite() && self.ard_lambda > 0.0) {
+            return Err(invalid(
+                "ard_lambda",
+                format!("must be finite and > 0, got {}", self.ard_lambda),
+            ));
         }
         let h = &self.hyper;
         for (name, value) in [

@@ -12,11 +12,10 @@
 use nalgebra::DMatrix;
 use ndarray::{Array2, ArrayView2};
 
+use super::lbfgs::maximise;
 use crate::error::{FaError, Result};
 use crate::vbfa::Rotation;
 
-/// L-BFGS memory.
-const MEMORY: usize = 8;
 /// Maximum number of L-BFGS iterations per rotation.
 const MAX_ITER: usize = 200;
 
@@ -29,6 +28,8 @@ struct Problem {
     sizes: Vec<f64>,
     shape: f64,
     rate: f64,
+    /// Fixed point-estimated α (M×K, the low-rank ARD) instead of the re-optimised q(α).
+    fixed_alpha: Option<DMatrix<f64>>,
 }
 
 fn to_na(a: ArrayView2<f64>) -> DMatrix<f64> {
@@ -48,6 +49,7 @@ impl Problem {
             sizes: sizes.to_vec(),
             shape,
             rate,
+            fixed_alpha: None,
         }
     }
 
@@ -65,12 +67,21 @@ impl Problem {
         let a = &r_inv * &self.s * &r_inv_t; // R⁻¹ S R⁻ᵀ
         let mut value = -0.5 * a.trace() + c1 * det.abs().ln();
         let mut grad = &r_inv_t * &a + &r_inv_t * c1;
-        for (w, &d_m) in self.w.iter().zip(&self.sizes) {
+        for (m, (w, &d_m)) in self.w.iter().zip(&self.sizes).enumerate() {
             let c_m = self.shape + 0.5 * d_m;
             let wr = w * r;
             for k in 0..r.ncols() {
-                let q = self.rate + 0.5 * r.column(k).dot(&wr.column(k));
-                if !(q > 0.0) {
+                let energy = r.column(k).dot(&wr.column(k));
+                if let Some(alpha) = &self.fixed_alpha {
+                    // −½ α_mk (RᵀW_mR)_kk, gradient −α_mk W_m r_k.
+                    value -= 0.5 * alpha[(m, k)] * energy;
+                    let col = wr.column(k) * alpha[(m, k)];
+                    let mut g = grad.column_mut(k);
+                    g -= col;
+                    continue;
+                }
+                let q = self.rate + 0.5 * energy;
+                if q.is_nan() || q <= 0.0 {
                     return None;
                 }
                 value -= c_m * q.ln();
@@ -127,42 +138,31 @@ pub fn maximise_group_rotation(
 ) -> Result<(Rotation, f64)> {
     let p = Problem::new(latent_gram, n_rows, loading_grams, group_sizes, a_alpha, b_alpha);
     let k = latent_gram.nrows();
-    let mut r = DMatrix::<f64>::identity(k, k);
-    let (f0, mut g) = p
-        .eval(&r)
+    let (r, gain) = maximise(DMatrix::identity(k, k), |r| p.eval(r), MAX_ITER)
         .ok_or(FaError::NotPositiveDefinite("the rotation objective at R = I"))?;
-    let mut f = f0;
-    let mut history: Vec<(DMatrix<f64>, DMatrix<f64>, f64)> = Vec::new(); // (s, y, 1/yᵀs) for −f
-    for _ in 0..MAX_ITER {
-        let direction = lbfgs_direction(&g, &history);
-        let slope = g.dot(&direction);
-        if !(slope > 0.0) {
-            break;
-        }
-        let Some((_, f_new, g_new, r_new)) = line_search(&p, &r, &direction, f, slope) else {
-            break;
-        };
-        let s = &r_new - &r;
-        let y = &g - &g_new; // gradient of −f changes by −(g_new − g)
-        let ys = y.dot(&s);
-        if ys > 1e-300 {
-            if history.len() == MEMORY {
-                history.remove(0);
-            }
-            history.push((s, y, 1.0 / ys));
-        }
-        let gain = f_new - f;
-        r = r_new;
-        f = f_new;
-        g = g_new;
-        if gain <= 1e-12 * f.abs().max(1.0) || g.amax() <= 1e-9 * f.abs().max(1.0) {
-            break;
-        }
-    }
-    if !(f > f0) {
-        r = DMatrix::identity(k, k);
-        f = f0;
-    }
+    rotation_from(r, gain)
+}
+
+/// The rotation with the ARD precisions held fixed at `alpha` (M×K; the low-rank ARD, whose α is a point
+/// estimate): f(R) = −½ tr(R⁻¹SR⁻ᵀ) + (D − N) ln|det R| − ½ Σ_{m,k} α_mk (RᵀW_mR)_kk, maximised by L-BFGS
+/// from R = I. Returns the rotation and the gain f(R) − f(I) ≥ 0.
+pub fn maximise_group_rotation_fixed(
+    latent_gram: ArrayView2<f64>,
+    n_rows: f64,
+    loading_grams: &[Array2<f64>],
+    group_sizes: &[f64],
+    alpha: ArrayView2<f64>,
+) -> Result<(Rotation, f64)> {
+    let mut p = Problem::new(latent_gram, n_rows, loading_grams, group_sizes, 0.0, 0.0);
+    p.fixed_alpha = Some(to_na(alpha));
+    let k = latent_gram.nrows();
+    let (r, gain) = maximise(DMatrix::identity(k, k), |r| p.eval(r), MAX_ITER)
+        .ok_or(FaError::NotPositiveDefinite("the rotation objective at R = I"))?;
+    rotation_from(r, gain)
+}
+
+/// The [`Rotation`] of a matrix R (with R⁻¹ and ln|det R|), paired with `gain`.
+fn rotation_from(r: DMatrix<f64>, gain: f64) -> Result<(Rotation, f64)> {
     let lu = r.clone().lu();
     let log_abs_det = lu.determinant().abs().ln();
     let r_inv = lu
@@ -174,50 +174,8 @@ pub fn maximise_group_rotation(
             r_inv: to_nd(&r_inv),
             log_abs_det,
         },
-        f - f0,
+        gain,
     ))
-}
-
-/// The L-BFGS ascent direction H·g (two-loop recursion on −f; H₀ = γ I with γ = sᵀy/yᵀy, or
-/// 1/max(1, ‖g‖) before any curvature pair).
-fn lbfgs_direction(g: &DMatrix<f64>, history: &[(DMatrix<f64>, DMatrix<f64>, f64)]) -> DMatrix<f64> {
-    let mut q = g.clone();
-    let mut alphas = Vec::with_capacity(history.len());
-    for (s, y, rho) in history.iter().rev() {
-        let a = rho * s.dot(&q);
-        q -= y * a;
-        alphas.push(a);
-    }
-    match history.last() {
-        Some((s, y, _)) => q *= s.dot(y) / y.dot(y),
-        None => q /= g.norm().max(1.0), // first step: at most unit length
-    }
-    for ((s, y, rho), a) in history.iter().zip(alphas.into_iter().rev()) {
-        let b = rho * y.dot(&q);
-        q += s * (a - b);
-    }
-    q
-}
-
-/// Backtracking from step 1 until f(R + t·dir) ≥ f(R) + 1e-4 t slope; (t, f, ∇f, R) or None.
-fn line_search(
-    p: &Problem,
-    r: &DMatrix<f64>,
-    direction: &DMatrix<f64>,
-    f: f64,
-    slope: f64,
-) -> Option<(f64, f64, DMatrix<f64>, DMatrix<f64>)> {
-    let mut t = 1.0;
-    for _ in 0..60 {
-        let candidate = r + direction * t;
-        if let Some((f_new, g_new)) = p.eval(&candidate) {
-            if f_new >= f + 1e-4 * t * slope {
-                return Some((t, f_new, g_new, candidate));
-            }
-        }
-        t *= 0.5;
-    }
-    None
 }
 
 #[cfg(test)]
