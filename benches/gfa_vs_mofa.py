@@ -64,7 +64,7 @@ print(json.dumps(dict(seconds=seconds, activity=activity, tau=tau_group, kept=in
 
 def run_onlinefa(x: np.ndarray, seed: int, noise: str) -> dict[str, object]:
     start = time.perf_counter()
-    fit = GFA(K, list(SIZES), noise=noise, drop_tol=DROP, max_iter=5000, tol=1e-6, random_state=seed).fit(x)
+    fit = GFA(K, list(SIZES), noise=noise, drop_tol=DROP, max_iter=5000, tol=1e-8, random_state=seed).fit(x)
     seconds = time.perf_counter() - start
     groups = np.repeat(np.arange(len(SIZES)), SIZES)
     tau = [float(np.mean(fit.noise_precision_[groups == m])) for m in range(len(SIZES))] if noise == "feature" \
