@@ -14,7 +14,8 @@
 //! and the rate of q(τ_m) carries the factor ½ (b_τ + ½ Σ_{d∈m} Σ_n ⟨(x_nd − f_dᵀh_n − c_d)²⟩).
 //! The coordinate updates reuse the VB-FA kernels (`crate::vbfa::updates`); `bound.rs` is the full lower
 //! bound; `rotation.rs` is the Luttinen–Ilin rotation generalised to groups (no closed form for M > 1,
-//! maximised numerically from R = I).
+//! maximised numerically from R = I); `lowrank.rs` is the notes' low-rank ARD
+//! log α = U Vᵀ + μ_u 1ᵀ + 1 μ_vᵀ (point estimates, `GfaConfig::ard_rank`); `lbfgs.rs` the maximiser both use.
 
 mod batch;
 mod bound;
