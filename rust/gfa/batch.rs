@@ -16,7 +16,6 @@ use super::{GfaConfig, Groups, NoiseModel};
 use crate::error::{invalid, FaError, Result};
 use crate::init::fill_standard_normal;
 use crate::scalar::Real;
-use crate::vbfa::dense::SmallSpd;
 use crate::vbfa::special::GammaQ;
 use crate::vbfa::stats::{is_bad_entry, ColumnStats, LatentCovs, MissingPattern};
 use crate::vbfa::updates::{
@@ -87,9 +86,9 @@ pub struct GfaBatch {
     pub(super) config: GfaConfig,
     pub(super) groups: Groups,
     /// Data (N×D) with 0 where missing.
-    x: Array2<f64>,
-    missing: MissingPattern,
-    h_mean: Array2<f64>,
+    pub(super) x: Array2<f64>,
+    pub(super) missing: MissingPattern,
+    pub(super) h_mean: Array2<f64>,
     pub(super) h_cov: LatentCovs,
     pub(super) c_mean: Array1<f64>,
     pub(super) c_var: Array1<f64>,
@@ -104,9 +103,9 @@ pub struct GfaBatch {
     pub(super) low_rank: Option<LowRankArd>,
     pub(super) stats: ColumnStats,
     /// Σ_{d∈m} (observed variance of feature d), the scale of the dropping rule (M).
-    group_variance: Vec<f64>,
+    pub(super) group_variance: Vec<f64>,
     /// Original index (0..K at the start) of every factor still in the model.
-    kept: Vec<usize>,
+    pub(super) kept: Vec<usize>,
     n_sweeps: u64,
     history: Vec<GfaSweep>,
     converged: bool,
@@ -179,13 +178,6 @@ fn column_moments(x: ArrayView2<f64>) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         out.2.push(n);
     }
     out
-}
-
-/// The sub-covariance of the kept factors with its log-determinant.
-fn select_cov(cov: ArrayView2<f64>, keep: &[usize]) -> Result<(Array2<f64>, f64)> {
-    let sub = cov.select(Axis(0), keep).select(Axis(1), keep);
-    let log_det = SmallSpd::new(sub.view(), "covariance of the kept factors")?.log_det();
-    Ok((sub, log_det))
 }
 
 impl GfaBatch {
@@ -414,7 +406,7 @@ impl GfaBatch {
     /// q(h_n) of the rows of `x_zeroed` (0 where missing) given the global factors (the GFA notes' q(z_i)
     /// with the sum over groups): Λ_n = I + Σ_{d∈O_n} ⟨τ_{g(d)}⟩⟨f_d f_dᵀ⟩,
     /// h̄_n = Λ_n⁻¹ Σ_{d∈O_n} ⟨τ_{g(d)}⟩ f̄_d (x_nd − c̄_d). Returns (means N×K, covariances).
-    fn latent_posteriors(
+    pub(super) fn latent_posteriors(
         &self,
         x_zeroed: ArrayView2<f64>,
         missing: &MissingPattern,
@@ -628,80 +620,6 @@ impl GfaBatch {
         Ok((rot, gain))
     }
 
-    /// Share of group m's total variance explained by factor k: (S_kk/N) Σ_{d∈m}⟨f_dk²⟩ / Σ_{d∈m} v_d (M×K).
-    pub fn activity(&self) -> Array2<f64> {
-        let k = self.f_mean.ncols();
-        let latent_power = self.stats.total_gram.diag().mapv(|s| s / self.stats.n_rows);
-        Array2::from_shape_fn((self.groups.n_groups(), k), |(m, j)| {
-            let sq: f64 = self
-                .groups
-                .members(m)
-                .iter()
-                .map(|&d| self.f_mean[[d, j]].powi(2) + self.f_cov[[d, j, j]])
-                .sum();
-            latent_power[j] * sq / self.group_variance[m]
-        })
-    }
-
-    /// Remove the factors whose activity is below `drop_tol` in every group (at least one factor stays):
-    /// their columns of q(H), q(F) and q(α) and the matching rows/columns of the covariances. Returns the
-    /// original indices of the dropped factors.
-    pub fn drop_inactive(&mut self) -> Result<Vec<usize>> {
-        let activity = self.activity();
-        let k = self.f_mean.ncols();
-        let peak: Vec<f64> = (0..k)
-            .map(|j| activity.column(j).iter().cloned().fold(0.0, f64::max))
-            .collect();
-        let mut keep: Vec<usize> = (0..k).filter(|&j| peak[j] >= self.config.drop_tol).collect();
-        if keep.is_empty() {
-            let best = (0..k).max_by(|&a, &b| peak[a].total_cmp(&peak[b])).unwrap_or(0);
-            keep.push(best);
-        }
-        if keep.len() == k {
-            return Ok(Vec::new());
-        }
-        let dropped: Vec<usize> = (0..k).filter(|j| !keep.contains(j)).map(|j| self.kept[j]).collect();
-        let d = self.f_mean.nrows();
-        let kk = keep.len();
-        let mut f_cov = Array3::zeros((d, kk, kk));
-        for j in 0..d {
-            let (sub, log_det) = select_cov(self.f_cov.index_axis(Axis(0), j), &keep)?;
-            f_cov.index_axis_mut(Axis(0), j).assign(&sub);
-            self.f_log_det[j] = log_det;
-        }
-        self.h_cov = match &self.h_cov {
-            LatentCovs::Shared { cov, n_rows, .. } => {
-                let (sub, log_det) = select_cov(cov.view(), &keep)?;
-                LatentCovs::Shared {
-                    cov: sub,
-                    log_det,
-                    n_rows: *n_rows,
-                }
-            }
-            LatentCovs::PerRow { cov, .. } => {
-                let n = cov.len_of(Axis(0));
-                let mut out = Array3::zeros((n, kk, kk));
-                let mut log_det = Array1::zeros(n);
-                for i in 0..n {
-                    let (sub, ld) = select_cov(cov.index_axis(Axis(0), i), &keep)?;
-                    out.index_axis_mut(Axis(0), i).assign(&sub);
-                    log_det[i] = ld;
-                }
-                LatentCovs::PerRow { cov: out, log_det }
-            }
-        };
-        self.f_cov = f_cov;
-        self.f_mean = self.f_mean.select(Axis(1), &keep);
-        self.h_mean = self.h_mean.select(Axis(1), &keep);
-        self.kept = keep.iter().map(|&j| self.kept[j]).collect();
-        if let Some(lr) = self.low_rank.as_mut() {
-            lr.select_factors(&keep);
-        }
-        self.stats = ColumnStats::from_latents(self.x.view(), &self.missing, self.h_mean.view(), &self.h_cov);
-        self.update_ard();
-        Ok(dropped)
-    }
-
     pub(super) fn column_moments(&self, d: usize) -> ColumnMoments<'_> {
         ColumnMoments {
             count: self.stats.count[d],
@@ -711,83 +629,6 @@ impl GfaBatch {
             sum_xh: self.stats.sum_xh.row(d),
             gram: self.stats.gram.column(d),
         }
-    }
-
-    /// Predictive mean and variance of every entry of new rows `x` (N×D, NaN = unobserved) given the
-    /// observed entries of each row: q(h_n) from the observed entries only, then
-    /// E[x_nd] = c̄_d + f̄_dᵀ h̄_n and
-    /// Var[x_nd] = c̃_d + f̄_dᵀ Σ_{h_n} f̄_d + h̄_nᵀ Σ_{f_d} h̄_n + tr(Σ_{f_d} Σ_{h_n}) + 1/⟨τ_{g(d)}⟩.
-    /// Predicting a whole group = leaving its columns NaN. Returns (means N×D, variances N×D).
-    pub fn predict(&self, x: ArrayView2<f64>) -> Result<(Array2<f64>, Array2<f64>)> {
-        let (n, d) = x.dim();
-        if d != self.groups.n_features() {
-            return Err(FaError::Shape {
-                what: "X",
-                expected: format!("(n_samples, {})", self.groups.n_features()),
-                got: vec![n, d],
-            });
-        }
-        if let Some(row) = x
-            .rows()
-            .into_iter()
-            .position(|r| r.iter().any(|&v| is_bad_entry(v, true)))
-        {
-            return Err(FaError::BadValue {
-                row,
-                kind: "an infinite or huge value (NaN marks an unobserved value)".into(),
-            });
-        }
-        let missing = MissingPattern::of(x);
-        let zeroed = x.mapv(|v| if v.is_nan() { 0.0 } else { v });
-        let (h, covs) = self.latent_posteriors(zeroed.view(), &missing)?;
-        let means = h.dot(&self.f_mean.t()) + &self.c_mean;
-        let noise = self.tau_of_features().mapv(|t| 1.0 / t);
-        let mut vars = Array2::zeros((n, d));
-        for i in 0..n {
-            let sigma = covs.row(i);
-            let hi = h.row(i);
-            let moment = second_moment(hi, sigma);
-            let fs = self.f_mean.dot(&sigma); // D×K rows f̄_dᵀ Σ_h
-            for j in 0..d {
-                let f = self.f_mean.row(j);
-                let cov_f = self.f_cov.index_axis(Axis(0), j);
-                // h̄ᵀΣ_f h̄ + tr(Σ_f Σ_h) = tr(Σ_f ⟨h hᵀ⟩)
-                let loading_part: f64 = (&cov_f * &moment).sum();
-                vars[[i, j]] = self.c_var[j] + fs.row(j).dot(&f) + loading_part + noise[j];
-            }
-        }
-        Ok((means, vars))
-    }
-
-    /// Posterior means E_q[h_n] of new rows (N×D, NaN = unobserved) given the fitted global factors.
-    pub fn latent_means(&self, x: ArrayView2<f64>) -> Result<Array2<f64>> {
-        self.check_query(x)?;
-        let missing = MissingPattern::of(x);
-        let zeroed = x.mapv(|v| if v.is_nan() { 0.0 } else { v });
-        Ok(self.latent_posteriors(zeroed.view(), &missing)?.0)
-    }
-
-    /// Shape (·, D) and no infinite or huge value.
-    fn check_query(&self, x: ArrayView2<f64>) -> Result<()> {
-        let (n, d) = x.dim();
-        if d != self.groups.n_features() {
-            return Err(FaError::Shape {
-                what: "X",
-                expected: format!("(n_samples, {})", self.groups.n_features()),
-                got: vec![n, d],
-            });
-        }
-        if let Some(row) = x
-            .rows()
-            .into_iter()
-            .position(|r| r.iter().any(|&v| is_bad_entry(v, true)))
-        {
-            return Err(FaError::BadValue {
-                row,
-                kind: "an infinite or huge value (NaN marks an unobserved value)".into(),
-            });
-        }
-        Ok(())
     }
 
     /// Settings.
@@ -849,202 +690,5 @@ impl GfaBatch {
     /// Whether the last `fit` met its tolerance.
     pub fn converged(&self) -> bool {
         self.converged
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::vbfa::{Prior, Step, VbfaBatch, VbfaConfig};
-    use ndarray::s;
-
-    /// N×D data: 3 factors, with factor 0 shared, 1 only in group 0, 2 only in group 1; groups of 6 and
-    /// 8 features with noise sd 0.3 and 0.6; optionally every 5th entry missing.
-    fn data(n: usize, missing: bool) -> (Array2<f64>, Groups) {
-        let (d0, d1) = (6, 8);
-        let mut h = Array2::zeros((n, 3));
-        let mut f = Array2::zeros((d0 + d1, 3));
-        let mut e = Array2::zeros((n, d0 + d1));
-        fill_standard_normal(h.view_mut(), 21);
-        fill_standard_normal(f.view_mut(), 22);
-        fill_standard_normal(e.view_mut(), 23);
-        f.slice_mut(s![d0.., 1]).fill(0.0);
-        f.slice_mut(s![..d0, 2]).fill(0.0);
-        e.slice_mut(s![.., ..d0]).mapv_inplace(|v| v * 0.3);
-        e.slice_mut(s![.., d0..]).mapv_inplace(|v| v * 0.6);
-        let mut x = h.dot(&f.t()) + e + 1.0;
-        if missing {
-            for (i, v) in x.iter_mut().enumerate() {
-                if i % 5 == 3 {
-                    *v = f64::NAN;
-                }
-            }
-        }
-        let labels: Vec<usize> = (0..d0 + d1).map(|j| usize::from(j >= d0)).collect();
-        (x, Groups::from_labels(&labels).expect("groups"))
-    }
-
-    fn config(k: usize, noise: NoiseModel) -> GfaConfig {
-        GfaConfig {
-            n_components: k,
-            noise,
-            seed: 5,
-            ..GfaConfig::default()
-        }
-    }
-
-    #[test]
-    fn every_update_and_transformation_raises_the_bound() {
-        for (noise, missing, ard_rank) in [
-            (NoiseModel::Group, true, None),
-            (NoiseModel::Feature, true, None),
-            (NoiseModel::Group, false, None),
-            (NoiseModel::Group, true, Some(1)),
-            (NoiseModel::Feature, false, Some(2)),
-        ] {
-            let (x, groups) = data(60, missing);
-            let cfg = GfaConfig {
-                ard_rank,
-                ..config(5, noise)
-            };
-            let mut m = GfaBatch::new(x.view(), groups, cfg).expect("model");
-            let mut last = m.elbo();
-            for _ in 0..8 {
-                for step in [
-                    GfaStep::Latents,
-                    GfaStep::Bias,
-                    GfaStep::Loadings,
-                    GfaStep::Noise,
-                    GfaStep::Ard,
-                    GfaStep::Translate,
-                    GfaStep::Rotate,
-                ] {
-                    m.apply(step).expect("step");
-                    let now = m.elbo();
-                    assert!(
-                        now >= last - 1e-10 * last.abs(),
-                        "{noise:?} {ard_rank:?} {step:?}: {last} -> {now}"
-                    );
-                    last = now;
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn rotation_gain_equals_the_change_of_the_bound() {
-        let (x, groups) = data(50, true);
-        let mut m = GfaBatch::new(
-            x.view(),
-            groups,
-            GfaConfig {
-                rotate: false,
-                ..config(4, NoiseModel::Group)
-            },
-        )
-        .expect("model");
-        for _ in 0..3 {
-            m.sweep().expect("sweep");
-        }
-        let before = m.elbo();
-        let (_, gain) = m.rotate().expect("rotate");
-        assert!(gain > 0.0);
-        assert!(((m.elbo() - before) - gain).abs() < 1e-8 * before.abs());
-    }
-
-    #[test]
-    fn one_group_per_feature_noise_reproduces_vbfa() {
-        let (x, _) = data(40, true);
-        let one = Groups::from_labels(&vec![0; x.ncols()]).expect("groups");
-        let cfg = GfaConfig {
-            rotate: false,
-            drop_factors: false,
-            ..config(4, NoiseModel::Feature)
-        };
-        let mut gfa = GfaBatch::new(x.view(), one, cfg).expect("gfa");
-        let vcfg = VbfaConfig {
-            n_components: 4,
-            prior: Prior::Ard,
-            transform: false,
-            seed: 5,
-            ..VbfaConfig::default()
-        };
-        let mut vbfa = VbfaBatch::new(x.view(), vcfg).expect("vbfa");
-        assert!((gfa.elbo() - vbfa.elbo()).abs() < 1e-9 * vbfa.elbo().abs());
-        for _ in 0..5 {
-            gfa.sweep().expect("gfa sweep");
-            for step in [Step::Latents, Step::Bias, Step::Loadings, Step::Noise, Step::Ard] {
-                vbfa.apply(step).expect("vbfa step");
-            }
-            assert!((gfa.elbo() - vbfa.elbo()).abs() < 1e-9 * vbfa.elbo().abs());
-        }
-        assert!((gfa.loading_mean() - vbfa.loading_mean())
-            .iter()
-            .all(|v| v.abs() < 1e-9));
-        assert!((gfa.noise_variance() - vbfa.noise_variance())
-            .iter()
-            .all(|v| v.abs() < 1e-9));
-        assert!((gfa.latent_mean() - vbfa.latent_mean()).iter().all(|v| v.abs() < 1e-9));
-    }
-
-    #[test]
-    fn dropping_removes_inactive_factors_and_keeps_the_bound_consistent() {
-        let (x, groups) = data(200, false);
-        let mut m = GfaBatch::new(x.view(), groups, config(8, NoiseModel::Group)).expect("model");
-        m.fit(300, 1e-7).expect("fit");
-        assert_eq!(m.loading_mean().ncols(), 3, "kept {:?}", m.kept_components());
-        assert_eq!(m.alpha_means().dim(), (2, 3));
-        // The bound is monotone between drops.
-        for pair in m.history().windows(2) {
-            if pair[0].n_components == pair[1].n_components {
-                assert!(pair[1].elbo >= pair[0].elbo - 1e-9 * pair[0].elbo.abs());
-            }
-        }
-    }
-
-    #[test]
-    fn low_rank_ard_recovers_the_pattern_and_drops_factors() {
-        let (x, groups) = data(200, false);
-        let cfg = GfaConfig {
-            ard_rank: Some(1),
-            ..config(8, NoiseModel::Group)
-        };
-        let mut m = GfaBatch::new(x.view(), groups, cfg).expect("model");
-        m.fit(300, 1e-7).expect("fit");
-        assert_eq!(m.loading_mean().ncols(), 3, "kept {:?}", m.kept_components());
-        // One shared factor and one private factor per group: exactly one inactive cell per private factor.
-        let active = m.activity().mapv(|v| v > 0.02);
-        let per_factor: Vec<usize> = active
-            .columns()
-            .into_iter()
-            .map(|c| c.iter().filter(|&&a| a).count())
-            .collect();
-        let mut sorted = per_factor.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, vec![1, 1, 2], "{active:?}");
-        for pair in m.history().windows(2) {
-            if pair[0].n_components == pair[1].n_components {
-                assert!(pair[1].elbo >= pair[0].elbo - 1e-9 * pair[0].elbo.abs());
-            }
-        }
-    }
-
-    #[test]
-    fn bad_input_is_rejected() {
-        let (x, groups) = data(10, false);
-        let short = Groups::from_labels(&[0, 1, 1]).expect("groups");
-        assert!(GfaBatch::new(x.view(), short, config(2, NoiseModel::Group)).is_err());
-        assert!(Groups::from_labels(&[0, 2, 2]).is_err());
-        let mut y = x.clone();
-        y.slice_mut(s![.., ..6]).fill(f64::NAN);
-        let err = GfaBatch::new(y.view(), groups.clone(), config(2, NoiseModel::Group)).unwrap_err();
-        assert!(err.to_string().contains("group 0"), "{err}");
-        assert!(GfaBatch::new(x.view(), groups.clone(), config(11, NoiseModel::Group)).is_err());
-        let mut z = x.clone();
-        z[[1, 1]] = f64::INFINITY;
-        assert!(matches!(
-            GfaBatch::new(z.view(), groups, config(2, NoiseModel::Group)),
-            Err(FaError::BadValue { row: 1, .. })
-        ));
     }
 }

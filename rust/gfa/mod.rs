@@ -19,9 +19,13 @@
 
 mod batch;
 mod bound;
+mod dropping;
 mod lbfgs;
 mod lowrank;
+mod predict;
 mod rotation;
+#[cfg(test)]
+mod tests;
 
 pub use batch::{GfaBatch, GfaStep, GfaSweep};
 pub use bound::GfaBoundTerms;
