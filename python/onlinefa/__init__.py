@@ -29,11 +29,12 @@ from .vifa import VIFA
 if TYPE_CHECKING:
     from .estimator import OnlineFactorAnalysis
     from .vbfa import VBFA, OnlineVBFA
+    from .gfa import GFA
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "NotFittedError", "NumericalBreakdownError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "load",
+    "GFA", "NotFittedError", "NumericalBreakdownError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "load",
 ]  # fmt: skip
 
 
@@ -48,4 +49,8 @@ def __getattr__(name: str) -> Any:
         from . import vbfa
 
         return getattr(vbfa, name)
+    if name == "GFA":
+        from .gfa import GFA
+
+        return GFA
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
