@@ -26,7 +26,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
-from .estimator import MAX_QUERY_MAGNITUDE, NotFittedError, _as_real_matrix, _EstimatorBase, _seed_from
+from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
+from .estimator import MAX_QUERY_MAGNITUDE
 from ._validation import check_int, check_positive_float, core_readable
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def resolve_groups(groups: object, n_features: int) -> tuple[NDArray[np.int64], 
     )
 
 
-class GFA(_EstimatorBase):
+class GFA(EstimatorBase):
     """Group factor analysis by variational Bayes with group × factor ARD.
 
     Parameters
@@ -255,7 +256,7 @@ class GFA(_EstimatorBase):
             drop_factors=_check_bool(self.drop_factors, "drop_factors"),
             drop_tol=_check_tol(self.drop_tol, "drop_tol", 1.0),
             init_noise_ratio=check_positive_float(self.init_noise_ratio, "init_noise_ratio"),
-            seed=_seed_from(self.random_state),
+            seed=seed_from(self.random_state),
             ard_rank=None if self.ard_rank is None else check_int(self.ard_rank, "ard_rank", 1),
             ard_lambda=check_positive_float(self.ard_lambda, "ard_lambda"),
         )
@@ -290,7 +291,7 @@ class GFA(_EstimatorBase):
 
     @staticmethod
     def _data(X: ArrayLike, observed: ArrayLike | None) -> FloatArray:
-        arr = _as_real_matrix(X).astype(np.float64)  # a copy: NaN may be written below
+        arr = as_real_matrix(X).astype(np.float64)  # a copy: NaN may be written below
         for axis, what in ((0, "sample"), (1, "feature")):
             if arr.shape[axis] < 1:
                 raise ValueError(
@@ -338,7 +339,7 @@ class GFA(_EstimatorBase):
 
     def _query(self, X: ArrayLike, n_features: int | None = None) -> FloatArray:
         self._fitted()
-        arr = _as_real_matrix(X).astype(np.float64)
+        arr = as_real_matrix(X).astype(np.float64)
         expected = self.n_features_in_ if n_features is None else n_features
         if arr.shape[1] != expected:
             raise ValueError(
