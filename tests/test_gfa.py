@@ -174,7 +174,7 @@ def test_bound_is_monotone_under_every_update_and_transformation(noise: str) -> 
 def test_one_group_with_per_feature_noise_is_vbfa() -> None:
     x, _, _, _ = synthetic(3, n=50, missing=0.1)
     gfa = onlinefa.GFA(4, 1, noise="feature", rotate=False, drop_factors=False, max_iter=30, tol=0.0, random_state=7).fit(x)
-    vbfa = onlinefa.VBFA(4, transform=False, max_iter=30, tol=0.0, seed=7).fit(x)
+    vbfa = onlinefa.VBFA(4, transformations=False, max_iter=30, tol=0.0, random_state=7).fit(x)
     np.testing.assert_allclose(gfa.elbo_, vbfa.elbo_, rtol=1e-10)
     np.testing.assert_allclose(gfa.components_, vbfa.components_, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(gfa.noise_variance_, vbfa.noise_variance_, rtol=1e-8)
