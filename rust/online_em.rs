@@ -112,8 +112,20 @@ pub(crate) fn validate_dims(n_features: usize, n_components: usize, noise_floor:
     Ok(())
 }
 
-/// Check that the noise floor fits the storage type (ψ is kept within [floor, T::MAX_STATE]).
+/// Check that the noise floor fits the storage type (ψ is kept within [floor, T::MAX_STATE]) and is
+/// not so small that 1/ψ or F²/ψ overflow (a floor below `T::MIN_FLOOR`, e.g. a subnormal 5e-324,
+/// made every later E-step break down).
 pub(crate) fn check_floor_fits<T: Real>(noise_floor: f64) -> Result<()> {
+    if noise_floor < T::MIN_FLOOR {
+        return Err(invalid(
+            "noise_floor",
+            format!(
+                "must be >= {:e} for {} state, got {noise_floor:e}",
+                T::MIN_FLOOR,
+                T::NAME
+            ),
+        ));
+    }
     if noise_floor > T::MAX_STATE {
         return Err(invalid(
             "noise_floor",

@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from . import _core
 from ._persist import CheckpointMixin
+from ._validation import as_numpy
 from ._gaussian import FactorGaussianMixin
 from ._validation import (
     NATIVE_FLOATS, check_dtype, check_init, check_int, check_positive_float, check_seed, core_readable,
@@ -64,7 +65,7 @@ def _check_optimizer(optimizer: object) -> str:
 def _as_gradients(grad: ArrayLike, n_rows: int, n_features: int) -> NDArray[Any]:
     """Return ``grad`` as an (n_rows, D) float32/float64 array, read in place when the core can (see
     :func:`~onlinefa._validation.core_readable`)."""
-    arr = np.asarray(grad)
+    arr = as_numpy(grad)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"grad must be a real numeric array, got dtype {arr.dtype}")
     if arr.dtype.newbyteorder("=") not in NATIVE_FLOATS:
