@@ -19,6 +19,7 @@ pub mod scaling;
 pub mod schedule;
 mod small_k;
 pub mod state;
+pub mod state_checks;
 pub mod vbfa;
 pub mod vifa;
 

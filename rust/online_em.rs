@@ -762,7 +762,7 @@ mod checkpoint {
             } else {
                 None
             };
-            Ok(OnlineEm {
+            let em = OnlineEm {
                 n_features: d,
                 n_components: k,
                 config,
@@ -776,7 +776,9 @@ mod checkpoint {
                 source,
                 pending,
                 scale_sq,
-            })
+            };
+            crate::state_checks::online_em(&em)?;
+            Ok(em)
         }
     }
 

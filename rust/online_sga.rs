@@ -561,7 +561,7 @@ mod checkpoint {
             } else {
                 None
             };
-            Ok(OnlineSga {
+            let sga = OnlineSga {
                 n_features: d,
                 n_components: k,
                 config,
@@ -572,7 +572,9 @@ mod checkpoint {
                 d_last: r.array::<T>("d_last", &[d])?,
                 pending,
                 scale_sq,
-            })
+            };
+            crate::state_checks::online_sga(&sga)?;
+            Ok(sga)
         }
     }
 

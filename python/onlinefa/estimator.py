@@ -603,7 +603,28 @@ class OnlineFactorAnalysis(EstimatorBase):
         estimator = cls(**params)
         if "model.class" in state:
             estimator._model = _restore_model(state, os.fspath(path))
+        _check_loaded(estimator, os.fspath(path))
         return estimator
+
+
+def _check_loaded(estimator: OnlineFactorAnalysis, shown_path: str) -> None:
+    """Validate a loaded estimator's hyper-parameters (and their agreement with its model) without building
+    a model; ValueError naming the file."""
+    try:
+        n_components = check_int(estimator.n_components, "n_components", 1)
+        model_class = estimator._model_class()
+        estimator._model_options()
+        check_positive_float(estimator.lr, "lr")
+        check_positive_float(estimator.noise_floor, "noise_floor")
+        resolve_warmup(estimator.n_warmup, n_components)
+        dtype = _state_dtype(estimator.dtype)
+        model = getattr(estimator, "_model", None)
+        if model is not None and (
+            type(model) is not model_class or model.n_components != n_components or model.dtype != dtype
+        ):
+            raise ValueError("the stored hyper-parameters do not match the stored model")
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{shown_path!r} is not a valid OnlineFactorAnalysis checkpoint: {err}") from err
 
 
 def _restore_model(state: dict[str, Any], shown_path: str) -> StreamingModel:
