@@ -14,6 +14,7 @@ pub mod linalg;
 pub mod online_em;
 pub mod online_sga;
 mod pass;
+pub mod query;
 pub mod scalar;
 pub mod scaling;
 pub mod schedule;

@@ -17,7 +17,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
-from ._validation import check_dtype, check_int, check_positive_float
+from ._gaussian import latent_mean
+from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .rotation import canonical_loadings, canonical_rotation
 
@@ -398,10 +399,12 @@ class OnlineFactorAnalysis(EstimatorBase):
         ndarray of shape (n_samples, n_components)
         """
         arr = self._query_input(X)
-        model = self._fitted_model()
+        # One snapshot for both the rotation and the latents: an update in another thread cannot mix states.
+        mean, loadings, noise_variance = self._fitted_model().snapshot()
         # E[h | x] of the engine's F, rotated to the basis of components_: F h = (F Q)(Qᵀ h).
-        rotation = canonical_rotation(model.loadings)
-        latents: FloatArray = model.transform(arr) @ rotation
+        rotation = canonical_rotation(loadings)
+        x = check_finite_samples(np.ascontiguousarray(arr, dtype=np.float64))
+        latents: FloatArray = latent_mean(x, mean, loadings, noise_variance) @ rotation
         return latents
 
     def score_samples(self, X: ArrayLike) -> FloatArray:

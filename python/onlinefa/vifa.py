@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _core
 from ._persist import CheckpointMixin
@@ -210,7 +210,9 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         self._n_grad_samples = int(n_grad_samples)
 
     # -- training --------------------------------------------------------------------------------
-    def sample(self, n_samples: int | None = None, seed: int | None = None) -> FloatArray:
+    def sample(
+        self, n_samples: int | None = None, seed: int | None = None, *, dtype: DTypeLike = np.float64
+    ) -> NDArray[Any]:
         """Training draw (no arguments), or ``n_samples`` model draws (any argument).
 
         Parameters
@@ -221,6 +223,8 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
             ``n_samples`` independent draws from q with shape (n_samples, D); nothing is remembered.
         seed : int, optional
             Seed of the model draws (as in ``OnlineEM.sample``); giving it alone means ``n_samples=1``.
+        dtype : {float64, float32}, default=float64
+            dtype of model draws (as in ``OnlineEM.sample``); the training draw is always float64.
 
         Returns
         -------
@@ -240,7 +244,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
                     f"{self.n_grad_samples}); call step() with their gradients first"
                 )
             return self._core.sample()
-        return super().sample(1 if n_samples is None else n_samples, seed)
+        return super().sample(1 if n_samples is None else n_samples, seed, dtype=dtype)
 
     def step(self, grad: ArrayLike) -> Self:
         """Apply one optimiser step to c, F and β (Algorithm 3, lines 9–20).
@@ -353,6 +357,17 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
     def noise_variance(self) -> FloatArray:
         """Diagonal variances ψ = exp β, shape (D,)."""
         return self._core.noise_variance()
+
+    def snapshot(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(mean, loadings, noise_variance) read together under the model's lock: one consistent state even
+        while another thread runs :meth:`step`."""
+        return self._core.snapshot()
+
+    def _params(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        return self.snapshot()
+
+    def _query_engine(self) -> Any:
+        return self._core
 
     @property
     def log_noise_variance(self) -> FloatArray:
