@@ -107,17 +107,13 @@ def test_query_peak_memory_is_a_fraction_of_the_state(model: str) -> None:
 
 
 def test_vifa_queries_read_one_consistent_state_during_steps() -> None:
-    # The reader thread's answers must each equal the answer of one of the states the model passed through.
-    # The states are recorded by replaying the same deterministic steps on a twin model.
-    d, n_steps = 20_000, 30
+    # Every answer read while another thread steps must equal the answer of one of the states the model
+    # passed through; those are recorded by replaying the same deterministic steps on a twin model. A short
+    # GIL switch interval makes the threads interleave within a query (the previous implementation read
+    # mean, loadings and noise variances in three calls and mixed states).
+    d, n_steps = 100_000, 150
     grads = np.random.default_rng(2).standard_normal((n_steps, d))
     query = np.random.default_rng(3).standard_normal((1, d))
-
-    def stepped(model: onlinefa.VIFA, n: int) -> onlinefa.VIFA:
-        for grad in grads[:n]:
-            model.sample()
-            model.step(grad)
-        return model
 
     def fresh() -> onlinefa.VIFA:
         return onlinefa.VIFA(d, K, prior_precision=1.0, lr_mean=1e-2, lr_loadings=1e-2, lr_log_noise=1e-2, seed=0)
@@ -125,27 +121,34 @@ def test_vifa_queries_read_one_consistent_state_during_steps() -> None:
     twin = fresh()
     reachable = [twin.log_prob(query)[0]]
     for grad in grads:
-        stepped_once = twin
-        stepped_once.sample()
-        stepped_once.step(grad)
+        twin.sample()
+        twin.step(grad)
         reachable.append(twin.log_prob(query)[0])
 
     model = fresh()
-    answers: list[float] = []
     done = threading.Event()
 
-    def read() -> None:
+    def steps() -> None:
+        try:
+            for grad in grads:
+                model.sample()
+                model.step(grad)
+        finally:
+            done.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    answers: list[float] = []
+    stepper = threading.Thread(target=steps)
+    try:
+        stepper.start()
         while not done.is_set():
             answers.append(float(model.log_prob(query)[0]))
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    try:
-        stepped(model, n_steps)
     finally:
-        done.set()
-        reader.join()
+        stepper.join()
+        sys.setswitchinterval(interval)
     states = np.array(reachable)
+    assert answers
     for answer in answers:
         assert np.min(np.abs(states - answer)) <= 1e-9 * abs(answer), answer
 
