@@ -97,7 +97,7 @@ def test_vifa_step_reads_dlpack_only_producers() -> None:
 @pytest.mark.parametrize("model", ["VBFA", "OnlineVBFA"])
 def test_vbfa_reads_dlpack_only_producers(model: str) -> None:
     def fitted(data: object) -> Any:
-        estimator = getattr(onlinefa, model)(n_components=K, seed=0)
+        estimator = getattr(onlinefa, model)(n_components=K, random_state=0)
         return estimator.fit(data)
 
     from_dlpack, from_numpy = fitted(DLPackOnly(ROWS)), fitted(ROWS)

@@ -19,10 +19,9 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _core
 from ._persist import CheckpointMixin
-from ._validation import as_numpy
 from ._gaussian import FactorGaussianMixin
 from ._validation import (
-    NATIVE_FLOATS, check_dtype, check_init, check_int, check_positive_float, check_seed, core_readable,
+    NATIVE_FLOATS, as_numpy, check_dtype, check_init, check_int, check_positive_float, check_seed, core_readable,
 )
 
 __all__ = ["VIFA"]
