@@ -513,7 +513,7 @@ def stored_class(path: str | os.PathLike[str]) -> str:
         The file cannot be opened.
     """
     shown = os.fspath(path)
-    with open(path, "rb") as handle:
+    with _open_regular(path, shown) as handle:
         try:
             members = _read_members(handle)
             kind: str = _header_scalar(members, _CLASS_KEY, "U")
