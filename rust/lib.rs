@@ -14,11 +14,13 @@ pub mod linalg;
 pub mod online_em;
 pub mod online_sga;
 mod pass;
+pub mod query;
 pub mod scalar;
 pub mod scaling;
 pub mod schedule;
 mod small_k;
 pub mod state;
+pub mod state_checks;
 pub mod vbfa;
 pub mod vifa;
 

@@ -112,8 +112,20 @@ pub(crate) fn validate_dims(n_features: usize, n_components: usize, noise_floor:
     Ok(())
 }
 
-/// Check that the noise floor fits the storage type (ψ is kept within [floor, T::MAX_STATE]).
+/// Check that the noise floor fits the storage type (ψ is kept within [floor, T::MAX_STATE]) and is
+/// not so small that 1/ψ or F²/ψ overflow (a floor below `T::MIN_FLOOR`, e.g. a subnormal 5e-324,
+/// made every later E-step break down).
 pub(crate) fn check_floor_fits<T: Real>(noise_floor: f64) -> Result<()> {
+    if noise_floor < T::MIN_FLOOR {
+        return Err(invalid(
+            "noise_floor",
+            format!(
+                "must be >= {:e} for {} state, got {noise_floor:e}",
+                T::MIN_FLOOR,
+                T::NAME
+            ),
+        ));
+    }
     if noise_floor > T::MAX_STATE {
         return Err(invalid(
             "noise_floor",
@@ -322,14 +334,31 @@ impl<T: Real> OnlineEm<T> {
     fn current_a_bar(&self) -> Array2<f64> {
         let k = self.n_components;
         let mut out = Vec::with_capacity(self.n_features * k);
+        self.visit_a_bar(&mut |_, a| {
+            out.extend_from_slice(a);
+            Ok(())
+        })
+        .expect("collecting never fails");
+        Array2::from_shape_vec((self.n_features, k), out).expect("D·K values collected")
+    }
+
+    /// Call `visit(first_row, rows)` for consecutive blocks of the current Ā (pending update applied), in
+    /// f64, nb×K row-major: the streaming form of [`Self::loadings`] used by the queries (`crate::query`).
+    pub(crate) fn visit_a_bar(&self, visit: &mut dyn FnMut(usize, &[f64]) -> Result<()>) -> Result<()> {
+        let k = self.n_components;
         let mut blk = Block::new(k);
-        for (a, d_last) in self.a_bar.chunks(BLOCK_ROWS * k).zip(self.d_last.chunks(BLOCK_ROWS)) {
+        for (i, (a, d_last)) in self
+            .a_bar
+            .chunks(BLOCK_ROWS * k)
+            .zip(self.d_last.chunks(BLOCK_ROWS))
+            .enumerate()
+        {
             let nb = d_last.len();
             load_rows(a, &mut blk.a);
             apply_pending::<T>(&mut blk, d_last, self.pending.as_ref(), nb);
-            out.extend_from_slice(&blk.a[..nb * k]);
+            visit(i * BLOCK_ROWS, &blk.a[..nb * k])?;
         }
-        Array2::from_shape_vec((self.n_features, k), out).expect("D·K values collected")
+        Ok(())
     }
 
     /// The noise floor the next pass applies (absolute, or relative to σ̂² under `Scaling::Data`).
@@ -750,7 +779,7 @@ mod checkpoint {
             } else {
                 None
             };
-            Ok(OnlineEm {
+            let em = OnlineEm {
                 n_features: d,
                 n_components: k,
                 config,
@@ -764,7 +793,9 @@ mod checkpoint {
                 source,
                 pending,
                 scale_sq,
-            })
+            };
+            crate::state_checks::online_em(&em)?;
+            Ok(em)
         }
     }
 

@@ -242,6 +242,20 @@ impl<T: Real> OnlineSga<T> {
         let k = self.n_components;
         let mut f_out = Vec::with_capacity(self.n_features * k);
         let mut psi_out = Vec::with_capacity(self.n_features);
+        self.visit_current(&mut |_, f, psi| {
+            f_out.extend_from_slice(f);
+            psi_out.extend_from_slice(psi);
+            Ok(())
+        })
+        .expect("collecting never fails");
+        let f = Array2::from_shape_vec((self.n_features, k), f_out).expect("D·K values collected");
+        (f, Array1::from(psi_out))
+    }
+
+    /// Call `visit(first_row, F rows (nb×K), ψ (nb))` for consecutive blocks of the current parameters (pending
+    /// step applied), in f64: the streaming form of [`Self::loadings`] used by the queries (`crate::query`).
+    pub(crate) fn visit_current(&self, visit: &mut dyn FnMut(usize, &[f64], &[f64]) -> Result<()>) -> Result<()> {
+        let k = self.n_components;
         let mut blk = Block::new(k);
         let chunks = self
             .f
@@ -249,7 +263,7 @@ impl<T: Real> OnlineSga<T> {
             .zip(self.psi.chunks(BLOCK_ROWS))
             .zip(self.d_last.chunks(BLOCK_ROWS));
         let start = (self.config.scaling == Scaling::Data && !self.is_fitted()).then(|| self.start());
-        for ((f, psi), d_last) in chunks {
+        for (i, ((f, psi), d_last)) in chunks.enumerate() {
             let nb = psi.len();
             load_block(&mut blk, f, psi);
             if let Some(start) = start {
@@ -264,11 +278,9 @@ impl<T: Real> OnlineSga<T> {
                 self.config.scaling == Scaling::Data,
                 nb,
             );
-            f_out.extend_from_slice(&blk.f[..nb * k]);
-            psi_out.extend_from_slice(&blk.psi[..nb]);
+            visit(i * BLOCK_ROWS, &blk.f[..nb * k], &blk.psi[..nb])?;
         }
-        let f = Array2::from_shape_vec((self.n_features, k), f_out).expect("D·K values collected");
-        (f, Array1::from(psi_out))
+        Ok(())
     }
 
     /// Loadings F (D×K).
@@ -561,7 +573,7 @@ mod checkpoint {
             } else {
                 None
             };
-            Ok(OnlineSga {
+            let sga = OnlineSga {
                 n_features: d,
                 n_components: k,
                 config,
@@ -572,7 +584,9 @@ mod checkpoint {
                 d_last: r.array::<T>("d_last", &[d])?,
                 pending,
                 scale_sq,
-            })
+            };
+            crate::state_checks::online_sga(&sga)?;
+            Ok(sga)
         }
     }
 

@@ -18,6 +18,7 @@ use crate::fork::{LockFailure, Mutex, MutexGuard};
 use crate::init::{entropy_seed, orthonormal_loadings};
 use crate::online_em::{EmConfig, OnlineEm};
 use crate::online_sga::{OnlineSga, SgaConfig};
+use crate::query::GaussianRows;
 use crate::scalar::Real;
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
@@ -187,6 +188,59 @@ macro_rules! with_model {
     };
 }
 
+// ---- streaming queries (crate::query): one lock, one pass over the state, no D×K copy ----
+
+/// Log densities of the rows of `x` (n×D float64) under the model's Gaussian, read under one lock.
+fn query_log_prob<'py, A: GaussianRows + Send, B: GaussianRows + Send>(
+    py: Python<'py>,
+    inner: &Mutex<Typed<A, B>>,
+    x: PyReadonlyArray2<'_, f64>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let xv = checked_view(&x, "X")?;
+    let out = py.detach(|| {
+        Ok::<_, PyErr>(with_model!(&*lock(inner)?, m => crate::query::log_prob(m, xv)).map_err(to_py_err)?)
+    })?;
+    Ok(out.into_pyarray(py))
+}
+
+/// Posterior latent means of the rows of `x` (n×D float64), read under one lock.
+fn query_latent_mean<'py, A: GaussianRows + Send, B: GaussianRows + Send>(
+    py: Python<'py>,
+    inner: &Mutex<Typed<A, B>>,
+    x: PyReadonlyArray2<'_, f64>,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let xv = checked_view(&x, "X")?;
+    let out = py.detach(|| {
+        Ok::<_, PyErr>(with_model!(&*lock(inner)?, m => crate::query::latent_mean(m, xv)).map_err(to_py_err)?)
+    })?;
+    Ok(out.into_pyarray(py))
+}
+
+/// Overwrite `out` (n×D float32/float64, holding z) with draws c + F h + ψ^{1/2} ⊙ z, under one lock.
+fn query_draw_into<A: GaussianRows + Send, B: GaussianRows + Send>(
+    py: Python<'_>,
+    inner: &Mutex<Typed<A, B>>,
+    h: PyReadonlyArray2<'_, f64>,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let hv = checked_view(&h, "h")?;
+    if let Ok(arr) = out.cast::<PyArray2<f64>>() {
+        check_layout(arr, "out")?;
+        let mut rw = arr.try_readwrite().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let view = rw.as_array_mut();
+        py.detach(|| with_model!(&*lock(inner)?, m => crate::query::draw_in_place(m, hv, view)).map_err(to_py_err))
+    } else if let Ok(arr) = out.cast::<PyArray2<f32>>() {
+        check_layout(arr, "out")?;
+        let mut rw = arr.try_readwrite().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let view = rw.as_array_mut();
+        py.detach(|| with_model!(&*lock(inner)?, m => crate::query::draw_in_place(m, hv, view)).map_err(to_py_err))
+    } else {
+        Err(PyTypeError::new_err(
+            "out must be a writable 2-D float32 or float64 numpy array",
+        ))
+    }
+}
+
 /// Run `update` on a 2-D float32 or float64 array without copying it, with the GIL released.
 macro_rules! update_from_any {
     ($self:ident, $py:ident, $x:ident) => {{
@@ -283,6 +337,21 @@ macro_rules! model_methods {
             #[getter]
             fn is_fitted(&self, py: Python<'_>) -> PyResult<bool> {
                 py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.is_fitted())))
+            }
+
+            /// Log densities of the rows of X (n×D float64), streaming over the state under one lock.
+            fn log_prob<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                query_log_prob(py, &self.inner, x)
+            }
+
+            /// Posterior latent means E[h | x] of the rows of X (n×D float64), under one lock.
+            fn latent_mean<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+                query_latent_mean(py, &self.inner, x)
+            }
+
+            /// Overwrite `out` (n×D, holding z) with c + F h + ψ^{1/2} ⊙ z, under one lock.
+            fn draw_into(&self, py: Python<'_>, h: PyReadonlyArray2<'_, f64>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+                query_draw_into(py, &self.inner, h, out)
             }
 
             /// (n_seen, mean, loadings, noise_variance) read under one lock: one consistent state.
@@ -645,6 +714,37 @@ impl VIFACore {
     fn noise_variance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let v = py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.noise_variance())))?;
         Ok(v.into_pyarray(py))
+    }
+
+    /// (mean, loadings, noise_variance) read under one lock: one consistent state.
+    #[allow(clippy::type_complexity)]
+    fn snapshot<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        Bound<'py, PyArray1<f64>>,
+        Bound<'py, PyArray2<f64>>,
+        Bound<'py, PyArray1<f64>>,
+    )> {
+        let (mean, f, psi) = py.detach(|| {
+            Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => (m.mean(), m.loadings(), m.noise_variance())))
+        })?;
+        Ok((mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
+    }
+
+    /// Log densities of the rows of X (n×D float64), streaming over the state under one lock.
+    fn log_prob<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        query_log_prob(py, &self.inner, x)
+    }
+
+    /// Posterior latent means E[h | x] of the rows of X (n×D float64), under one lock.
+    fn latent_mean<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        query_latent_mean(py, &self.inner, x)
+    }
+
+    /// Overwrite `out` (n×D, holding z) with c + F h + ψ^{1/2} ⊙ z, under one lock.
+    fn draw_into(&self, py: Python<'_>, h: PyReadonlyArray2<'_, f64>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        query_draw_into(py, &self.inner, h, out)
     }
 
     fn log_noise_variance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {

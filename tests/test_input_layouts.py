@@ -166,6 +166,32 @@ def test_vifa_step_reads_any_layout(state_dtype: str, layout: LayoutFactory, gra
     models[0].step(strided)
     models[1].step(_canonical(strided))
     assert _state(models[0]) == _state(models[1])
+    queries = _data(4, grad_dtype, 98)
+    for name in ("log_prob", "transform"):
+        _assert_same_bits(getattr(models[0], name)(layout(queries)), getattr(models[1], name)(queries))
+
+
+INPUT_DTYPES = ["float64", "float32", "float16", "int32", ">f8", "<f4", "int64"]
+
+
+@pytest.mark.parametrize("model_class", ["OnlineEM", "OnlineSGA"])
+@LAYOUT_SETTINGS
+@given(layout=layouts(), input_dtype=st.sampled_from(INPUT_DTYPES), column=st.integers(0, 3), n_rows=st.integers(2, 12))
+def test_one_sample_vectors_and_converted_dtypes_read_any_layout(
+    model_class: str, layout: LayoutFactory, input_dtype: str, column: int, n_rows: int
+) -> None:
+    """1-D samples (one column of a strided (D, n) view, so a 1-D array with any byte stride) and dtypes the
+    wrappers convert (float16, integers, byte-swapped) give the bits of a C-contiguous copy."""
+    values = (10 * _data(n_rows, "float64", column + n_rows)).astype(input_dtype)
+    by_column = layout(np.ascontiguousarray(values.T))  # (D, n): each column is one sample
+    models = [getattr(onlinefa, model_class)(D, K, n_warmup=2, seed=1) for _ in range(2)]
+    for j in range(n_rows):
+        models[0].update(by_column[:, j])
+        models[1].update(_canonical(by_column[:, j]))
+    assert _state(models[0]) == _state(models[1])
+    if models[1].is_fitted:
+        query = layout(np.ascontiguousarray(values[:3]))
+        _assert_same_bits(models[0].log_prob(query), models[1].log_prob(_canonical(query)))
 
 
 @LAYOUT_SETTINGS

@@ -13,7 +13,9 @@ Every cost here is O(n·D·K + K³).
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from typing import Any
+
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from ._validation import as_sample_matrix, check_finite_samples, check_int
 
@@ -100,6 +102,11 @@ class FactorGaussianMixin:
     def _params(self) -> tuple[FloatArray, FloatArray, FloatArray]:
         return self.mean, self.loadings, self.noise_variance
 
+    def _query_engine(self) -> Any:
+        """The Rust engine answering queries by streaming over its state under one lock (``log_prob``,
+        ``latent_mean``, ``draw_into``), or None to compute from :meth:`_params` in NumPy."""
+        return None
+
     def covariance(self, force: bool = False) -> FloatArray:
         """Dense covariance F Fᵀ + diag ψ, shape (D, D).
 
@@ -146,6 +153,10 @@ class FactorGaussianMixin:
         ValueError
             Wrong shape, or NaN/±Inf/|x| > 1e100 in a row (named in the message).
         """
+        engine = self._query_engine()
+        if engine is not None:
+            out: FloatArray = engine.log_prob(self._query_rows(X))
+            return out
         mean, loadings, noise_variance = self._params()
         x = check_finite_samples(as_sample_matrix(X, loadings.shape[0], np.float64))
         return log_prob(x, mean, loadings, noise_variance)
@@ -166,11 +177,17 @@ class FactorGaussianMixin:
         ValueError
             Wrong shape, or NaN/±Inf/|x| > 1e100 in a row (named in the message).
         """
+        engine = self._query_engine()
+        if engine is not None:
+            out: FloatArray = engine.latent_mean(self._query_rows(X))
+            return out
         mean, loadings, noise_variance = self._params()
         x = check_finite_samples(as_sample_matrix(X, loadings.shape[0], np.float64))
         return latent_mean(x, mean, loadings, noise_variance)
 
-    def sample(self, n_samples: int = 1, seed: int | None = None) -> FloatArray:
+    def sample(
+        self, n_samples: int = 1, seed: int | None = None, *, dtype: DTypeLike = np.float64
+    ) -> NDArray[Any]:
         """Draw samples from N(mean, F Fᵀ + diag ψ) without forming the D×D covariance.
 
         Parameters
@@ -179,14 +196,43 @@ class FactorGaussianMixin:
             Number of draws (>= 0).
         seed : int or None, default=None
             Seed of a :func:`numpy.random.default_rng` generator; the same seed gives the same draws.
+        dtype : {float64, float32}, default=float64
+            dtype of the result. float32 halves its memory; its standard-normal draws come from NumPy's
+            float32 generator, so they differ from the float64 draws of the same seed.
 
         Returns
         -------
         ndarray of shape (n_samples, n_features)
+            θ = mean + F h + ψ^{1/2} ⊙ z (4.50), h ~ N(0, I_K), z ~ N(0, I_D). The models with a Rust engine
+            write the draws in place over z, reading their state once under one lock, so the only memory
+            besides the result is O(n_samples·K + block·K).
         """
         n = check_int(n_samples, "n_samples", 0)
-        mean, loadings, noise_variance = self._params()
-        return draw(n, mean, loadings, noise_variance, seed)
+        out_dtype = np.dtype(dtype)
+        if out_dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        engine = self._query_engine()
+        if engine is None:
+            mean, loadings, noise_variance = self._params()
+            return draw(n, mean, loadings, noise_variance, seed).astype(out_dtype, copy=False)
+        rng = np.random.default_rng(seed)
+        latent = rng.standard_normal((n, self._query_dims()[1]))
+        out = np.empty((n, self._query_dims()[0]), dtype=out_dtype)
+        if out_dtype == np.float32:
+            rng.standard_normal(dtype=np.float32, out=out)
+        else:
+            rng.standard_normal(out=out)
+        engine.draw_into(latent, out)
+        return out
+
+    def _query_dims(self) -> tuple[int, int]:
+        """(D, K) of a model with a query engine."""
+        return int(getattr(self, "n_features")), int(getattr(self, "n_components"))
+
+    def _query_rows(self, X: ArrayLike) -> FloatArray:
+        """Query input as a checked C-contiguous float64 (n, D) array."""
+        x: FloatArray = check_finite_samples(as_sample_matrix(X, self._query_dims()[0], np.float64))
+        return x
 
     def canonical_loadings(self) -> FloatArray:
         """The loadings rotated to their canonical representative (:func:`onlinefa.canonical_loadings`).

@@ -202,6 +202,10 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
     def _params(self) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
         return self.snapshot()
 
+    def _query_engine(self) -> Any:
+        self._require_fitted()
+        return self._core
+
     @property
     def n_features(self) -> int:
         """D, the dimension of the samples."""

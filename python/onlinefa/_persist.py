@@ -51,10 +51,15 @@ class CheckpointMixin:
         Raises
         ------
         ValueError
-            The file is truncated, corrupted, of an unknown format version or holds another model.
+            The file is not a regular file, is truncated, corrupted, of an unknown format version, holds
+            another model, or holds a value the algorithm cannot continue from; the message names the file.
         """
         from .checkpoint import load_state
 
+        state = load_state(path, cls.__name__)
         model = cls.__new__(cls)
-        model.__setstate__({"class": cls.__name__, "state": load_state(path, cls.__name__)})
+        try:
+            model.__setstate__({"class": cls.__name__, "state": state})
+        except ValueError as err:
+            raise ValueError(f"{os.fspath(path)!r} is not a valid {cls.__name__} checkpoint: {err}") from err
         return model

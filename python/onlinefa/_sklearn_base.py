@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from ._models import NotFittedError as LibraryNotFittedError
 from ._params import ParamsMixin
-from ._validation import as_numpy, check_seed
+from ._validation import as_numpy, check_seed, objects_to_float
 
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def as_real_matrix(data: object, estimator: str = "OnlineFactorAnalysis") -> NDA
     if X.dtype.kind == "c":
         raise ValueError("Complex data not supported; pass real-valued samples")
     if X.dtype.kind == "O":
-        X = X.astype(np.float64)  # numbers stored as objects; anything else raises TypeError here
+        X = objects_to_float(X)  # numbers stored as objects; strings and others raise TypeError
     if X.dtype.kind not in "biuf":
         raise TypeError(f"expected real numeric samples, got an array of dtype {X.dtype}")
     if X.ndim != 2:

@@ -3,6 +3,7 @@ imports nothing of the package)."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,10 @@ def as_numpy(data: object) -> NDArray[Any]:
     ------
     TypeError
         A DLPack producer that cannot be imported on the CPU (e.g. a GPU tensor, or an unsupported
-        dtype); move it to host memory first.
+        dtype); move it to host memory first. A tensor that requires grad (detach it first).
+    ValueError
+        A masked array with masked entries (masks are never ignored silently; one without masked
+        entries is read as its data).
 
     Examples
     --------
@@ -51,8 +55,15 @@ def as_numpy(data: object) -> NDArray[Any]:
     >>> np.shares_memory(as_numpy(memoryview(x)), x)
     True
     """
+    if isinstance(data, np.ma.MaskedArray):
+        return _unmasked(data)
     if isinstance(data, np.ndarray):
         return data
+    if getattr(data, "requires_grad", False) is True:
+        raise TypeError(
+            f"the {type(data).__name__} requires grad; pass tensor.detach() (onlinefa never differentiates "
+            "through its input)"
+        )
     if hasattr(data, "__dlpack__") and not any(hasattr(data, name) for name in _ARRAY_PROTOCOLS):
         try:
             return np.from_dlpack(data)
@@ -62,6 +73,17 @@ def as_numpy(data: object) -> NDArray[Any]:
                 "pass an array in CPU memory with a bool, integer or float dtype"
             ) from err
     return np.asarray(data)
+
+
+def _unmasked(data: np.ma.MaskedArray[Any, Any]) -> NDArray[Any]:
+    """The data of a masked array without masked entries; ValueError when any entry is masked."""
+    if np.ma.is_masked(data):
+        raise ValueError(
+            f"the masked array has {int(np.count_nonzero(np.ma.getmaskarray(data)))} masked value(s); onlinefa "
+            "does not ignore them silently: drop or fill them first (e.g. X.filled(value) or X[~X.mask.any(axis=1)])"
+        )
+    plain: NDArray[Any] = np.ma.getdata(data)
+    return plain
 
 
 def core_readable(arr: NDArray[Any]) -> NDArray[Any]:
@@ -114,6 +136,23 @@ def as_sample_matrix(X: ArrayLike, n_features: int, dtype: DTypeLike | None = No
             f"expected samples of shape (n_samples, {n_features}) or ({n_features},), got shape {np.shape(X)}"
         )
     return core_readable(arr)
+
+
+def objects_to_float(arr: NDArray[Any]) -> NDArray[np.float64]:
+    """Convert an object array whose elements are all real numbers to float64.
+
+    Strings (even numeric ones such as ``"1.5"``), bytes, complex numbers, None and other objects raise
+    TypeError: converting text to numbers silently hides a parsing problem of the caller.
+    """
+    flat = arr.reshape(-1)
+    for index, item in enumerate(flat):
+        if not isinstance(item, (numbers.Real, np.bool_)):
+            raise TypeError(
+                f"every element of an object array must be a real number (argument must be a real "
+                f"number, not a string, number-like text or other object): element {index} (flat index) is "
+                f"{type(item).__name__} {item!r:.40}; parse text into numbers explicitly"
+            )
+    return np.asarray(arr, dtype=np.float64)
 
 
 def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) -> int:

@@ -31,15 +31,31 @@ The digest is SHA-256 over, in order: ``b"onlinefa-checkpoint\\0"``, the format 
 ``"<name>\\0<type>\\0<dtype.str>\\0<shape as comma-separated ints>\\0"`` (UTF-8) followed by the
 entry's little-endian C-order bytes (nothing for ``"none"``).
 
-Reading checks, in this order: the archive and every member's CRC (zip), the format version, the class,
-that the members are exactly the manifest's, the digest, then the entries' types. Anything wrong raises
+Reading checks, in this order: that the path is a regular file (devices such as ``/dev/zero``, FIFOs and
+directories fail at once), the archive and every member's CRC (zip), the format version, the class, that
+the members are exactly the manifest's, the digest, then the entries' types. Anything wrong raises
 :class:`ValueError` naming the file and the problem, so a truncated, corrupted, foreign, future-version
 or wrong-class file never turns into a silently wrong model. The model's own ``from_state`` then checks
-every shape and value.
+every shape and every value the algorithm relies on (finite arrays, sample count <= 2⁵³, step sizes in
+(0, 1], non-negative running squares and variances, symmetric bounded K×K statistics with a positive
+diagonal where they are covariances, hyper-parameters in range); its errors name the file too.
 
-Writing is atomic: the archive goes to a temporary file in the destination's directory, is flushed and
-``fsync``-ed, then renamed over the destination with :func:`os.replace`. A crash or exception mid-save
-leaves any previous checkpoint untouched and removes the temporary file.
+**What the digest detects, and what it does not.** The SHA-256 digest is an *unkeyed* checksum: it
+detects accidental damage (bit flips, truncation, a member copied from another file) with certainty for
+all practical purposes, but **not deliberate edits** — anyone can change a value and recompute the digest.
+Such a file still passes the value checks above only if every value is one the algorithm can continue
+from; the model it loads is then simply a different model. Treat a checkpoint from an untrusted source
+like any other untrusted data. Loading one never executes code (no pickles are read), whereas
+**pickles** of models (``pickle.dumps(model)``) must never be loaded from an untrusted source: unpickling
+can execute arbitrary code, as for any pickle.
+
+Writing is atomic: the archive goes to a temporary file ``.<name>.<12 hex digits>.tmp`` in the
+destination's directory, locked with ``flock`` while it is written, flushed and ``fsync``-ed, then renamed
+over the destination with :func:`os.replace`. A crash or exception mid-save leaves any previous checkpoint
+untouched and removes the temporary file. A writer killed outright (``kill -9``, power loss) cannot remove
+its temporary file; the next save to the same destination deletes such leftovers — temporary files of that
+destination whose lock is free and which were last written more than :data:`STALE_TEMPORARY_SECONDS` ago
+(a save in progress in another process holds its lock and is never touched).
 """
 
 from __future__ import annotations
@@ -51,12 +67,19 @@ import json
 import math
 import os
 import secrets
+import stat
+import time
 import zipfile
 from collections.abc import Mapping
 from typing import IO, Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 #: Version of the file layout written by :func:`save_state`; :func:`load_state` reads only this one.
 FORMAT_VERSION = 1
@@ -67,6 +90,9 @@ _MANIFEST_KEY = "__manifest__"
 _DIGEST_KEY = "__sha256__"
 _RESERVED = (_VERSION_KEY, _CLASS_KEY, _MANIFEST_KEY, _DIGEST_KEY)
 _DIGEST_PREFIX = b"onlinefa-checkpoint\0"
+#: Age (seconds since the last write) above which an unlocked temporary file of a save is stale.
+STALE_TEMPORARY_SECONDS = 60.0
+_TOKEN_BYTES = 6
 #: Fixed zip timestamp, so the same state always gives the same bytes.
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 _ARRAY_KINDS = "biuf"
@@ -191,14 +217,67 @@ def _write_archive(handle: IO[bytes], members: Mapping[str, NDArray[Any]]) -> No
             _write_member(archive, name, array)
 
 
+def _temporary_name(base_name: str, token: str) -> str:
+    return f".{base_name}.{token}.tmp"
+
+
+def _is_temporary_of(name: str, base_name: str) -> bool:
+    """Whether ``name`` is a temporary file that a save of ``base_name`` creates."""
+    prefix, suffix = f".{base_name}.", ".tmp"
+    if not (name.startswith(prefix) and name.endswith(suffix)):
+        return False
+    token = name[len(prefix) : -len(suffix)]
+    return len(token) == 2 * _TOKEN_BYTES and all(c in "0123456789abcdef" for c in token)
+
+
+def _lock(fd: int, blocking: bool) -> bool:
+    """Take an exclusive advisory lock on ``fd`` (released by the kernel when the process dies).
+    Returns False when another process holds it (non-blocking), True otherwise (also without fcntl)."""
+    if fcntl is None:  # pragma: no cover - Windows
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _remove_stale_temporaries(directory: str, base_name: str) -> None:
+    """Delete temporary files of earlier saves of ``base_name`` whose writer died (``kill -9``, power loss).
+
+    A live writer holds an exclusive ``flock`` on its temporary file for the whole save; a dead one's lock
+    was released by the kernel. A file is removed only when its lock can be taken *and* it was last
+    modified more than :data:`STALE_TEMPORARY_SECONDS` ago (covering the instant between a writer's
+    creating the file and locking it). Without ``fcntl`` (Windows) nothing is removed.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        return
+    try:
+        names = [name for name in os.listdir(directory) if _is_temporary_of(name, base_name)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                info = os.fstat(fd)
+                old = time.time() - info.st_mtime > STALE_TEMPORARY_SECONDS
+                if stat.S_ISREG(info.st_mode) and old and _lock(fd, blocking=False):
+                    os.unlink(path)
+            finally:
+                os.close(fd)
+
+
 def _open_temporary(directory: str, base_name: str) -> tuple[str, IO[bytes]]:
-    """Create a new file beside the destination (normal permissions, unique name) and open it."""
+    """Create a new file beside the destination (normal permissions, unique name), lock and open it."""
     for _ in range(100):
-        temp_path = os.path.join(directory, f".{base_name}.{secrets.token_hex(6)}.tmp")
+        temp_path = os.path.join(directory, _temporary_name(base_name, secrets.token_hex(_TOKEN_BYTES)))
         try:
             fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         except FileExistsError:
             continue
+        _lock(fd, blocking=True)
         return temp_path, os.fdopen(fd, "wb")
     raise FileExistsError(f"could not create a temporary file in {directory!r}")  # pragma: no cover
 
@@ -251,6 +330,7 @@ def save_state(path: str | os.PathLike[str], kind: str, state: Mapping[str, Any]
     members.update(arrays)
     destination = os.path.abspath(os.fspath(path))
     directory, base_name = os.path.split(destination)
+    _remove_stale_temporaries(directory, base_name)
     temp_path, handle = _open_temporary(directory, base_name)
     try:
         with handle:
@@ -369,6 +449,22 @@ def _decode_members(members: Mapping[str, NDArray[Any]], kind: str) -> StateDict
     return {name: _decode_entry(name, manifest[name], arrays.get(name)) for name in sorted(manifest)}
 
 
+def _open_regular(path: str | os.PathLike[str], shown: str) -> IO[bytes]:
+    """Open a regular file for reading; ValueError at once for devices, FIFOs, sockets and directories
+    (``/dev/zero`` would otherwise be read forever, a FIFO would block)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{shown!r} is not a valid onlinefa checkpoint: it is not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def load_state(path: str | os.PathLike[str], kind: str) -> StateDict:
     """Read a state written by :func:`save_state`, verifying format version, class and checksum.
 
@@ -393,7 +489,7 @@ def load_state(path: str | os.PathLike[str], kind: str) -> StateDict:
         The file cannot be opened (e.g. :class:`FileNotFoundError`).
     """
     shown = os.fspath(path)
-    with open(path, "rb") as handle:
+    with _open_regular(path, shown) as handle:
         try:
             members = _read_members(handle)
         except Exception as err:  # any failure to parse what was opened means a damaged file
@@ -417,7 +513,7 @@ def stored_class(path: str | os.PathLike[str]) -> str:
         The file cannot be opened.
     """
     shown = os.fspath(path)
-    with open(path, "rb") as handle:
+    with _open_regular(path, shown) as handle:
         try:
             members = _read_members(handle)
             kind: str = _header_scalar(members, _CLASS_KEY, "U")

@@ -17,7 +17,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
-from ._validation import check_dtype, check_int, check_positive_float
+from ._gaussian import latent_mean
+from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .rotation import canonical_loadings, canonical_rotation
 
@@ -398,10 +399,12 @@ class OnlineFactorAnalysis(EstimatorBase):
         ndarray of shape (n_samples, n_components)
         """
         arr = self._query_input(X)
-        model = self._fitted_model()
+        # One snapshot for both the rotation and the latents: an update in another thread cannot mix states.
+        mean, loadings, noise_variance = self._fitted_model().snapshot()
         # E[h | x] of the engine's F, rotated to the basis of components_: F h = (F Q)(Qᵀ h).
-        rotation = canonical_rotation(model.loadings)
-        latents: FloatArray = model.transform(arr) @ rotation
+        rotation = canonical_rotation(loadings)
+        x = check_finite_samples(np.ascontiguousarray(arr, dtype=np.float64))
+        latents: FloatArray = latent_mean(x, mean, loadings, noise_variance) @ rotation
         return latents
 
     def score_samples(self, X: ArrayLike) -> FloatArray:
@@ -603,7 +606,28 @@ class OnlineFactorAnalysis(EstimatorBase):
         estimator = cls(**params)
         if "model.class" in state:
             estimator._model = _restore_model(state, os.fspath(path))
+        _check_loaded(estimator, os.fspath(path))
         return estimator
+
+
+def _check_loaded(estimator: OnlineFactorAnalysis, shown_path: str) -> None:
+    """Validate a loaded estimator's hyper-parameters (and their agreement with its model) without building
+    a model; ValueError naming the file."""
+    try:
+        n_components = check_int(estimator.n_components, "n_components", 1)
+        model_class = estimator._model_class()
+        estimator._model_options()
+        check_positive_float(estimator.lr, "lr")
+        check_positive_float(estimator.noise_floor, "noise_floor")
+        resolve_warmup(estimator.n_warmup, n_components)
+        dtype = _state_dtype(estimator.dtype)
+        model = getattr(estimator, "_model", None)
+        if model is not None and (
+            type(model) is not model_class or model.n_components != n_components or model.dtype != dtype
+        ):
+            raise ValueError("the stored hyper-parameters do not match the stored model")
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{shown_path!r} is not a valid OnlineFactorAnalysis checkpoint: {err}") from err
 
 
 def _restore_model(state: dict[str, Any], shown_path: str) -> StreamingModel:

@@ -15,13 +15,13 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _core
 from ._persist import CheckpointMixin
 from ._gaussian import FactorGaussianMixin
 from ._validation import (
-    NATIVE_FLOATS, check_dtype, check_init, check_int, check_positive_float, check_seed, core_readable,
+    NATIVE_FLOATS, as_numpy, check_dtype, check_init, check_int, check_positive_float, check_seed, core_readable,
 )
 
 __all__ = ["VIFA"]
@@ -64,7 +64,7 @@ def _check_optimizer(optimizer: object) -> str:
 def _as_gradients(grad: ArrayLike, n_rows: int, n_features: int) -> NDArray[Any]:
     """Return ``grad`` as an (n_rows, D) float32/float64 array, read in place when the core can (see
     :func:`~onlinefa._validation.core_readable`)."""
-    arr = np.asarray(grad)
+    arr = as_numpy(grad)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"grad must be a real numeric array, got dtype {arr.dtype}")
     if arr.dtype.newbyteorder("=") not in NATIVE_FLOATS:
@@ -209,7 +209,9 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         self._n_grad_samples = int(n_grad_samples)
 
     # -- training --------------------------------------------------------------------------------
-    def sample(self, n_samples: int | None = None, seed: int | None = None) -> FloatArray:
+    def sample(
+        self, n_samples: int | None = None, seed: int | None = None, *, dtype: DTypeLike = np.float64
+    ) -> NDArray[Any]:
         """Training draw (no arguments), or ``n_samples`` model draws (any argument).
 
         Parameters
@@ -220,6 +222,8 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
             ``n_samples`` independent draws from q with shape (n_samples, D); nothing is remembered.
         seed : int, optional
             Seed of the model draws (as in ``OnlineEM.sample``); giving it alone means ``n_samples=1``.
+        dtype : {float64, float32}, default=float64
+            dtype of model draws (as in ``OnlineEM.sample``); the training draw is always float64.
 
         Returns
         -------
@@ -239,7 +243,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
                     f"{self.n_grad_samples}); call step() with their gradients first"
                 )
             return self._core.sample()
-        return super().sample(1 if n_samples is None else n_samples, seed)
+        return super().sample(1 if n_samples is None else n_samples, seed, dtype=dtype)
 
     def step(self, grad: ArrayLike) -> Self:
         """Apply one optimiser step to c, F and β (Algorithm 3, lines 9–20).
@@ -352,6 +356,17 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
     def noise_variance(self) -> FloatArray:
         """Diagonal variances ψ = exp β, shape (D,)."""
         return self._core.noise_variance()
+
+    def snapshot(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(mean, loadings, noise_variance) read together under the model's lock: one consistent state even
+        while another thread runs :meth:`step`."""
+        return self._core.snapshot()
+
+    def _params(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        return self.snapshot()
+
+    def _query_engine(self) -> Any:
+        return self._core
 
     @property
     def log_noise_variance(self) -> FloatArray:
