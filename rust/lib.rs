@@ -7,7 +7,7 @@
 
 pub mod error;
 pub mod fork;
-mod fused_em;
+mod engine;
 pub mod gfa;
 pub mod init;
 pub mod linalg;

@@ -11,7 +11,7 @@
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
-use crate::fused_em::{try_em_block, EmBlockIo};
+use crate::engine::em_kernel::{em_block_run, to_loadings_space, EmBlockIo, EmConsts, Isa, MAX_K};
 use crate::linalg::SpdFactor;
 use crate::pass::{
     accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel,
@@ -20,7 +20,6 @@ use crate::pass::{
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
-use crate::small_k::try_add_outer;
 use crate::vbfa::transform::Rotation;
 
 /// Hyper-parameters of [`OnlineEm`].
@@ -158,6 +157,8 @@ struct PassCtx<'a, T> {
     init_scale: f64,
     floor: f64,
     k: usize,
+    /// The fused row-SIMD kernel's constants and code path, when it runs this pass.
+    fast: Option<(EmConsts<T>, Isa)>,
 }
 
 impl<T: Real> OnlineEm<T> {
@@ -234,14 +235,17 @@ impl<T: Real> OnlineEm<T> {
 
     fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64, mean_rho: f64, scratch: &mut Scratch, sums: &mut Sums) {
         let k = self.n_components;
+        let floor = self.floor();
+        let fast = self.kernel_consts(rho, mean_rho, floor).map(|c| (c, Isa::detect()));
         let ctx = PassCtx {
             pending: self.pending.as_ref(),
             source: &self.source,
             rho,
             mean_rho,
             init_scale: self.config.scaling.warmup_scale(self.scale_sq),
-            floor: self.floor(),
+            floor,
             k,
+            fast,
         };
         let tasks: Vec<Rows<T>> = self
             .a_bar
@@ -262,6 +266,38 @@ impl<T: Real> OnlineEm<T> {
         reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| {
             em_task(rows, &x, &ctx, blk, part)
         });
+        if let Some((consts, _)) = &ctx.fast {
+            let upper: Option<Vec<f64>> = consts.upper.as_ref().map(|u| u.iter().map(|v| v.to_f64()).collect());
+            let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
+            let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
+            to_loadings_space(k, upper.as_deref(), s, u);
+        }
+    }
+
+    /// Constants of the fused kernel (engine/em_kernel.rs) for this pass, or None when the block-by-block
+    /// path runs instead (warm-up, K > MAX_K). U is the transposed Cholesky factor of H̄⁻¹ (Uᵀ U = H̄⁻¹).
+    fn kernel_consts(&self, rho: f64, mean_rho: f64, floor: f64) -> Option<EmConsts<T>> {
+        let k = self.n_components;
+        if k > MAX_K {
+            return None;
+        }
+        let to_t = |m: &Array2<f64>| -> Vec<T> { m.iter().map(|&v| T::from_f64(v)).collect() };
+        let upper = match &self.source {
+            Source::Initial(_) => return None,
+            Source::Stats(h_inv) => Some(to_t(&SpdFactor::new(h_inv.view(), "H̄⁻¹").ok()?.lower().reversed_axes())),
+            Source::Whitened => None,
+        };
+        Some(EmConsts {
+            pending: self
+                .pending
+                .as_ref()
+                .map(|p| (T::from_f64(p.rho), p.m.iter().map(|&v| T::from_f64(v)).collect())),
+            transform: self.pending.as_ref().and_then(|p| p.transform.as_ref()).map(to_t),
+            upper,
+            rho,
+            mean_rho,
+            floor,
+        })
     }
 
     /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
@@ -416,11 +452,12 @@ fn apply_pending<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pendin
 fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>, blk: &mut Block, sums: &mut Sums) {
     let k = ctx.k;
     let n = rows.mean.len();
+    if let Some((consts, isa)) = &ctx.fast {
+        fused_task(&mut rows, x, consts, *isa, blk, sums, k);
+        return;
+    }
     for b0 in (0..n).step_by(BLOCK_ROWS) {
         let nb = (n - b0).min(BLOCK_ROWS);
-        if fused_block(&mut rows, b0, nb, x, ctx, blk, sums) {
-            continue;
-        }
         let a_rows = &mut rows.a[b0 * k..(b0 + nb) * k];
         // 1. Pending line 12 of the previous sample: Ā_{t−1} from Ā_{t−2}; write it back.
         load_rows(a_rows, &mut blk.a);
@@ -458,58 +495,38 @@ fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx
     }
 }
 
-/// The whole pass over one block in one fused loop (fused_em.rs) when K ≤ 16 and warm-up is over; returns
-/// false when the block-by-block path below must run instead.
-fn fused_block<T: Real, X: Real>(
+/// The pass over one task's rows through the fused row-SIMD kernel (engine/em_kernel.rs): sums in Ā space.
+fn fused_task<T: Real, X: Real>(
     rows: &mut Rows<T>,
-    b0: usize,
-    nb: usize,
     x: &ArrayView1<X>,
-    ctx: &PassCtx<T>,
+    consts: &EmConsts<T>,
+    isa: Isa,
     blk: &mut Block,
     sums: &mut Sums,
-) -> bool {
-    let k = ctx.k;
-    let h_inv = match ctx.source {
-        Source::Initial(_) => return false,
-        Source::Stats(h) => match h.as_slice() {
-            Some(h) => Some(h),
-            None => return false,
-        },
-        Source::Whitened => None,
-    };
-    let transform = ctx.pending.and_then(|p| p.transform.as_ref());
-    let (Some(u), Some(s)) = (sums.u.as_slice_mut(), sums.s.as_slice_mut()) else {
-        return false;
-    };
-    let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
-    for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
-        *dst = xi.to_f64();
+    k: usize,
+) {
+    let n = rows.mean.len();
+    let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
+    let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
+    for b0 in (0..n).step_by(BLOCK_ROWS) {
+        let nb = (n - b0).min(BLOCK_ROWS);
+        let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
+        for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
+            *dst = xi.to_f64();
+        }
+        let mut io = EmBlockIo {
+            a: &mut rows.a[b0 * k..(b0 + nb) * k],
+            mean: &mut rows.mean[b0..b0 + nb],
+            dsq: &mut rows.dsq[b0..b0 + nb],
+            d_last: &mut rows.d_last[b0..b0 + nb],
+            x: &blk.d[..nb],
+            consts,
+            dsq_sum: &mut sums.dsq,
+            u,
+            s,
+        };
+        em_block_run(isa, k, &mut io, nb);
     }
-    let mut io = EmBlockIo {
-        a: &mut rows.a[b0 * k..(b0 + nb) * k],
-        mean: &mut rows.mean[b0..b0 + nb],
-        dsq: &mut rows.dsq[b0..b0 + nb],
-        d_last: &mut rows.d_last[b0..b0 + nb],
-        x: &blk.d[..nb],
-        pending: ctx.pending.and_then(|p| p.m.as_slice().map(|m| (p.rho, m))),
-        transform: transform.and_then(|w| w.as_slice()),
-        h_inv,
-        rho: ctx.rho,
-        mean_rho: ctx.mean_rho,
-        floor: ctx.floor,
-        dsq_sum: &mut sums.dsq,
-        f: &mut blk.f,
-        y: &mut blk.tmp,
-        u,
-    };
-    if transform.is_some() && io.transform.is_none() {
-        return false;
-    }
-    if !try_em_block(k, &mut io, nb) {
-        return false;
-    }
-    try_add_outer(k, &blk.tmp, &blk.f, s, nb)
 }
 
 /// blk.f[..nb] and blk.psi[..nb] for rows starting at global row `row0`:
