@@ -5,6 +5,7 @@
 //! c = θ̄ the mean. Equation numbers refer to Brownlie (2021), "Extending the Bayesian Deep Learning
 //! Method MultiSWAG".
 
+mod engine;
 pub mod error;
 pub mod fork;
 mod engine;

@@ -10,8 +10,8 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
-use crate::error::{checked_size, invalid, try_filled, FaError, Result};
 use crate::engine::em_kernel::{em_block_run, to_loadings_space, EmBlockIo, EmConsts, Isa, MAX_K};
+use crate::error::{checked_size, invalid, try_filled, FaError, Result};
 use crate::linalg::SpdFactor;
 use crate::pass::{
     accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel,
@@ -234,9 +234,22 @@ impl<T: Real> OnlineEm<T> {
     }
 
     fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64, mean_rho: f64, scratch: &mut Scratch, sums: &mut Sums) {
+        self.pass_on(x, rho, mean_rho, scratch, sums, Some(Isa::detect()));
+    }
+
+    /// The pass, through the fused kernel on code path `isa` when it applies (None: block-by-block path).
+    fn pass_on<X: Real>(
+        &mut self,
+        x: ArrayView1<X>,
+        rho: f64,
+        mean_rho: f64,
+        scratch: &mut Scratch,
+        sums: &mut Sums,
+        isa: Option<Isa>,
+    ) {
         let k = self.n_components;
         let floor = self.floor();
-        let fast = self.kernel_consts(rho, mean_rho, floor).map(|c| (c, Isa::detect()));
+        let fast = isa.and_then(|isa| self.kernel_consts(rho, mean_rho, floor).map(|c| (c, isa)));
         let ctx = PassCtx {
             pending: self.pending.as_ref(),
             source: &self.source,
@@ -628,6 +641,97 @@ mod tests {
         let wrong = Array2::<f64>::zeros((2, d + 1));
         assert!(matches!(em.update(wrong.view()), Err(FaError::Shape { .. })));
         assert_eq!(em, before);
+    }
+
+    /// One pass through the fused kernel and through the block path (explicit F = Ā H̄⁻¹) from the same state.
+    fn both_paths<T: Real>(em: &OnlineEm<T>, x: ArrayView1<f64>, isa: Isa) -> [(OnlineEm<T>, Sums); 2] {
+        let t = em.n_seen + 1;
+        let rho = em.config.step_size.rho(t);
+        let run = |isa: Option<Isa>| {
+            let mut m = em.clone();
+            let mut scratch = Scratch::new(m.n_features, m.n_components);
+            let mut sums = Sums::zeros(m.n_components);
+            m.pass_on(x, rho, rho, &mut scratch, &mut sums, isa);
+            (m, sums)
+        };
+        [run(Some(isa)), run(None)]
+    }
+
+    fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+        let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        a.iter().zip(b).fold(0.0f64, |m, (p, q)| m.max((p - q).abs() / scale))
+    }
+
+    #[test]
+    fn abar_space_sums_equal_explicit_loadings_sums() {
+        // Fᵀ Ψ⁻¹ F = Uᵀ S_z U and Fᵀ Ψ⁻¹ d = Uᵀ u_z is an identity: both paths agree to rounding, for every K the
+        // kernel handles, plain and whitened, with the pending update (and whitening transform) applied in the pass.
+        for k in [1usize, 2, 3, 7, 10, 16] {
+            for whiten in [false, true] {
+                let d = 3 * k + 1001; // not a multiple of the lane width or the block size
+                let f0 = orthonormal_loadings(d, k, k as u64).expect("init");
+                let x = stream(2 * k + 8, d, 40 + k as u64);
+                let cfg = EmConfig {
+                    n_warmup: 2 * k as u64 + 2,
+                    whiten,
+                    ..EmConfig::default()
+                };
+                let mut em = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+                let n = x.nrows();
+                em.update(x.slice(s![..n - 1, ..])).expect("update");
+                assert!(em.is_fitted() && em.pending.is_some());
+                let [(fast, fs), (slow, ss)] = both_paths(&em, x.row(n - 1), Isa::detect());
+                assert!(
+                    max_rel(fs.s.as_slice().unwrap(), ss.s.as_slice().unwrap()) < 1e-12,
+                    "S, K = {k}"
+                );
+                assert!(
+                    max_rel(fs.u.as_slice().unwrap(), ss.u.as_slice().unwrap()) < 1e-12,
+                    "u, K = {k}"
+                );
+                assert!((fs.dsq - ss.dsq).abs() < 1e-13 * ss.dsq);
+                assert_eq!(
+                    (&fast.mean, &fast.dsq_bar, &fast.d_last),
+                    (&slow.mean, &slow.dsq_bar, &slow.d_last)
+                );
+                assert!(max_rel(&fast.a_bar, &slow.a_bar) < 1e-15, "Ā, K = {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn simd_path_equals_portable_path_bit_for_bit() {
+        for k in [1usize, 4, 10, 16] {
+            let d = 517;
+            let f0 = orthonormal_loadings(d, k, 11).expect("init");
+            let x = stream(40, d, 12);
+            let cfg = EmConfig {
+                n_warmup: 20,
+                whiten: k % 2 == 0,
+                ..EmConfig::default()
+            };
+            let mut em64 = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
+            em64.update(x.slice(s![..39, ..])).expect("update");
+            let [(detected, ds), _] = both_paths(&em64, x.row(39), Isa::detect());
+            let [(portable, ps), _] = both_paths(&em64, x.row(39), Isa::Portable);
+            assert_eq!(detected, portable);
+            assert_eq!((ds.s, ds.u, ds.dsq), (ps.s, ps.u, ps.dsq));
+            let mut em32 = OnlineEm::<f32>::new(d, k, f0.view(), cfg).expect("new");
+            em32.update(x.slice(s![..39, ..])).expect("update");
+            let [(detected, ds), (_, slow)] = both_paths(&em32, x.row(39), Isa::detect());
+            let [(portable, ps), _] = both_paths(&em32, x.row(39), Isa::Portable);
+            assert_eq!(detected, portable);
+            assert_eq!((&ds.s, &ds.u, ds.dsq), (&ps.s, &ps.u, ps.dsq));
+            // float32 arithmetic against the float64-arithmetic block path on the same float32 state.
+            assert!(
+                max_rel(ds.s.as_slice().unwrap(), slow.s.as_slice().unwrap()) < 1e-4,
+                "S, K = {k}"
+            );
+            assert!(
+                max_rel(ds.u.as_slice().unwrap(), slow.u.as_slice().unwrap()) < 1e-4,
+                "u, K = {k}"
+            );
+        }
     }
 
     #[test]
