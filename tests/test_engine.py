@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import onlinefa
+from onlinefa.datasets import make_fa_model, sample_fa
 from test_online_parity import (
     PARITY_RTOL,
     REFERENCE_SELF_RTOL,
@@ -46,24 +47,19 @@ def test_engine_em_matches_reference_for_large_k(
     assert_states_close(got, expected, points, PARITY_RTOL, rel_err)
 
 
-@pytest.mark.parametrize("n_components", [1, 3, 10])
-def test_engine_float32_state_tracks_float64(n_components: int) -> None:
-    """float32 state with float32 per-row arithmetic stays within float32 rounding of the float64 model."""
-    rng = np.random.default_rng(n_components)
-    d = 301
-    loadings = rng.standard_normal((d, n_components))
-    x = rng.standard_normal((400, n_components)) @ loadings.T + 0.5 * rng.standard_normal((400, d))
-    models = {
-        dtype: onlinefa.OnlineEM(d, n_components, n_warmup=20, dtype=dtype, seed=0)
-        for dtype in ("float32", "float64")
-    }
-    for model in models.values():
-        model.update(x)
-    cov = {
-        dtype: np.asarray(m.loadings, np.float64) @ np.asarray(m.loadings, np.float64).T
-        + np.diag(np.asarray(m.noise_variance, np.float64))
-        for dtype, m in models.items()
-    }
-    drift = np.linalg.norm(cov["float32"] - cov["float64"]) / np.linalg.norm(cov["float64"])
-    # float32 has eps = 6e-8; 400 steps of rounding at that level stay far below 1e-4.
+def test_engine_float32_arithmetic_tracks_float64_at_k10() -> None:
+    """float32 state (float32 per-row arithmetic in the fused kernel) stays within rounding of float64 state.
+
+    Measured drift of the covariance after 2·10⁴ samples: 4.5e-6 relative (1.8e-6 when float32 state used
+    float64 arithmetic); the bound leaves >20× margin and sits far below the fit's statistical error.
+    """
+    c, loadings, psi = make_fa_model(50, 10, spectrum=(1.0, 10.0), seed=0)
+    x = sample_fa(c, loadings, psi, 20_000, seed=1)
+    m64 = onlinefa.OnlineEM(50, 10, seed=0).update(x)
+    m32 = onlinefa.OnlineEM(50, 10, seed=0, dtype="float32").update(x.astype(np.float32))
+    cov64, cov32 = m64.covariance(), m32.covariance()
+    drift = np.linalg.norm(cov32 - cov64) / np.linalg.norm(cov64)
+    true_cov = loadings @ loadings.T + np.diag(psi)
+    estimation_error = np.linalg.norm(cov64 - true_cov) / np.linalg.norm(true_cov)
     assert drift < 1e-4
+    assert drift < estimation_error / 100
