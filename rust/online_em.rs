@@ -10,6 +10,7 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
+use crate::engine::{advance, Advanced};
 use crate::engine::em_kernel::{em_block_run, to_loadings_space, EmBlockIo, EmConsts, Isa, MAX_K};
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
 use crate::linalg::SpdFactor;
@@ -61,9 +62,13 @@ pub(crate) enum Source<T> {
     Whitened,
 }
 
-/// The not-yet-applied update of Ā from the last sample: Ā ← ((1−ρ) Ā + ρ d mᵀ) W.
+/// The not-yet-applied row-local part of the last sample: its running moments θ̄, d̄² (lines 5, 6, 14, from
+/// the innovation e stored in `d_last`, see `engine::advance`) and the update Ā ← ((1−ρ) Ā + ρ d mᵀ) W.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Pending {
+    /// (ρ', ρ) of the pending moments; None when θ̄, d̄² are already applied and `d_last` holds d (checkpoints
+    /// written before moments were deferred).
+    pub(crate) moments: Option<(f64, f64)>,
     pub(crate) rho: f64,
     pub(crate) m: Array1<f64>,
     /// Whitening transform W = R⁻ᵀ (K×K), if the last M-step whitened.
@@ -207,7 +212,10 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// Apply the rows of `x` (n×D) in order. The whole batch is validated first, so a shape, NaN/Inf or
-    /// magnitude error applies nothing; for numerical breakdowns see `SNAPSHOT_MAX_ELEMENTS` in pass.rs.
+    /// magnitude error applies nothing. A numerical breakdown never leaves a torn state: up to
+    /// `SNAPSHOT_MAX_ELEMENTS` (pass.rs) the model is restored to its state before the call; for larger models
+    /// it is left exactly as it was before the failing row (the rows before it stay applied), at no extra
+    /// memory traffic — see [`OnlineEm::step`].
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
         let mut scratch = Scratch::new(self.n_features, self.n_components);
@@ -224,13 +232,26 @@ impl<T: Real> OnlineEm<T> {
         Ok(())
     }
 
-    /// One sample: the fused pass (pending Ā update + E-step sums + running averages), then the K×K step.
+    /// One sample, atomically. The pass writes only what is the same model as before this sample — the previous
+    /// sample's pending θ̄, d̄² and Ā, now applied — plus this sample's innovation e in `d_last`, which only a
+    /// pending step reads. If the K×K step then fails, dropping the (consumed) pending step leaves the model
+    /// exactly as it was before the sample: same mean, loadings and noise variances, bit for bit, and the
+    /// same future under the same data.
     fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
+        let result = self.step_inner(x, scratch, sums);
+        if result.is_err() {
+            self.pending = None;
+        }
+        result
+    }
+
+    /// One sample: the fused pass (pending row-local step + E-step sums), then the K×K step (may fail).
+    fn step_inner<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
         let t = self.n_seen + 1;
         let rho = self.config.step_size.rho(t);
         let mean_rho = self.config.scaling.mean_rho(rho, t);
         self.pass(x, rho, mean_rho, scratch, sums);
-        self.finish(t, rho, sums)
+        self.finish(t, rho, mean_rho, sums)
     }
 
     fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64, mean_rho: f64, scratch: &mut Scratch, sums: &mut Sums) {
@@ -301,6 +322,7 @@ impl<T: Real> OnlineEm<T> {
             Source::Whitened => None,
         };
         Some(EmConsts {
+            moments: self.pending.as_ref().and_then(|p| p.moments),
             pending: self
                 .pending
                 .as_ref()
@@ -314,7 +336,7 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
-    fn finish(&mut self, t: u64, rho: f64, sums: &Sums) -> Result<()> {
+    fn finish(&mut self, t: u64, rho: f64, mean_rho: f64, sums: &Sums) -> Result<()> {
         let k = self.n_components;
         // (4.23): Σ = (I + C F)⁻¹, m = Σ C d — by Cholesky of the K×K matrix I + C F.
         let precision = Array2::<f64>::eye(k) + &sums.s;
@@ -361,7 +383,12 @@ impl<T: Real> OnlineEm<T> {
         if let Some(source) = source {
             self.source = source;
         }
-        self.pending = Some(Pending { rho, m, transform });
+        self.pending = Some(Pending {
+            moments: Some((mean_rho, rho)),
+            rho,
+            m,
+            transform,
+        });
         self.n_seen = t;
         self.scale_sq = scale_sq;
         Ok(())
@@ -372,10 +399,12 @@ impl<T: Real> OnlineEm<T> {
         let k = self.n_components;
         let mut out = Vec::with_capacity(self.n_features * k);
         let mut blk = Block::new(k);
-        for (a, d_last) in self.a_bar.chunks(BLOCK_ROWS * k).zip(self.d_last.chunks(BLOCK_ROWS)) {
-            let nb = d_last.len();
+        let d_prev: Vec<f64> = (0..self.n_features).map(|i| self.pending_moments(i).d).collect();
+        for (a, d_prev) in self.a_bar.chunks(BLOCK_ROWS * k).zip(d_prev.chunks(BLOCK_ROWS)) {
+            let nb = d_prev.len();
             load_rows(a, &mut blk.a);
-            apply_pending::<T>(&mut blk, d_last, self.pending.as_ref(), nb);
+            blk.d_prev[..nb].copy_from_slice(d_prev);
+            apply_pending::<T>(&mut blk, self.pending.as_ref(), nb);
             out.extend_from_slice(&blk.a[..nb * k]);
         }
         Array2::from_shape_vec((self.n_features, k), out).expect("D·K values collected")
@@ -427,7 +456,7 @@ impl<T: Real> OnlineEm<T> {
                 let floor = self.floor();
                 Array1::from_shape_fn(self.n_features, |i| {
                     let fa: f64 = f.row(i).dot(&a.row(i));
-                    (self.dsq_bar[i].to_f64() - fa).max(floor)
+                    (self.pending_moments(i).dsq.1 - fa).max(floor)
                 })
             }
         }
@@ -435,7 +464,20 @@ impl<T: Real> OnlineEm<T> {
 
     /// Running mean θ̄ (D).
     pub fn mean(&self) -> Array1<f64> {
-        self.mean.iter().map(|v| v.to_f64()).collect()
+        (0..self.n_features).map(|i| self.pending_moments(i).mean.1).collect()
+    }
+
+    /// Row i's θ̄ and d̄² with the pending moments applied, and the d the pending Ā update uses.
+    fn pending_moments(&self, i: usize) -> Advanced<T> {
+        let (mean, dsq, last) = (self.mean[i], self.dsq_bar[i], self.d_last[i].to_f64());
+        match self.pending.as_ref().and_then(|p| p.moments) {
+            Some((mean_rho, rho)) => advance::<T>(mean.to_f64(), dsq.to_f64(), last, mean_rho, rho),
+            None => Advanced {
+                mean: (mean, mean.to_f64()),
+                dsq: (dsq, dsq.to_f64()),
+                d: last,
+            },
+        }
     }
 
     /// Σ of the last E-step (K×K).
@@ -446,10 +488,10 @@ impl<T: Real> OnlineEm<T> {
 
 /// Ā rows of the block ← ((1 − ρ) Ā + ρ d mᵀ) W, rounded to storage precision (line 12 of Algorithm 2,
 /// plus the optional whitening transform). `blk.a[..nb·K]` holds the stored rows on entry.
-fn apply_pending<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pending>, nb: usize) {
+/// `blk.d_prev[..nb]` holds the previous sample's d.
+fn apply_pending<T: Real>(blk: &mut Block, pending: Option<&Pending>, nb: usize) {
     let Some(p) = pending else { return };
     let k = blk.k;
-    load_rows(&d_last[..nb], &mut blk.d_prev);
     let m = p.m.as_slice().expect("m is contiguous");
     rank_one_update(&mut blk.a, &blk.d_prev, m, p.rho, nb);
     if let Some(w) = &p.transform {
@@ -471,40 +513,54 @@ fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx
     }
     for b0 in (0..n).step_by(BLOCK_ROWS) {
         let nb = (n - b0).min(BLOCK_ROWS);
+        // 1. The previous sample's pending moments (lines 5, 6, 14) and line 12: θ̄_{t−1}, d̄²_{t−1} and
+        //    Ā_{t−1} from the stored values; write them back.
+        pending_moments_block(&mut rows, b0, nb, ctx.pending, &mut blk.d_prev);
         let a_rows = &mut rows.a[b0 * k..(b0 + nb) * k];
-        // 1. Pending line 12 of the previous sample: Ā_{t−1} from Ā_{t−2}; write it back.
         load_rows(a_rows, &mut blk.a);
         if ctx.pending.is_some() {
-            apply_pending::<T>(blk, &rows.d_last[b0..b0 + nb], ctx.pending, nb);
+            apply_pending::<T>(blk, ctx.pending, nb);
             for (dst, src) in a_rows.iter_mut().zip(blk.a.iter()) {
                 *dst = T::from_f64(*src);
             }
         }
         // 2. F and ψ of the previous sample (lines 13, 15), or F₀ and ψ = 1 during warm-up.
         loadings_block(blk, &rows.dsq[b0..b0 + nb], rows.lo + b0, ctx, nb);
-        // 3. Lines 5, 6, 14: θ̄_t, d_t = θ_t − θ̄_t, d̄²_t (after ψ used d̄²_{t−1}).
+        // 3. This sample: innovation e = x_t − θ̄_{t−1} (stored in d_last), d_t and d̄²_t (registers only).
         let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
         let state = rows.mean[b0..b0 + nb]
-            .iter_mut()
-            .zip(rows.dsq[b0..b0 + nb].iter_mut())
+            .iter()
+            .zip(rows.dsq[b0..b0 + nb].iter())
             .zip(rows.d_last[b0..b0 + nb].iter_mut());
         let mut dsq_sum = 0.0;
         for ((((mean, dsq), d_last), xi), d_out) in state.zip(x_blk.iter()).zip(blk.d.iter_mut()) {
-            let xi = xi.to_f64();
             let m0 = mean.to_f64();
-            let (mean_s, m1) = stored::<T>(m0 + ctx.mean_rho * (xi - m0));
-            *mean = mean_s;
-            let d = xi - m1;
-            let dsq0 = dsq.to_f64();
-            let (dsq_s, dsq1) = stored::<T>(dsq0 + ctx.rho * (d * d - dsq0));
-            *dsq = dsq_s;
-            dsq_sum += dsq1;
-            *d_last = T::from_f64(d);
-            *d_out = d;
+            let (e_s, e) = stored::<T>(xi.to_f64() - m0);
+            let adv = advance::<T>(m0, dsq.to_f64(), e, ctx.mean_rho, ctx.rho);
+            dsq_sum += adv.dsq.1;
+            *d_last = e_s;
+            *d_out = adv.d;
         }
         sums.dsq += dsq_sum;
         // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
         accumulate_estep(blk, nb, sums);
+    }
+}
+
+/// Apply the previous sample's pending moments to rows b0..b0+nb of the task (writing θ̄, d̄²) and put the d
+/// its line-12 update uses into `d_prev`.
+fn pending_moments_block<T: Real>(rows: &mut Rows<T>, b0: usize, nb: usize, pending: Option<&Pending>, d_prev: &mut [f64]) {
+    let moments = pending.and_then(|p| p.moments);
+    let state = rows.mean[b0..b0 + nb]
+        .iter_mut()
+        .zip(rows.dsq[b0..b0 + nb].iter_mut())
+        .zip(rows.d_last[b0..b0 + nb].iter());
+    for (((mean, dsq), last), out) in state.zip(d_prev.iter_mut()) {
+        *out = last.to_f64();
+        if let Some((mean_rho, rho)) = moments {
+            let adv = advance::<T>(mean.to_f64(), dsq.to_f64(), *out, mean_rho, rho);
+            (*mean, *dsq, *out) = (adv.mean.0, adv.dsq.0, adv.d);
+        }
     }
 }
 
@@ -765,6 +821,10 @@ mod tests {
         let w = lower_triangular_inverse(r.view()).expect("inv").reversed_axes();
         let a = white.current_a_bar().dot(&w);
         white.a_bar = a.iter().copied().collect();
+        for i in 0..d {
+            let adv = white.pending_moments(i);
+            (white.mean[i], white.dsq_bar[i]) = (adv.mean.0, adv.dsq.0);
+        }
         white.pending = None;
         white.source = Source::Whitened;
         white.b_bar = w.t().dot(&white.b_bar).dot(&w);
@@ -809,10 +869,15 @@ mod checkpoint {
             write_schedule(&mut w, &self.config.step_size);
             write_scaling(&mut w, self.config.scaling, self.scale_sq);
             w.put("n_seen", StateValue::Int(self.n_seen));
-            w.array("mean", vec![d], &self.mean);
+            // The logical state: pending moments applied, d_last = d (the format predates deferred moments).
+            let rows: Vec<Advanced<T>> = (0..d).map(|i| self.pending_moments(i)).collect();
+            let mean: Vec<T> = rows.iter().map(|r| r.mean.0).collect();
+            let dsq_bar: Vec<T> = rows.iter().map(|r| r.dsq.0).collect();
+            let d_last: Vec<T> = rows.iter().map(|r| T::from_f64(r.d)).collect();
+            w.array("mean", vec![d], &mean);
             w.array("a_bar", vec![d, k], &self.a_bar);
-            w.array("dsq_bar", vec![d], &self.dsq_bar);
-            w.array("d_last", vec![d], &self.d_last);
+            w.array("dsq_bar", vec![d], &dsq_bar);
+            w.array("d_last", vec![d], &d_last);
             w.matrix("b_bar", &self.b_bar);
             w.matrix("sigma", &self.sigma);
             match &self.source {
@@ -864,6 +929,7 @@ mod checkpoint {
                     None
                 };
                 Some(Pending {
+                    moments: None,
                     rho: r.float("pending_rho")?,
                     m: r.vector("pending_m", k)?,
                     transform,
@@ -908,7 +974,7 @@ mod checkpoint {
             let mut a = OnlineEm::<f32>::new(d, k, f0.view(), cfg).expect("new");
             a.update(x.slice(ndarray::s![..30, ..])).expect("update");
             let mut b = OnlineEm::<f32>::from_state(&a.to_state()).expect("restore");
-            assert_eq!(a, b);
+            assert_eq!(a.to_state(), b.to_state());
             a.update(x.slice(ndarray::s![30.., ..])).expect("update");
             b.update(x.slice(ndarray::s![30.., ..])).expect("update");
             assert_eq!(a, b);

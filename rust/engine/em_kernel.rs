@@ -19,16 +19,19 @@
 //! **Arithmetic type.** The per-row K-dimensional arithmetic (pending line-12 update, z, |z|², the sums) runs
 //! in the storage type T, so float32 state does float32 arithmetic; the per-block partial sums are added in
 //! f64. The running mean θ̄, d = x − θ̄ and d̄² (lines 5, 6, 14) are computed in f64 and rounded to T, as
-//! everywhere else in the crate. Every lane computes the same operations in the same order whichever code
+//! everywhere else in the crate, and are written one pass late (see `engine::advance`). Every lane computes the same operations in the same order whichever code
 //! path (portable or AVX2) runs, and Rust never contracts a·b + c into an FMA, so both paths agree bit for bit.
 
+use super::advance;
 use crate::scalar::{stored, Real};
 
 /// Inputs and outputs of one block (nb rows). State slices are the block's rows of the stored state.
 pub(crate) struct EmBlockIo<'a, T> {
     /// Ā rows, nb×K (row-major), updated in place.
     pub(crate) a: &'a mut [T],
-    /// θ̄, d̄², d_last rows (nb each), updated in place.
+    /// θ̄, d̄², d_last rows (nb each), updated in place. d_last holds the previous sample's innovation e when
+    /// `EmConsts::moments` is set (its moments are pending, see `engine::advance`), else its d; the pass
+    /// stores this sample's innovation e there.
     pub(crate) mean: &'a mut [T],
     pub(crate) dsq: &'a mut [T],
     pub(crate) d_last: &'a mut [T],
@@ -45,6 +48,8 @@ pub(crate) struct EmBlockIo<'a, T> {
 /// Per-pass constants of the kernel, in the arithmetic type T.
 #[derive(Debug, Clone)]
 pub(crate) struct EmConsts<T> {
+    /// Pending lines 5, 6, 14 of the previous sample (its ρ', ρ), applied from the innovation in d_last.
+    pub(crate) moments: Option<(f64, f64)>,
     /// Pending line-12 update (ρ_{t−1}, m_{t−1}), if any.
     pub(crate) pending: Option<(T, Vec<T>)>,
     /// Whitening transform W (K×K, row-major) applied after the pending update, if any.
@@ -103,10 +108,33 @@ fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, 
                 a[j][l] = row[j];
             }
         }
+        // The previous sample's pending moments (lines 5, 6, 14), then its line 12.
+        let mut m0 = [0.0f64; W];
+        let mut dsq0 = [0.0f64; W];
+        let mut d_prev = [0.0f64; W];
+        for l in 0..n {
+            m0[l] = io.mean[r0 + l].to_f64();
+            dsq0[l] = io.dsq[r0 + l].to_f64();
+            d_prev[l] = io.d_last[r0 + l].to_f64();
+        }
+        if let Some((mean_rho, rho)) = c.moments {
+            let mut mean_s = [zero; W];
+            let mut dsq_s = [zero; W];
+            for l in 0..W {
+                let adv = advance::<T>(m0[l], dsq0[l], d_prev[l], mean_rho, rho);
+                (mean_s[l], m0[l]) = adv.mean;
+                (dsq_s[l], dsq0[l]) = adv.dsq;
+                d_prev[l] = adv.d;
+            }
+            io.mean[r0..r0 + n].copy_from_slice(&mean_s[..n]);
+            io.dsq[r0..r0 + n].copy_from_slice(&dsq_s[..n]);
+        }
         if let Some((rho_p, m)) = &c.pending {
             // Line 12 of the previous sample: Ā ← Ā + ρ (d mᵀ − Ā), then Ā ← Ā W when whitening.
             let mut dp = [zero; W];
-            dp[..n].copy_from_slice(&io.d_last[r0..r0 + n]);
+            for l in 0..W {
+                dp[l] = T::from_f64(d_prev[l]);
+            }
             for j in 0..K {
                 for l in 0..W {
                     a[j][l] = a[j][l] + *rho_p * (dp[l] * m[j] - a[j][l]);
@@ -132,33 +160,22 @@ fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, 
                 fa[l] = fa[l] + zj[l] * zj[l];
             }
         }
-        // Lines 5, 6, 14 in f64: θ̄_t, d_t = x − θ̄_t, d̄²_t (ψ uses d̄²_{t−1}).
+        // This sample: innovation e = x − θ̄_{t−1} (stored), d_t and d̄²_t in registers (ψ uses d̄²_{t−1}).
         let mut x = [0.0f64; W];
-        let mut m0 = [0.0f64; W];
-        let mut dsq0 = [0.0f64; W];
-        for l in 0..n {
-            x[l] = io.x[r0 + l];
-            m0[l] = io.mean[r0 + l].to_f64();
-            dsq0[l] = io.dsq[r0 + l].to_f64();
-        }
+        x[..n].copy_from_slice(&io.x[r0..r0 + n]);
         let mut inv_psi = [zero; W];
         let mut dv = [zero; W];
-        let mut mean_s = [zero; W];
-        let mut dsq_s = [zero; W];
+        let mut e_s = [zero; W];
         for l in 0..W {
             let psi = (dsq0[l] - fa[l].to_f64()).max(c.floor);
-            let (ms, m1) = stored::<T>(m0[l] + c.mean_rho * (x[l] - m0[l]));
-            let d = x[l] - m1;
-            let (ds, dsq1) = stored::<T>(dsq0[l] + c.rho * (d * d - dsq0[l]));
-            dsq_acc[l] += dsq1;
-            mean_s[l] = ms;
-            dsq_s[l] = ds;
-            dv[l] = T::from_f64(d);
+            let (es, e) = stored::<T>(x[l] - m0[l]);
+            let adv = advance::<T>(m0[l], dsq0[l], e, c.mean_rho, c.rho);
+            dsq_acc[l] += adv.dsq.1;
+            e_s[l] = es;
+            dv[l] = T::from_f64(adv.d);
             inv_psi[l] = T::from_f64(1.0 / psi);
         }
-        io.mean[r0..r0 + n].copy_from_slice(&mean_s[..n]);
-        io.dsq[r0..r0 + n].copy_from_slice(&dsq_s[..n]);
-        io.d_last[r0..r0 + n].copy_from_slice(&dv[..n]);
+        io.d_last[r0..r0 + n].copy_from_slice(&e_s[..n]);
         // E-step sums in Ā space: u_z += z d/ψ, S_z += z zᵀ/ψ (upper triangle).
         for i in 0..K {
             let mut y = [zero; W];
