@@ -255,10 +255,18 @@ impl<T: Real> OnlineEm<T> {
     }
 
     fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64, mean_rho: f64, scratch: &mut Scratch, sums: &mut Sums) {
-        self.pass_on(x, rho, mean_rho, scratch, sums, Some(Isa::detect()));
+        let used_kernel = self.pass_on(x, rho, mean_rho, scratch, sums, Some(Isa::detect()));
+        let finite = sums.s.iter().chain(sums.u.iter()).all(|v| v.is_finite());
+        if used_kernel && !finite && std::mem::size_of::<T>() < std::mem::size_of::<f64>() {
+            // float32 arithmetic overflowed (values near the float32 state limits): the pass has applied the
+            // previous sample's pending step, so with it consumed, redo the sums in f64 from the stored state.
+            self.pending = None;
+            self.pass_on(x, rho, mean_rho, scratch, sums, None);
+        }
     }
 
-    /// The pass, through the fused kernel on code path `isa` when it applies (None: block-by-block path).
+    /// The pass, through the fused kernel on code path `isa` when it applies (None: block-by-block path);
+    /// returns whether the kernel ran.
     fn pass_on<X: Real>(
         &mut self,
         x: ArrayView1<X>,
@@ -267,7 +275,7 @@ impl<T: Real> OnlineEm<T> {
         scratch: &mut Scratch,
         sums: &mut Sums,
         isa: Option<Isa>,
-    ) {
+    ) -> bool {
         let k = self.n_components;
         let floor = self.floor();
         let fast = isa.and_then(|isa| self.kernel_consts(rho, mean_rho, floor).map(|c| (c, isa)));
@@ -305,7 +313,9 @@ impl<T: Real> OnlineEm<T> {
             let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
             let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
             to_loadings_space(k, upper.as_deref(), s, u);
+            return true;
         }
+        false
     }
 
     /// Constants of the fused kernel (engine/em_kernel.rs) for this pass, or None when the block-by-block
@@ -787,6 +797,38 @@ mod tests {
                 max_rel(ds.u.as_slice().unwrap(), slow.u.as_slice().unwrap()) < 1e-4,
                 "u, K = {k}"
             );
+        }
+    }
+
+    #[test]
+    fn failed_step_leaves_a_large_model_as_before_the_row() {
+        // D·K > SNAPSHOT_MAX_ELEMENTS: no copy of the state is kept. A NaN B̄ makes the K×K step fail (H̄ is
+        // not positive definite) after the pass, whatever the data; the D-sized state must be as before.
+        for whiten in [false, true] {
+            let (d, k) = (70_000, 4);
+            assert!(d * k > SNAPSHOT_MAX_ELEMENTS);
+            let f0 = orthonormal_loadings(d, k, 21).expect("init");
+            let x = stream(10, d, 22);
+            let cfg = EmConfig {
+                n_warmup: 4,
+                whiten,
+                ..EmConfig::default()
+            };
+            let mut em = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+            em.update(x.slice(s![..7, ..])).expect("update");
+            let healthy_b_bar = em.b_bar.clone();
+            em.b_bar.fill(f64::NAN);
+            let before = (em.mean(), em.loadings(), em.noise_variance(), em.n_seen);
+            let twin = em.clone();
+            assert!(matches!(em.update(x.slice(s![7..8, ..])), Err(FaError::NotPositiveDefinite(_))));
+            assert_eq!((em.mean(), em.loadings(), em.noise_variance(), em.n_seen), before);
+            // Same future as the twin that never saw the row.
+            let (mut em, mut twin) = (em, twin);
+            em.b_bar.assign(&healthy_b_bar);
+            twin.b_bar.assign(&healthy_b_bar);
+            em.update(x.slice(s![8.., ..])).expect("update");
+            twin.update(x.slice(s![8.., ..])).expect("update");
+            assert_eq!(em, twin);
         }
     }
 

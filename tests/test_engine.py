@@ -63,3 +63,16 @@ def test_engine_float32_arithmetic_tracks_float64_at_k10() -> None:
     estimation_error = np.linalg.norm(cov64 - true_cov) / np.linalg.norm(true_cov)
     assert drift < 1e-4
     assert drift < estimation_error / 100
+
+
+def test_float32_arithmetic_overflow_falls_back_to_float64() -> None:
+    """A sample near the float32 input limit overflows float32 per-row arithmetic (z², z/ψ beyond 3.4e38); the
+    update must then redo its sums in float64 instead of reporting a breakdown float64 arithmetic does not have."""
+    rng = np.random.default_rng(3)
+    d = 2000
+    x = rng.standard_normal((12, d)) + np.linspace(0.0, 2.0, d)
+    model = onlinefa.OnlineEM(d, 4, n_warmup=6, seed=1, whiten=True, dtype="float32")
+    model.update(x[:9])
+    model.update(np.full((1, d), 1e15))
+    model.update(x[9:])
+    assert np.all(np.isfinite(model.loadings)) and np.all(np.isfinite(model.noise_variance))
