@@ -10,8 +10,8 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
-use crate::engine::{advance, Advanced};
 use crate::engine::em_kernel::{em_block_run, to_loadings_space, EmBlockIo, EmConsts, Isa, MAX_K};
+use crate::engine::{advance, Advanced};
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
 use crate::linalg::SpdFactor;
 use crate::pass::{
@@ -237,32 +237,38 @@ impl<T: Real> OnlineEm<T> {
     /// pending step reads. If the K×K step then fails, dropping the (consumed) pending step leaves the model
     /// exactly as it was before the sample: same mean, loadings and noise variances, bit for bit, and the
     /// same future under the same data.
+    ///
+    /// float32 state runs the kernel in float32 arithmetic. Near the limits of the float32 range that can
+    /// overflow or cancel where f64 arithmetic does not; a failed float32 step is therefore redone once from the
+    /// stored state (its pending step consumed) with f64 arithmetic before a breakdown is reported.
     fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
-        let result = self.step_inner(x, scratch, sums);
+        let mut result = self.step_inner(x, scratch, sums, true);
         if result.is_err() {
             self.pending = None;
+            if std::mem::size_of::<T>() < std::mem::size_of::<f64>() {
+                result = self.step_inner(x, scratch, sums, false);
+                if result.is_err() {
+                    self.pending = None;
+                }
+            }
         }
         result
     }
 
     /// One sample: the fused pass (pending row-local step + E-step sums), then the K×K step (may fail).
-    fn step_inner<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
+    fn step_inner<X: Real>(
+        &mut self,
+        x: ArrayView1<X>,
+        scratch: &mut Scratch,
+        sums: &mut Sums,
+        allow_kernel: bool,
+    ) -> Result<()> {
         let t = self.n_seen + 1;
         let rho = self.config.step_size.rho(t);
         let mean_rho = self.config.scaling.mean_rho(rho, t);
-        self.pass(x, rho, mean_rho, scratch, sums);
+        let isa = allow_kernel.then(Isa::detect);
+        self.pass_on(x, rho, mean_rho, scratch, sums, isa);
         self.finish(t, rho, mean_rho, sums)
-    }
-
-    fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64, mean_rho: f64, scratch: &mut Scratch, sums: &mut Sums) {
-        let used_kernel = self.pass_on(x, rho, mean_rho, scratch, sums, Some(Isa::detect()));
-        let finite = sums.s.iter().chain(sums.u.iter()).all(|v| v.is_finite());
-        if used_kernel && !finite && std::mem::size_of::<T>() < std::mem::size_of::<f64>() {
-            // float32 arithmetic overflowed (values near the float32 state limits): the pass has applied the
-            // previous sample's pending step, so with it consumed, redo the sums in f64 from the stored state.
-            self.pending = None;
-            self.pass_on(x, rho, mean_rho, scratch, sums, None);
-        }
     }
 
     /// The pass, through the fused kernel on code path `isa` when it applies (None: block-by-block path);
@@ -559,7 +565,13 @@ fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx
 
 /// Apply the previous sample's pending moments to rows b0..b0+nb of the task (writing θ̄, d̄²) and put the d
 /// its line-12 update uses into `d_prev`.
-fn pending_moments_block<T: Real>(rows: &mut Rows<T>, b0: usize, nb: usize, pending: Option<&Pending>, d_prev: &mut [f64]) {
+fn pending_moments_block<T: Real>(
+    rows: &mut Rows<T>,
+    b0: usize,
+    nb: usize,
+    pending: Option<&Pending>,
+    d_prev: &mut [f64],
+) {
     let moments = pending.and_then(|p| p.moments);
     let state = rows.mean[b0..b0 + nb]
         .iter_mut()
@@ -820,7 +832,10 @@ mod tests {
             em.b_bar.fill(f64::NAN);
             let before = (em.mean(), em.loadings(), em.noise_variance(), em.n_seen);
             let twin = em.clone();
-            assert!(matches!(em.update(x.slice(s![7..8, ..])), Err(FaError::NotPositiveDefinite(_))));
+            assert!(matches!(
+                em.update(x.slice(s![7..8, ..])),
+                Err(FaError::NotPositiveDefinite(_))
+            ));
             assert_eq!((em.mean(), em.loadings(), em.noise_variance(), em.n_seen), before);
             // Same future as the twin that never saw the row.
             let (mut em, mut twin) = (em, twin);

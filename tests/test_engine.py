@@ -65,9 +65,9 @@ def test_engine_float32_arithmetic_tracks_float64_at_k10() -> None:
     assert drift < estimation_error / 100
 
 
-def test_float32_arithmetic_overflow_falls_back_to_float64() -> None:
-    """A sample near the float32 input limit overflows float32 per-row arithmetic (z², z/ψ beyond 3.4e38); the
-    update must then redo its sums in float64 instead of reporting a breakdown float64 arithmetic does not have."""
+def test_float32_state_survives_a_sample_near_its_input_limit() -> None:
+    """After a sample of 1e15 the noise variances sit at the float32 state ceiling while d̄² ~ 1e30: ψ = d̄² − |z|²
+    cancels by 12 orders of magnitude, so |z|² must not be formed in float32 (it broke down two rows later)."""
     rng = np.random.default_rng(3)
     d = 2000
     x = rng.standard_normal((12, d)) + np.linspace(0.0, 2.0, d)

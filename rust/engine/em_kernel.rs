@@ -16,8 +16,8 @@
 //! **SIMD across rows.** W rows are processed at once (W = 4 for f64, 8 for f32: one 256-bit vector), each
 //! of the K columns held as a W-lane array, so every operation is lane-parallel over rows whatever K is.
 //!
-//! **Arithmetic type.** The per-row K-dimensional arithmetic (pending line-12 update, z, |z|², the sums) runs
-//! in the storage type T, so float32 state does float32 arithmetic; the per-block partial sums are added in
+//! **Arithmetic type.** The per-row K-dimensional arithmetic (pending line-12 update, z, the sums) runs
+//! in the storage type T (|z|² in f64, since ψ = d̄² − |z|² may cancel), so float32 state does float32 arithmetic; the per-block partial sums are added in
 //! f64. The running mean θ̄, d = x − θ̄ and d̄² (lines 5, 6, 14) are computed in f64 and rounded to T, as
 //! everywhere else in the crate, and are written one pass late (see `engine::advance`). Every lane computes the same operations in the same order whichever code
 //! path (portable or AVX2) runs, and Rust never contracts a·b + c into an FMA, so both paths agree bit for bit.
@@ -154,10 +154,12 @@ fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, 
             Some(u) => upper_times::<T, K, W>(&a, u),
             None => a,
         };
-        let mut fa = [zero; W];
+        // |z|² in f64: ψ = d̄² − |z|² cancels when ψ ≪ d̄², and float32 would lose ψ entirely there.
+        let mut fa = [0.0f64; W];
         for zj in &z {
             for l in 0..W {
-                fa[l] = fa[l] + zj[l] * zj[l];
+                let v = zj[l].to_f64();
+                fa[l] += v * v;
             }
         }
         // This sample: innovation e = x − θ̄_{t−1} (stored), d_t and d̄²_t in registers (ψ uses d̄²_{t−1}).
@@ -167,7 +169,7 @@ fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, 
         let mut dv = [zero; W];
         let mut e_s = [zero; W];
         for l in 0..W {
-            let psi = (dsq0[l] - fa[l].to_f64()).max(c.floor);
+            let psi = (dsq0[l] - fa[l]).max(c.floor);
             let (es, e) = stored::<T>(x[l] - m0[l]);
             let adv = advance::<T>(m0[l], dsq0[l], e, c.mean_rho, c.rho);
             dsq_acc[l] += adv.dsq.1;
