@@ -27,7 +27,7 @@ pub mod vifa;
 mod python;
 
 pub use error::{FaError, Result};
-pub use online_em::{EmConfig, OnlineEm};
+pub use online_em::{EmConfig, OnlineEm, StepSums};
 pub use online_sga::{OnlineSga, SgaConfig};
 pub use scalar::Real;
 pub use scaling::Scaling;

@@ -75,6 +75,15 @@ pub(crate) struct Pending {
     pub(crate) transform: Option<Array2<f64>>,
 }
 
+/// The cross-row sums of one sample: S = Fᵀ Ψ⁻¹ F (K×K), u = Fᵀ Ψ⁻¹ d (K) over the rows of a model, and
+/// Σ d̄² over those rows after the sample. Sums over disjoint sets of rows add.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepSums {
+    pub s: Array2<f64>,
+    pub u: Array1<f64>,
+    pub dsq_sum: f64,
+}
+
 /// Online EM factor analysis with state stored in `T` (f32 or f64).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OnlineEm<T: Real> {
@@ -268,7 +277,56 @@ impl<T: Real> OnlineEm<T> {
         let mean_rho = self.config.scaling.mean_rho(rho, t);
         let isa = allow_kernel.then(Isa::detect);
         self.pass_on(x, rho, mean_rho, scratch, sums, isa);
-        self.finish(t, rho, mean_rho, sums)
+        self.finish(t, rho, mean_rho, sums, self.n_features)
+    }
+
+    /// First half of one step, for models whose rows are split across processes: apply the previous sample's
+    /// pending row-local step to the rows this model holds and return their part of the cross-row sums of
+    /// the E-step (4.23) for sample `x` (this model's D entries). Sums from every part of the rows add up to
+    /// the sums of the whole model; [`OnlineEm::apply`] finishes the step from them. Until then the model is
+    /// the one before `x` (calling `local_sums` again recomputes the same sums); a failed `apply` leaves it so.
+    pub fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
+        validate_batch::<T, X>(&x.view().insert_axis(ndarray::Axis(0)), self.n_features)?;
+        let t = self.n_seen + 1;
+        let rho = self.config.step_size.rho(t);
+        let mut scratch = Scratch::new(self.n_features, self.n_components);
+        let mut sums = Sums::zeros(self.n_components);
+        self.pass_on(
+            x,
+            rho,
+            self.config.scaling.mean_rho(rho, t),
+            &mut scratch,
+            &mut sums,
+            Some(Isa::detect()),
+        );
+        self.pending = None;
+        Ok(StepSums {
+            s: sums.s,
+            u: sums.u,
+            dsq_sum: sums.dsq,
+        })
+    }
+
+    /// Second half of one step: the K×K part of Algorithm 2 from `sums` (the sum of every part's
+    /// [`OnlineEm::local_sums`] for the same sample), with `n_features_total` the D of the whole model (for the
+    /// data's scale σ̂² = Σ d̄² / D). Every part must apply the same sums; the K×K state then stays identical.
+    pub fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
+        let k = self.n_components;
+        if sums.s.dim() != (k, k) || sums.u.len() != k || n_features_total < self.n_features {
+            return Err(FaError::Shape {
+                what: "sums",
+                expected: format!("S ({k}, {k}), u ({k},), n_features_total >= {}", self.n_features),
+                got: vec![sums.s.nrows(), sums.s.ncols(), sums.u.len(), n_features_total],
+            });
+        }
+        let t = self.n_seen + 1;
+        let rho = self.config.step_size.rho(t);
+        let inner = Sums {
+            s: sums.s.clone(),
+            u: sums.u.clone(),
+            dsq: sums.dsq_sum,
+        };
+        self.finish(t, rho, self.config.scaling.mean_rho(rho, t), &inner, n_features_total)
     }
 
     /// The pass, through the fused kernel on code path `isa` when it applies (None: block-by-block path);
@@ -352,7 +410,7 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
-    fn finish(&mut self, t: u64, rho: f64, mean_rho: f64, sums: &Sums) -> Result<()> {
+    fn finish(&mut self, t: u64, rho: f64, mean_rho: f64, sums: &Sums, n_total: usize) -> Result<()> {
         let k = self.n_components;
         // (4.23): Σ = (I + C F)⁻¹, m = Σ C d — by Cholesky of the K×K matrix I + C F.
         let precision = Array2::<f64>::eye(k) + &sums.s;
@@ -365,7 +423,7 @@ impl<T: Real> OnlineEm<T> {
             m.fill(0.0);
         }
         // Finite: every d̄²_d <= MAX_INPUT² (1e200 for f64 input), so the sum over D rows is too.
-        let scale_sq = sums.dsq / self.n_features as f64;
+        let scale_sq = sums.dsq / n_total as f64;
         // Line 10: B̄_t = B̄_{t−1} + ρ_t (m mᵀ − B̄_{t−1}).
         let b_bar = &self.b_bar + &((outer(&m) - &self.b_bar) * rho);
         let mut transform = None;
@@ -844,6 +902,30 @@ mod tests {
             em.update(x.slice(s![8.., ..])).expect("update");
             twin.update(x.slice(s![8.., ..])).expect("update");
             assert_eq!(em, twin);
+        }
+    }
+
+    #[test]
+    fn local_sums_then_apply_equals_update() {
+        for k in [3usize, 20] {
+            let d = 300;
+            let f0 = orthonormal_loadings(d, k, 31).expect("init");
+            let x = stream(40, d, 32);
+            let cfg = EmConfig {
+                n_warmup: 25,
+                whiten: k == 3,
+                ..EmConfig::default()
+            };
+            let mut whole = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+            let mut split = whole.clone();
+            whole.update(x.view()).expect("update");
+            for row in x.rows() {
+                let sums = split.local_sums(row).expect("sums");
+                let again = split.local_sums(row).expect("idempotent");
+                assert_eq!(sums, again);
+                split.apply(&sums, d).expect("apply");
+            }
+            assert_eq!(whole, split);
         }
     }
 
