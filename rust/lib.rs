@@ -8,7 +8,6 @@
 mod engine;
 pub mod error;
 pub mod fork;
-mod engine;
 pub mod gfa;
 pub mod init;
 pub mod linalg;
