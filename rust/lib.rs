@@ -5,9 +5,9 @@
 //! c = θ̄ the mean. Equation numbers refer to Brownlie (2021), "Extending the Bayesian Deep Learning
 //! Method MultiSWAG".
 
+mod engine;
 pub mod error;
 pub mod fork;
-mod fused_em;
 pub mod gfa;
 pub mod init;
 pub mod linalg;
@@ -28,7 +28,7 @@ pub mod vifa;
 mod python;
 
 pub use error::{FaError, Result};
-pub use online_em::{EmConfig, OnlineEm};
+pub use online_em::{EmConfig, OnlineEm, StepSums};
 pub use online_sga::{OnlineSga, SgaConfig};
 pub use scalar::Real;
 pub use scaling::Scaling;

@@ -10,8 +10,9 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
+use crate::engine::em_kernel::{em_block_run, to_loadings_space, EmBlockIo, EmConsts, Isa, MAX_K};
+use crate::engine::{advance, Advanced};
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
-use crate::fused_em::{try_em_block, EmBlockIo};
 use crate::linalg::SpdFactor;
 use crate::pass::{
     accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel,
@@ -20,7 +21,6 @@ use crate::pass::{
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
-use crate::small_k::try_add_outer;
 use crate::vbfa::transform::Rotation;
 
 /// Hyper-parameters of [`OnlineEm`].
@@ -62,13 +62,26 @@ pub(crate) enum Source<T> {
     Whitened,
 }
 
-/// The not-yet-applied update of Ā from the last sample: Ā ← ((1−ρ) Ā + ρ d mᵀ) W.
+/// The not-yet-applied row-local part of the last sample: its running moments θ̄, d̄² (lines 5, 6, 14, from
+/// the innovation e stored in `d_last`, see `engine::advance`) and the update Ā ← ((1−ρ) Ā + ρ d mᵀ) W.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Pending {
+    /// (ρ', ρ) of the pending moments; None when θ̄, d̄² are already applied and `d_last` holds d (checkpoints
+    /// written before moments were deferred).
+    pub(crate) moments: Option<(f64, f64)>,
     pub(crate) rho: f64,
     pub(crate) m: Array1<f64>,
     /// Whitening transform W = R⁻ᵀ (K×K), if the last M-step whitened.
     pub(crate) transform: Option<Array2<f64>>,
+}
+
+/// The cross-row sums of one sample: S = Fᵀ Ψ⁻¹ F (K×K), u = Fᵀ Ψ⁻¹ d (K) over the rows of a model, and
+/// Σ d̄² over those rows after the sample. Sums over disjoint sets of rows add.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepSums {
+    pub s: Array2<f64>,
+    pub u: Array1<f64>,
+    pub dsq_sum: f64,
 }
 
 /// Online EM factor analysis with state stored in `T` (f32 or f64).
@@ -170,6 +183,8 @@ struct PassCtx<'a, T> {
     init_scale: f64,
     floor: f64,
     k: usize,
+    /// The fused row-SIMD kernel's constants and code path, when it runs this pass.
+    fast: Option<(EmConsts<T>, Isa)>,
 }
 
 impl<T: Real> OnlineEm<T> {
@@ -218,7 +233,10 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// Apply the rows of `x` (n×D) in order. The whole batch is validated first, so a shape, NaN/Inf or
-    /// magnitude error applies nothing; for numerical breakdowns see `SNAPSHOT_MAX_ELEMENTS` in pass.rs.
+    /// magnitude error applies nothing. A numerical breakdown never leaves a torn state: up to
+    /// `SNAPSHOT_MAX_ELEMENTS` (pass.rs) the model is restored to its state before the call; for larger models
+    /// it is left exactly as it was before the failing row (the rows before it stay applied), at no extra
+    /// memory traffic — see [`OnlineEm::step`].
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
         let mut scratch = Scratch::new(self.n_features, self.n_components);
@@ -235,25 +253,117 @@ impl<T: Real> OnlineEm<T> {
         Ok(())
     }
 
-    /// One sample: the fused pass (pending Ā update + E-step sums + running averages), then the K×K step.
+    /// One sample, atomically. The pass writes only what is the same model as before this sample — the previous
+    /// sample's pending θ̄, d̄² and Ā, now applied — plus this sample's innovation e in `d_last`, which only a
+    /// pending step reads. If the K×K step then fails, dropping the (consumed) pending step leaves the model
+    /// exactly as it was before the sample: same mean, loadings and noise variances, bit for bit, and the
+    /// same future under the same data.
+    ///
+    /// float32 state runs the kernel in float32 arithmetic. Near the limits of the float32 range that can
+    /// overflow or cancel where f64 arithmetic does not; a failed float32 step is therefore redone once from the
+    /// stored state (its pending step consumed) with f64 arithmetic before a breakdown is reported.
     fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
+        let mut result = self.step_inner(x, scratch, sums, true);
+        if result.is_err() {
+            self.pending = None;
+            if std::mem::size_of::<T>() < std::mem::size_of::<f64>() {
+                result = self.step_inner(x, scratch, sums, false);
+                if result.is_err() {
+                    self.pending = None;
+                }
+            }
+        }
+        result
+    }
+
+    /// One sample: the fused pass (pending row-local step + E-step sums), then the K×K step (may fail).
+    fn step_inner<X: Real>(
+        &mut self,
+        x: ArrayView1<X>,
+        scratch: &mut Scratch,
+        sums: &mut Sums,
+        allow_kernel: bool,
+    ) -> Result<()> {
         let t = self.n_seen + 1;
         let rho = self.config.step_size.rho(t);
         let mean_rho = self.config.scaling.mean_rho(rho, t);
-        self.pass(x, rho, mean_rho, scratch, sums);
-        self.finish(t, rho, sums)
+        let isa = allow_kernel.then(Isa::detect);
+        self.pass_on(x, rho, mean_rho, scratch, sums, isa);
+        self.finish(t, rho, mean_rho, sums, self.n_features)
     }
 
-    fn pass<X: Real>(&mut self, x: ArrayView1<X>, rho: f64, mean_rho: f64, scratch: &mut Scratch, sums: &mut Sums) {
+    /// First half of one step, for models whose rows are split across processes: apply the previous sample's
+    /// pending row-local step to the rows this model holds and return their part of the cross-row sums of
+    /// the E-step (4.23) for sample `x` (this model's D entries). Sums from every part of the rows add up to
+    /// the sums of the whole model; [`OnlineEm::apply`] finishes the step from them. Until then the model is
+    /// the one before `x` (calling `local_sums` again recomputes the same sums); a failed `apply` leaves it so.
+    pub fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
+        validate_batch::<T, X>(&x.view().insert_axis(ndarray::Axis(0)), self.n_features)?;
+        let t = self.n_seen + 1;
+        let rho = self.config.step_size.rho(t);
+        let mut scratch = Scratch::new(self.n_features, self.n_components);
+        let mut sums = Sums::zeros(self.n_components);
+        self.pass_on(
+            x,
+            rho,
+            self.config.scaling.mean_rho(rho, t),
+            &mut scratch,
+            &mut sums,
+            Some(Isa::detect()),
+        );
+        self.pending = None;
+        Ok(StepSums {
+            s: sums.s,
+            u: sums.u,
+            dsq_sum: sums.dsq,
+        })
+    }
+
+    /// Second half of one step: the K×K part of Algorithm 2 from `sums` (the sum of every part's
+    /// [`OnlineEm::local_sums`] for the same sample), with `n_features_total` the D of the whole model (for the
+    /// data's scale σ̂² = Σ d̄² / D). Every part must apply the same sums; the K×K state then stays identical.
+    pub fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
         let k = self.n_components;
+        if sums.s.dim() != (k, k) || sums.u.len() != k || n_features_total < self.n_features {
+            return Err(FaError::Shape {
+                what: "sums",
+                expected: format!("S ({k}, {k}), u ({k},), n_features_total >= {}", self.n_features),
+                got: vec![sums.s.nrows(), sums.s.ncols(), sums.u.len(), n_features_total],
+            });
+        }
+        let t = self.n_seen + 1;
+        let rho = self.config.step_size.rho(t);
+        let inner = Sums {
+            s: sums.s.clone(),
+            u: sums.u.clone(),
+            dsq: sums.dsq_sum,
+        };
+        self.finish(t, rho, self.config.scaling.mean_rho(rho, t), &inner, n_features_total)
+    }
+
+    /// The pass, through the fused kernel on code path `isa` when it applies (None: block-by-block path);
+    /// returns whether the kernel ran.
+    fn pass_on<X: Real>(
+        &mut self,
+        x: ArrayView1<X>,
+        rho: f64,
+        mean_rho: f64,
+        scratch: &mut Scratch,
+        sums: &mut Sums,
+        isa: Option<Isa>,
+    ) -> bool {
+        let k = self.n_components;
+        let floor = self.floor();
+        let fast = isa.and_then(|isa| self.kernel_consts(rho, mean_rho, floor).map(|c| (c, isa)));
         let ctx = PassCtx {
             pending: self.pending.as_ref(),
             source: &self.source,
             rho,
             mean_rho,
             init_scale: self.config.scaling.warmup_scale(self.scale_sq),
-            floor: self.floor(),
+            floor,
             k,
+            fast,
         };
         let tasks: Vec<Rows<T>> = self
             .a_bar
@@ -274,10 +384,45 @@ impl<T: Real> OnlineEm<T> {
         reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| {
             em_task(rows, &x, &ctx, blk, part)
         });
+        if let Some((consts, _)) = &ctx.fast {
+            let upper: Option<Vec<f64>> = consts.upper.as_ref().map(|u| u.iter().map(|v| v.to_f64()).collect());
+            let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
+            let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
+            to_loadings_space(k, upper.as_deref(), s, u);
+            return true;
+        }
+        false
+    }
+
+    /// Constants of the fused kernel (engine/em_kernel.rs) for this pass, or None when the block-by-block
+    /// path runs instead (warm-up, K > MAX_K). U is the transposed Cholesky factor of H̄⁻¹ (Uᵀ U = H̄⁻¹).
+    fn kernel_consts(&self, rho: f64, mean_rho: f64, floor: f64) -> Option<EmConsts<T>> {
+        let k = self.n_components;
+        if k > MAX_K {
+            return None;
+        }
+        let to_t = |m: &Array2<f64>| -> Vec<T> { m.iter().map(|&v| T::from_f64(v)).collect() };
+        let upper = match &self.source {
+            Source::Initial(_) => return None,
+            Source::Stats(h_inv) => Some(to_t(&SpdFactor::new(h_inv.view(), "H̄⁻¹").ok()?.lower().reversed_axes())),
+            Source::Whitened => None,
+        };
+        Some(EmConsts {
+            moments: self.pending.as_ref().and_then(|p| p.moments),
+            pending: self
+                .pending
+                .as_ref()
+                .map(|p| (T::from_f64(p.rho), p.m.iter().map(|&v| T::from_f64(v)).collect())),
+            transform: self.pending.as_ref().and_then(|p| p.transform.as_ref()).map(to_t),
+            upper,
+            rho,
+            mean_rho,
+            floor,
+        })
     }
 
     /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
-    fn finish(&mut self, t: u64, rho: f64, sums: &Sums) -> Result<()> {
+    fn finish(&mut self, t: u64, rho: f64, mean_rho: f64, sums: &Sums, n_total: usize) -> Result<()> {
         let k = self.n_components;
         // (4.23): Σ = (I + C F)⁻¹, m = Σ C d — by Cholesky of the K×K matrix I + C F.
         let precision = Array2::<f64>::eye(k) + &sums.s;
@@ -290,7 +435,7 @@ impl<T: Real> OnlineEm<T> {
             m.fill(0.0);
         }
         // Finite: every d̄²_d <= MAX_INPUT² (1e200 for f64 input), so the sum over D rows is too.
-        let scale_sq = sums.dsq / self.n_features as f64;
+        let scale_sq = sums.dsq / n_total as f64;
         // Line 10: B̄_t = B̄_{t−1} + ρ_t (m mᵀ − B̄_{t−1}).
         let b_bar = &self.b_bar + &((outer(&m) - &self.b_bar) * rho);
         let mut transform = None;
@@ -324,7 +469,12 @@ impl<T: Real> OnlineEm<T> {
         if let Some(source) = source {
             self.source = source;
         }
-        self.pending = Some(Pending { rho, m, transform });
+        self.pending = Some(Pending {
+            moments: Some((mean_rho, rho)),
+            rho,
+            m,
+            transform,
+        });
         self.n_seen = t;
         self.scale_sq = scale_sq;
         Ok(())
@@ -347,16 +497,15 @@ impl<T: Real> OnlineEm<T> {
     pub(crate) fn visit_a_bar(&self, visit: &mut dyn FnMut(usize, &[f64]) -> Result<()>) -> Result<()> {
         let k = self.n_components;
         let mut blk = Block::new(k);
-        for (i, (a, d_last)) in self
-            .a_bar
-            .chunks(BLOCK_ROWS * k)
-            .zip(self.d_last.chunks(BLOCK_ROWS))
-            .enumerate()
-        {
-            let nb = d_last.len();
+        for (i, a) in self.a_bar.chunks(BLOCK_ROWS * k).enumerate() {
+            let first = i * BLOCK_ROWS;
+            let nb = a.len() / k;
+            for (r, d) in blk.d_prev[..nb].iter_mut().enumerate() {
+                *d = self.pending_moments(first + r).d;
+            }
             load_rows(a, &mut blk.a);
-            apply_pending::<T>(&mut blk, d_last, self.pending.as_ref(), nb);
-            visit(i * BLOCK_ROWS, &blk.a[..nb * k])?;
+            apply_pending::<T>(&mut blk, self.pending.as_ref(), nb);
+            visit(first, &blk.a[..nb * k])?;
         }
         Ok(())
     }
@@ -407,7 +556,7 @@ impl<T: Real> OnlineEm<T> {
                 let floor = self.floor();
                 Array1::from_shape_fn(self.n_features, |i| {
                     let fa: f64 = f.row(i).dot(&a.row(i));
-                    (self.dsq_bar[i].to_f64() - fa).max(floor)
+                    (self.pending_moments(i).dsq.1 - fa).max(floor)
                 })
             }
         }
@@ -415,7 +564,20 @@ impl<T: Real> OnlineEm<T> {
 
     /// Running mean θ̄ (D).
     pub fn mean(&self) -> Array1<f64> {
-        self.mean.iter().map(|v| v.to_f64()).collect()
+        (0..self.n_features).map(|i| self.pending_moments(i).mean.1).collect()
+    }
+
+    /// Row i's θ̄ and d̄² with the pending moments applied, and the d the pending Ā update uses.
+    fn pending_moments(&self, i: usize) -> Advanced<T> {
+        let (mean, dsq, last) = (self.mean[i], self.dsq_bar[i], self.d_last[i].to_f64());
+        match self.pending.as_ref().and_then(|p| p.moments) {
+            Some((mean_rho, rho)) => advance::<T>(mean.to_f64(), dsq.to_f64(), last, mean_rho, rho),
+            None => Advanced {
+                mean: (mean, mean.to_f64()),
+                dsq: (dsq, dsq.to_f64()),
+                d: last,
+            },
+        }
     }
 
     /// Σ of the last E-step (K×K).
@@ -426,10 +588,10 @@ impl<T: Real> OnlineEm<T> {
 
 /// Ā rows of the block ← ((1 − ρ) Ā + ρ d mᵀ) W, rounded to storage precision (line 12 of Algorithm 2,
 /// plus the optional whitening transform). `blk.a[..nb·K]` holds the stored rows on entry.
-fn apply_pending<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pending>, nb: usize) {
+/// `blk.d_prev[..nb]` holds the previous sample's d.
+fn apply_pending<T: Real>(blk: &mut Block, pending: Option<&Pending>, nb: usize) {
     let Some(p) = pending else { return };
     let k = blk.k;
-    load_rows(&d_last[..nb], &mut blk.d_prev);
     let m = p.m.as_slice().expect("m is contiguous");
     rank_one_update(&mut blk.a, &blk.d_prev, m, p.rho, nb);
     if let Some(w) = &p.transform {
@@ -445,41 +607,39 @@ fn apply_pending<T: Real>(blk: &mut Block, d_last: &[T], pending: Option<&Pendin
 fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>, blk: &mut Block, sums: &mut Sums) {
     let k = ctx.k;
     let n = rows.mean.len();
+    if let Some((consts, isa)) = &ctx.fast {
+        fused_task(&mut rows, x, consts, *isa, blk, sums, k);
+        return;
+    }
     for b0 in (0..n).step_by(BLOCK_ROWS) {
         let nb = (n - b0).min(BLOCK_ROWS);
-        if fused_block(&mut rows, b0, nb, x, ctx, blk, sums) {
-            continue;
-        }
+        // 1. The previous sample's pending moments (lines 5, 6, 14) and line 12: θ̄_{t−1}, d̄²_{t−1} and
+        //    Ā_{t−1} from the stored values; write them back.
+        pending_moments_block(&mut rows, b0, nb, ctx.pending, &mut blk.d_prev);
         let a_rows = &mut rows.a[b0 * k..(b0 + nb) * k];
-        // 1. Pending line 12 of the previous sample: Ā_{t−1} from Ā_{t−2}; write it back.
         load_rows(a_rows, &mut blk.a);
         if ctx.pending.is_some() {
-            apply_pending::<T>(blk, &rows.d_last[b0..b0 + nb], ctx.pending, nb);
+            apply_pending::<T>(blk, ctx.pending, nb);
             for (dst, src) in a_rows.iter_mut().zip(blk.a.iter()) {
                 *dst = T::from_f64(*src);
             }
         }
         // 2. F and ψ of the previous sample (lines 13, 15), or F₀ and ψ = 1 during warm-up.
         loadings_block(blk, &rows.dsq[b0..b0 + nb], rows.lo + b0, ctx, nb);
-        // 3. Lines 5, 6, 14: θ̄_t, d_t = θ_t − θ̄_t, d̄²_t (after ψ used d̄²_{t−1}).
+        // 3. This sample: innovation e = x_t − θ̄_{t−1} (stored in d_last), d_t and d̄²_t (registers only).
         let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
         let state = rows.mean[b0..b0 + nb]
-            .iter_mut()
-            .zip(rows.dsq[b0..b0 + nb].iter_mut())
+            .iter()
+            .zip(rows.dsq[b0..b0 + nb].iter())
             .zip(rows.d_last[b0..b0 + nb].iter_mut());
         let mut dsq_sum = 0.0;
         for ((((mean, dsq), d_last), xi), d_out) in state.zip(x_blk.iter()).zip(blk.d.iter_mut()) {
-            let xi = xi.to_f64();
             let m0 = mean.to_f64();
-            let (mean_s, m1) = stored::<T>(m0 + ctx.mean_rho * (xi - m0));
-            *mean = mean_s;
-            let d = xi - m1;
-            let dsq0 = dsq.to_f64();
-            let (dsq_s, dsq1) = stored::<T>(dsq0 + ctx.rho * (d * d - dsq0));
-            *dsq = dsq_s;
-            dsq_sum += dsq1;
-            *d_last = T::from_f64(d);
-            *d_out = d;
+            let (e_s, e) = stored::<T>(xi.to_f64() - m0);
+            let adv = advance::<T>(m0, dsq.to_f64(), e, ctx.mean_rho, ctx.rho);
+            dsq_sum += adv.dsq.1;
+            *d_last = e_s;
+            *d_out = adv.d;
         }
         sums.dsq += dsq_sum;
         // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
@@ -487,58 +647,61 @@ fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx
     }
 }
 
-/// The whole pass over one block in one fused loop (fused_em.rs) when K ≤ 16 and warm-up is over; returns
-/// false when the block-by-block path below must run instead.
-fn fused_block<T: Real, X: Real>(
+/// Apply the previous sample's pending moments to rows b0..b0+nb of the task (writing θ̄, d̄²) and put the d
+/// its line-12 update uses into `d_prev`.
+fn pending_moments_block<T: Real>(
     rows: &mut Rows<T>,
     b0: usize,
     nb: usize,
+    pending: Option<&Pending>,
+    d_prev: &mut [f64],
+) {
+    let moments = pending.and_then(|p| p.moments);
+    let state = rows.mean[b0..b0 + nb]
+        .iter_mut()
+        .zip(rows.dsq[b0..b0 + nb].iter_mut())
+        .zip(rows.d_last[b0..b0 + nb].iter());
+    for (((mean, dsq), last), out) in state.zip(d_prev.iter_mut()) {
+        *out = last.to_f64();
+        if let Some((mean_rho, rho)) = moments {
+            let adv = advance::<T>(mean.to_f64(), dsq.to_f64(), *out, mean_rho, rho);
+            (*mean, *dsq, *out) = (adv.mean.0, adv.dsq.0, adv.d);
+        }
+    }
+}
+
+/// The pass over one task's rows through the fused row-SIMD kernel (engine/em_kernel.rs): sums in Ā space.
+fn fused_task<T: Real, X: Real>(
+    rows: &mut Rows<T>,
     x: &ArrayView1<X>,
-    ctx: &PassCtx<T>,
+    consts: &EmConsts<T>,
+    isa: Isa,
     blk: &mut Block,
     sums: &mut Sums,
-) -> bool {
-    let k = ctx.k;
-    let h_inv = match ctx.source {
-        Source::Initial(_) => return false,
-        Source::Stats(h) => match h.as_slice() {
-            Some(h) => Some(h),
-            None => return false,
-        },
-        Source::Whitened => None,
-    };
-    let transform = ctx.pending.and_then(|p| p.transform.as_ref());
-    let (Some(u), Some(s)) = (sums.u.as_slice_mut(), sums.s.as_slice_mut()) else {
-        return false;
-    };
-    let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
-    for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
-        *dst = xi.to_f64();
+    k: usize,
+) {
+    let n = rows.mean.len();
+    let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
+    let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
+    for b0 in (0..n).step_by(BLOCK_ROWS) {
+        let nb = (n - b0).min(BLOCK_ROWS);
+        let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
+        for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
+            *dst = xi.to_f64();
+        }
+        let mut io = EmBlockIo {
+            a: &mut rows.a[b0 * k..(b0 + nb) * k],
+            mean: &mut rows.mean[b0..b0 + nb],
+            dsq: &mut rows.dsq[b0..b0 + nb],
+            d_last: &mut rows.d_last[b0..b0 + nb],
+            x: &blk.d[..nb],
+            consts,
+            dsq_sum: &mut sums.dsq,
+            u,
+            s,
+        };
+        em_block_run(isa, k, &mut io, nb);
     }
-    let mut io = EmBlockIo {
-        a: &mut rows.a[b0 * k..(b0 + nb) * k],
-        mean: &mut rows.mean[b0..b0 + nb],
-        dsq: &mut rows.dsq[b0..b0 + nb],
-        d_last: &mut rows.d_last[b0..b0 + nb],
-        x: &blk.d[..nb],
-        pending: ctx.pending.and_then(|p| p.m.as_slice().map(|m| (p.rho, m))),
-        transform: transform.and_then(|w| w.as_slice()),
-        h_inv,
-        rho: ctx.rho,
-        mean_rho: ctx.mean_rho,
-        floor: ctx.floor,
-        dsq_sum: &mut sums.dsq,
-        f: &mut blk.f,
-        y: &mut blk.tmp,
-        u,
-    };
-    if transform.is_some() && io.transform.is_none() {
-        return false;
-    }
-    if !try_em_block(k, &mut io, nb) {
-        return false;
-    }
-    try_add_outer(k, &blk.tmp, &blk.f, s, nb)
 }
 
 /// blk.f[..nb] and blk.psi[..nb] for rows starting at global row `row0`:
@@ -642,6 +805,156 @@ mod tests {
         assert_eq!(em, before);
     }
 
+    /// One pass through the fused kernel and through the block path (explicit F = Ā H̄⁻¹) from the same state.
+    fn both_paths<T: Real>(em: &OnlineEm<T>, x: ArrayView1<f64>, isa: Isa) -> [(OnlineEm<T>, Sums); 2] {
+        let t = em.n_seen + 1;
+        let rho = em.config.step_size.rho(t);
+        let run = |isa: Option<Isa>| {
+            let mut m = em.clone();
+            let mut scratch = Scratch::new(m.n_features, m.n_components);
+            let mut sums = Sums::zeros(m.n_components);
+            m.pass_on(x, rho, rho, &mut scratch, &mut sums, isa);
+            (m, sums)
+        };
+        [run(Some(isa)), run(None)]
+    }
+
+    fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+        let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        a.iter().zip(b).fold(0.0f64, |m, (p, q)| m.max((p - q).abs() / scale))
+    }
+
+    #[test]
+    fn abar_space_sums_equal_explicit_loadings_sums() {
+        // Fᵀ Ψ⁻¹ F = Uᵀ S_z U and Fᵀ Ψ⁻¹ d = Uᵀ u_z is an identity: both paths agree to rounding, for every K the
+        // kernel handles, plain and whitened, with the pending update (and whitening transform) applied in the pass.
+        for k in [1usize, 2, 3, 7, 10, 16] {
+            for whiten in [false, true] {
+                let d = 3 * k + 1001; // not a multiple of the lane width or the block size
+                let f0 = orthonormal_loadings(d, k, k as u64).expect("init");
+                let x = stream(2 * k + 8, d, 40 + k as u64);
+                let cfg = EmConfig {
+                    n_warmup: 2 * k as u64 + 2,
+                    whiten,
+                    ..EmConfig::default()
+                };
+                let mut em = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+                let n = x.nrows();
+                em.update(x.slice(s![..n - 1, ..])).expect("update");
+                assert!(em.is_fitted() && em.pending.is_some());
+                let [(fast, fs), (slow, ss)] = both_paths(&em, x.row(n - 1), Isa::detect());
+                assert!(
+                    max_rel(fs.s.as_slice().unwrap(), ss.s.as_slice().unwrap()) < 1e-12,
+                    "S, K = {k}"
+                );
+                assert!(
+                    max_rel(fs.u.as_slice().unwrap(), ss.u.as_slice().unwrap()) < 1e-12,
+                    "u, K = {k}"
+                );
+                assert!((fs.dsq - ss.dsq).abs() < 1e-13 * ss.dsq);
+                assert_eq!(
+                    (&fast.mean, &fast.dsq_bar, &fast.d_last),
+                    (&slow.mean, &slow.dsq_bar, &slow.d_last)
+                );
+                assert!(max_rel(&fast.a_bar, &slow.a_bar) < 1e-15, "Ā, K = {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn simd_path_equals_portable_path_bit_for_bit() {
+        for k in [1usize, 4, 10, 16] {
+            let d = 517;
+            let f0 = orthonormal_loadings(d, k, 11).expect("init");
+            let x = stream(40, d, 12);
+            let cfg = EmConfig {
+                n_warmup: 20,
+                whiten: k % 2 == 0,
+                ..EmConfig::default()
+            };
+            let mut em64 = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
+            em64.update(x.slice(s![..39, ..])).expect("update");
+            let [(detected, ds), _] = both_paths(&em64, x.row(39), Isa::detect());
+            let [(portable, ps), _] = both_paths(&em64, x.row(39), Isa::Portable);
+            assert_eq!(detected, portable);
+            assert_eq!((ds.s, ds.u, ds.dsq), (ps.s, ps.u, ps.dsq));
+            let mut em32 = OnlineEm::<f32>::new(d, k, f0.view(), cfg).expect("new");
+            em32.update(x.slice(s![..39, ..])).expect("update");
+            let [(detected, ds), (_, slow)] = both_paths(&em32, x.row(39), Isa::detect());
+            let [(portable, ps), _] = both_paths(&em32, x.row(39), Isa::Portable);
+            assert_eq!(detected, portable);
+            assert_eq!((&ds.s, &ds.u, ds.dsq), (&ps.s, &ps.u, ps.dsq));
+            // float32 arithmetic against the float64-arithmetic block path on the same float32 state.
+            assert!(
+                max_rel(ds.s.as_slice().unwrap(), slow.s.as_slice().unwrap()) < 1e-4,
+                "S, K = {k}"
+            );
+            assert!(
+                max_rel(ds.u.as_slice().unwrap(), slow.u.as_slice().unwrap()) < 1e-4,
+                "u, K = {k}"
+            );
+        }
+    }
+
+    #[test]
+    fn failed_step_leaves_a_large_model_as_before_the_row() {
+        // D·K > SNAPSHOT_MAX_ELEMENTS: no copy of the state is kept. A NaN B̄ makes the K×K step fail (H̄ is
+        // not positive definite) after the pass, whatever the data; the D-sized state must be as before.
+        for whiten in [false, true] {
+            let (d, k) = (70_000, 4);
+            assert!(d * k > SNAPSHOT_MAX_ELEMENTS);
+            let f0 = orthonormal_loadings(d, k, 21).expect("init");
+            let x = stream(10, d, 22);
+            let cfg = EmConfig {
+                n_warmup: 4,
+                whiten,
+                ..EmConfig::default()
+            };
+            let mut em = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+            em.update(x.slice(s![..7, ..])).expect("update");
+            let healthy_b_bar = em.b_bar.clone();
+            em.b_bar.fill(f64::NAN);
+            let before = (em.mean(), em.loadings(), em.noise_variance(), em.n_seen);
+            let twin = em.clone();
+            assert!(matches!(
+                em.update(x.slice(s![7..8, ..])),
+                Err(FaError::NotPositiveDefinite(_))
+            ));
+            assert_eq!((em.mean(), em.loadings(), em.noise_variance(), em.n_seen), before);
+            // Same future as the twin that never saw the row.
+            let (mut em, mut twin) = (em, twin);
+            em.b_bar.assign(&healthy_b_bar);
+            twin.b_bar.assign(&healthy_b_bar);
+            em.update(x.slice(s![8.., ..])).expect("update");
+            twin.update(x.slice(s![8.., ..])).expect("update");
+            assert_eq!(em, twin);
+        }
+    }
+
+    #[test]
+    fn local_sums_then_apply_equals_update() {
+        for k in [3usize, 20] {
+            let d = 300;
+            let f0 = orthonormal_loadings(d, k, 31).expect("init");
+            let x = stream(40, d, 32);
+            let cfg = EmConfig {
+                n_warmup: 25,
+                whiten: k == 3,
+                ..EmConfig::default()
+            };
+            let mut whole = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+            let mut split = whole.clone();
+            whole.update(x.view()).expect("update");
+            for row in x.rows() {
+                let sums = split.local_sums(row).expect("sums");
+                let again = split.local_sums(row).expect("idempotent");
+                assert_eq!(sums, again);
+                split.apply(&sums, d).expect("apply");
+            }
+            assert_eq!(whole, split);
+        }
+    }
+
     #[test]
     fn invalid_hyper_parameters_are_rejected() {
         let f0 = Array2::<f64>::zeros((5, 2));
@@ -673,6 +986,10 @@ mod tests {
         let w = lower_triangular_inverse(r.view()).expect("inv").reversed_axes();
         let a = white.current_a_bar().dot(&w);
         white.a_bar = a.iter().copied().collect();
+        for i in 0..d {
+            let adv = white.pending_moments(i);
+            (white.mean[i], white.dsq_bar[i]) = (adv.mean.0, adv.dsq.0);
+        }
         white.pending = None;
         white.source = Source::Whitened;
         white.b_bar = w.t().dot(&white.b_bar).dot(&w);
@@ -717,10 +1034,15 @@ mod checkpoint {
             write_schedule(&mut w, &self.config.step_size);
             write_scaling(&mut w, self.config.scaling, self.scale_sq);
             w.put("n_seen", StateValue::Int(self.n_seen));
-            w.array("mean", vec![d], &self.mean);
+            // The logical state: pending moments applied, d_last = d (the format predates deferred moments).
+            let rows: Vec<Advanced<T>> = (0..d).map(|i| self.pending_moments(i)).collect();
+            let mean: Vec<T> = rows.iter().map(|r| r.mean.0).collect();
+            let dsq_bar: Vec<T> = rows.iter().map(|r| r.dsq.0).collect();
+            let d_last: Vec<T> = rows.iter().map(|r| T::from_f64(r.d)).collect();
+            w.array("mean", vec![d], &mean);
             w.array("a_bar", vec![d, k], &self.a_bar);
-            w.array("dsq_bar", vec![d], &self.dsq_bar);
-            w.array("d_last", vec![d], &self.d_last);
+            w.array("dsq_bar", vec![d], &dsq_bar);
+            w.array("d_last", vec![d], &d_last);
             w.matrix("b_bar", &self.b_bar);
             w.matrix("sigma", &self.sigma);
             match &self.source {
@@ -772,6 +1094,7 @@ mod checkpoint {
                     None
                 };
                 Some(Pending {
+                    moments: None,
                     rho: r.float("pending_rho")?,
                     m: r.vector("pending_m", k)?,
                     transform,
@@ -818,7 +1141,7 @@ mod checkpoint {
             let mut a = OnlineEm::<f32>::new(d, k, f0.view(), cfg).expect("new");
             a.update(x.slice(ndarray::s![..30, ..])).expect("update");
             let mut b = OnlineEm::<f32>::from_state(&a.to_state()).expect("restore");
-            assert_eq!(a, b);
+            assert_eq!(a.to_state(), b.to_state());
             a.update(x.slice(ndarray::s![30.., ..])).expect("update");
             b.update(x.slice(ndarray::s![30.., ..])).expect("update");
             assert_eq!(a, b);

@@ -22,7 +22,8 @@ pub(crate) const BLOCK_ROWS: usize = 256;
 /// numerical breakdown interrupts the batch, so a failed call never leaves a half-applied state. Larger
 /// models skip the copy (it would double the memory traffic of an update); for them a breakdown — which
 /// needs inputs many orders of magnitude outside the data seen so far — is reported with the rows before
-/// the failing one applied. Shape, NaN/Inf and magnitude errors are caught before any row, at every size.
+/// the failing one applied (online EM leaves no part of the failing row applied: see `OnlineEm::step`).
+/// Shape, NaN/Inf and magnitude errors are caught before any row, at every size.
 pub(crate) const SNAPSHOT_MAX_ELEMENTS: usize = 1 << 18;
 /// Below this many state elements (D·K) a pass runs on the calling thread only.
 pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;

@@ -1,7 +1,18 @@
 //! Storage scalars: the D-sized state may be `f32` or `f64`; all K×K algebra and all sums are `f64`.
 
 /// A floating-point type the D-sized state (and input samples) can be stored in.
-pub trait Real: Copy + Send + Sync + Default + PartialOrd + std::fmt::Debug + 'static {
+pub trait Real:
+    Copy
+    + Send
+    + Sync
+    + Default
+    + PartialOrd
+    + std::fmt::Debug
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + 'static
+{
     /// Largest magnitude accepted in an input sample for state of this type: squares of
     /// deviations (the running `d̄²`) and the K×K sums must stay finite.
     const MAX_INPUT: f64;

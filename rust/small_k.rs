@@ -167,7 +167,6 @@ macro_rules! multiversion {
 }
 
 multiversion!(rows_times_dispatch, rows_times_avx2, rows_times, (a: &[f64], m: &[f64], out: &mut [f64], nb: usize));
-multiversion!(add_outer_dispatch, add_outer_avx2, add_outer_products, (y: &[f64], f: &[f64], s: &mut [f64], nb: usize));
 multiversion!(row_dots_dispatch, row_dots_avx2, row_dots, (x: &[f64], y: &[f64], out: &mut [f64], nb: usize));
 multiversion!(rank_one_dispatch, rank_one_avx2, rank_one_update, (a: &mut [f64], d: &[f64], m: &[f64], rho: f64, nb: usize));
 multiversion!(sga_step_dispatch, sga_step_avx2, sga_step,
@@ -203,12 +202,6 @@ macro_rules! by_k {
 /// out = a · m for nb rows when K ≤ 16; returns false (doing nothing) for larger K.
 pub(crate) fn try_rows_times(k: usize, a: &[f64], m: &[f64], out: &mut [f64], nb: usize) -> bool {
     by_k!(k, rows_times_dispatch(a, m, out, nb));
-    true
-}
-
-/// s += Σ y fᵀ over nb rows when K ≤ 16; returns false (doing nothing) for larger K.
-pub(crate) fn try_add_outer(k: usize, y: &[f64], f: &[f64], s: &mut [f64], nb: usize) -> bool {
-    by_k!(k, add_outer_dispatch(y, f, s, nb));
     true
 }
 

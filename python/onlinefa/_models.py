@@ -144,7 +144,9 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
             anywhere in the batch; the message names the first bad row and *no* row is applied. Also
             raised on a numerical breakdown (only reachable with inputs many orders of magnitude outside
             the data seen so far): models with D·K <= 2**18 then restore their exact previous state;
-            larger ones skip that safety copy for speed and keep the rows before the failing one.
+            larger ones skip that safety copy for speed and keep the rows before the failing one. An
+            ``OnlineEM`` is then exactly the model it was before the failing row (no part of that row is
+            applied); an ``OnlineSGA`` may hold part of the failing row's update.
         TypeError
             Non-numeric or complex input.
         """

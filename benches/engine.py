@@ -1,0 +1,91 @@
+"""Per-update time of the streaming engine against the measured memory floor and a NumPy transcription.
+
+Run by hand::
+
+    python benches/engine.py               # D = 10⁶, K ∈ {1, 3, 10, 50}, float64 and float32
+    python benches/engine.py --d 100000    # another D
+
+Everything is measured in one process, interleaved, on the same data; the table reports medians and ratios.
+
+* **floor**: one in-place read+write pass (``np.multiply(buf, c, out=buf)``) over an array as large as the
+  online-EM state (Ā plus the three D-vectors θ̄, d̄², d_last: (K + 3)·D values of the state's dtype);
+  **floor + x** adds reading the float64 sample (D values), which every update must also do.
+* **NumPy**: Algorithm 2 written with in-place NumPy operations and no D×D (``benches/compare.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+import onlinefa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import NumpyOnlineEM, median_seconds  # noqa: E402
+
+
+def floors(d: int, k: int, dtype: type, repeats: int) -> tuple[float, float]:
+    """(in-place read+write of the state, the same plus reading a float64 D-vector), medians in seconds."""
+    buf = np.ones((k + 3) * d, dtype)
+    x = np.ones(d)
+    scale = dtype(1.0)
+
+    def state_pass(_: int) -> None:
+        np.multiply(buf, scale, out=buf)
+
+    def state_and_x(_: int) -> None:
+        np.multiply(buf, scale, out=buf)
+        x.sum()
+
+    return median_seconds(state_pass, repeats), median_seconds(state_and_x, repeats)
+
+
+def row(d: int, k: int, dtype: type, repeats: int, rng: np.random.Generator) -> str:
+    name = np.dtype(dtype).name
+    n_warm = k + 3
+    stream = rng.standard_normal((n_warm + repeats, d))
+    f0 = np.linalg.qr(rng.standard_normal((d, k)))[0]
+    model = onlinefa.OnlineEM.algorithm2(d, k, n_warmup=k + 2, init=f0, dtype=name)
+    model.update(stream[:n_warm])
+    ours = median_seconds(lambda i: model.update(stream[n_warm + i]), repeats)
+    del model
+    # No warm-up for the NumPy transcription: every update then does the post-warm-up work being timed.
+    ref = NumpyOnlineEM(f0, 0, dtype)
+    data = stream.astype(dtype)
+    ref.update(data[0])
+    theirs = median_seconds(lambda i: ref.update(data[n_warm + i]), repeats)
+    del ref
+    floor, floor_x = floors(d, k, dtype, repeats)
+    return (
+        f"| EM | {d:,} | {k} | {name} | {ours * 1e3:.2f} | {floor * 1e3:.2f} | {ours / floor:.2f}× | "
+        f"{ours / floor_x:.2f}× | {theirs * 1e3:.2f} | {theirs / ours:.1f}× |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--d", type=int, default=1_000_000)
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 3, 10, 50])
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"# onlinefa engine benchmark — {date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
+          f"numpy {np.__version__}, load average at start {load:.1f}")
+    print()
+    print("| model | D | K | state | ms/update | floor ms | × floor | × (floor + x) | NumPy ms | NumPy / ours |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for k in args.k:
+        for dtype in (np.float64, np.float32):
+            print(row(args.d, k, dtype, args.repeats, rng), flush=True)
+    print(f"\nload average at end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+//! The online-EM pass over one block of rows, fused into one loop and vectorised across rows, for K ≤ 16
+//! after warm-up.
+//!
+//! **Ā-space sums.** With H̄⁻¹ = Uᵀ U (U upper triangular: the transposed Cholesky factor of H̄⁻¹; U = I in
+//! the whitened basis), each loadings row is f = H̄⁻¹ a = Uᵀ z with z = U a (4.33), and f·a = |z|². So per row
+//!
+//! ```text
+//!   z = U a                                  (K(K+1)/2 multiply-adds)
+//!   ψ = max(d̄² − |z|², floor)                (4.35)
+//!   S_z += z zᵀ / ψ   (upper triangle),   u_z += z d / ψ
+//! ```
+//!
+//! and after the pass Fᵀ Ψ⁻¹ F = Uᵀ S_z U and Fᵀ Ψ⁻¹ d = Uᵀ u_z (the sums of (4.23)); see [`to_loadings_space`].
+//! This is an identity, not an approximation; it never forms F, which saves K² multiply-adds per row.
+//!
+//! **SIMD across rows.** W rows are processed at once (W = 4 for f64, 8 for f32: one 256-bit vector), each
+//! of the K columns held as a W-lane array, so every operation is lane-parallel over rows whatever K is.
+//!
+//! **Arithmetic type.** The per-row K-dimensional arithmetic (pending line-12 update, z, the sums) runs
+//! in the storage type T (|z|² in f64, since ψ = d̄² − |z|² may cancel), so float32 state does float32 arithmetic; the per-block partial sums are added in
+//! f64. The running mean θ̄, d = x − θ̄ and d̄² (lines 5, 6, 14) are computed in f64 and rounded to T, as
+//! everywhere else in the crate, and are written one pass late (see `engine::advance`). Every lane computes the same operations in the same order whichever code
+//! path (portable or AVX2) runs, and Rust never contracts a·b + c into an FMA, so both paths agree bit for bit.
+
+use super::advance;
+use crate::scalar::{stored, Real};
+
+/// Inputs and outputs of one block (nb rows). State slices are the block's rows of the stored state.
+pub(crate) struct EmBlockIo<'a, T> {
+    /// Ā rows, nb×K (row-major), updated in place.
+    pub(crate) a: &'a mut [T],
+    /// θ̄, d̄², d_last rows (nb each), updated in place. d_last holds the previous sample's innovation e when
+    /// `EmConsts::moments` is set (its moments are pending, see `engine::advance`), else its d; the pass
+    /// stores this sample's innovation e there.
+    pub(crate) mean: &'a mut [T],
+    pub(crate) dsq: &'a mut [T],
+    pub(crate) d_last: &'a mut [T],
+    /// This sample's values for the block's rows, as f64 (nb).
+    pub(crate) x: &'a [f64],
+    /// Shared per-pass constants.
+    pub(crate) consts: &'a EmConsts<T>,
+    /// Outputs, accumulated: Σ d̄² after the update, u_z (K) and S_z (K×K row-major, upper triangle only).
+    pub(crate) dsq_sum: &'a mut f64,
+    pub(crate) u: &'a mut [f64],
+    pub(crate) s: &'a mut [f64],
+}
+
+/// Per-pass constants of the kernel, in the arithmetic type T.
+#[derive(Debug, Clone)]
+pub(crate) struct EmConsts<T> {
+    /// Pending lines 5, 6, 14 of the previous sample (its ρ', ρ), applied from the innovation in d_last.
+    pub(crate) moments: Option<(f64, f64)>,
+    /// Pending line-12 update (ρ_{t−1}, m_{t−1}), if any.
+    pub(crate) pending: Option<(T, Vec<T>)>,
+    /// Whitening transform W (K×K, row-major) applied after the pending update, if any.
+    pub(crate) transform: Option<Vec<T>>,
+    /// U (K×K row-major, upper triangular) with Uᵀ U = H̄⁻¹; None in the whitened basis (U = I).
+    pub(crate) upper: Option<Vec<T>>,
+    /// ρ_t of this sample, the running mean's step (1/t under `Scaling::Data`) and the noise floor.
+    pub(crate) rho: f64,
+    pub(crate) mean_rho: f64,
+    pub(crate) floor: f64,
+}
+
+/// Fᵀ Ψ⁻¹ F = Uᵀ S_z U and Fᵀ Ψ⁻¹ d = Uᵀ u_z from the Ā-space sums (S_z given by its upper triangle,
+/// K×K row-major; overwritten with the full loadings-space S). `upper` = None means U = I.
+pub(crate) fn to_loadings_space(k: usize, upper: Option<&[f64]>, s: &mut [f64], u: &mut [f64]) {
+    for i in 0..k {
+        for j in 0..i {
+            s[i * k + j] = s[j * k + i];
+        }
+    }
+    let Some(up) = upper else { return };
+    // t = S_z U, then S = Uᵀ t; u = Uᵀ u_z. U[i][j] = 0 for j < i.
+    let mut t = vec![0.0; k * k];
+    for i in 0..k {
+        for j in 0..k {
+            t[i * k + j] = (0..=j).map(|l| s[i * k + l] * up[l * k + j]).sum();
+        }
+    }
+    for i in 0..k {
+        for j in 0..k {
+            s[i * k + j] = (0..=i).map(|l| up[l * k + i] * t[l * k + j]).sum();
+        }
+    }
+    let uz = u.to_vec();
+    for (i, ui) in u.iter_mut().enumerate() {
+        *ui = (0..=i).map(|l| up[l * k + i] * uz[l]).sum();
+    }
+}
+
+/// The block: groups of W rows, the last one padded with zero rows (they add exactly zero to every sum).
+#[inline(always)]
+fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+    let zero = T::default();
+    let c = io.consts;
+    let mut su = [[zero; W]; K];
+    let mut ss = [[[zero; W]; K]; K];
+    let mut dsq_acc = [0.0f64; W];
+    let mut r0 = 0;
+    while r0 < nb {
+        let n = (nb - r0).min(W);
+        // Ā rows, transposed to K lane-arrays.
+        let mut a = [[zero; W]; K];
+        for l in 0..n {
+            let row = &io.a[(r0 + l) * K..(r0 + l + 1) * K];
+            for j in 0..K {
+                a[j][l] = row[j];
+            }
+        }
+        // The previous sample's pending moments (lines 5, 6, 14), then its line 12.
+        let mut m0 = [0.0f64; W];
+        let mut dsq0 = [0.0f64; W];
+        let mut d_prev = [0.0f64; W];
+        for l in 0..n {
+            m0[l] = io.mean[r0 + l].to_f64();
+            dsq0[l] = io.dsq[r0 + l].to_f64();
+            d_prev[l] = io.d_last[r0 + l].to_f64();
+        }
+        if let Some((mean_rho, rho)) = c.moments {
+            let mut mean_s = [zero; W];
+            let mut dsq_s = [zero; W];
+            for l in 0..W {
+                let adv = advance::<T>(m0[l], dsq0[l], d_prev[l], mean_rho, rho);
+                (mean_s[l], m0[l]) = adv.mean;
+                (dsq_s[l], dsq0[l]) = adv.dsq;
+                d_prev[l] = adv.d;
+            }
+            io.mean[r0..r0 + n].copy_from_slice(&mean_s[..n]);
+            io.dsq[r0..r0 + n].copy_from_slice(&dsq_s[..n]);
+        }
+        if let Some((rho_p, m)) = &c.pending {
+            // Line 12 of the previous sample: Ā ← Ā + ρ (d mᵀ − Ā), then Ā ← Ā W when whitening.
+            let mut dp = [zero; W];
+            for l in 0..W {
+                dp[l] = T::from_f64(d_prev[l]);
+            }
+            for j in 0..K {
+                for l in 0..W {
+                    a[j][l] = a[j][l] + *rho_p * (dp[l] * m[j] - a[j][l]);
+                }
+            }
+            if let Some(w) = &c.transform {
+                a = times::<T, K, W>(&a, w);
+            }
+            for l in 0..n {
+                let row = &mut io.a[(r0 + l) * K..(r0 + l + 1) * K];
+                for j in 0..K {
+                    row[j] = a[j][l];
+                }
+            }
+        }
+        let z = match &c.upper {
+            Some(u) => upper_times::<T, K, W>(&a, u),
+            None => a,
+        };
+        // |z|² in f64: ψ = d̄² − |z|² cancels when ψ ≪ d̄², and float32 would lose ψ entirely there.
+        let mut fa = [0.0f64; W];
+        for zj in &z {
+            for l in 0..W {
+                let v = zj[l].to_f64();
+                fa[l] += v * v;
+            }
+        }
+        // This sample: innovation e = x − θ̄_{t−1} (stored), d_t and d̄²_t in registers (ψ uses d̄²_{t−1}).
+        let mut x = [0.0f64; W];
+        x[..n].copy_from_slice(&io.x[r0..r0 + n]);
+        let mut inv_psi = [zero; W];
+        let mut dv = [zero; W];
+        let mut e_s = [zero; W];
+        for l in 0..W {
+            let psi = (dsq0[l] - fa[l]).max(c.floor);
+            let (es, e) = stored::<T>(x[l] - m0[l]);
+            let adv = advance::<T>(m0[l], dsq0[l], e, c.mean_rho, c.rho);
+            dsq_acc[l] += adv.dsq.1;
+            e_s[l] = es;
+            dv[l] = T::from_f64(adv.d);
+            inv_psi[l] = T::from_f64(1.0 / psi);
+        }
+        io.d_last[r0..r0 + n].copy_from_slice(&e_s[..n]);
+        // E-step sums in Ā space: u_z += z d/ψ, S_z += z zᵀ/ψ (upper triangle).
+        for i in 0..K {
+            let mut y = [zero; W];
+            for l in 0..W {
+                y[l] = z[i][l] * inv_psi[l];
+                su[i][l] = su[i][l] + y[l] * dv[l];
+            }
+            for j in i..K {
+                for l in 0..W {
+                    ss[i][j][l] = ss[i][j][l] + y[l] * z[j][l];
+                }
+            }
+        }
+        r0 += W;
+    }
+    // Per-block partials: lanes in order, then added to the f64 totals.
+    let lanes = |v: &[T; W]| v.iter().fold(0.0f64, |acc, x| acc + x.to_f64());
+    for i in 0..K {
+        io.u[i] += lanes(&su[i]);
+        for j in i..K {
+            io.s[i * K + j] += lanes(&ss[i][j]);
+        }
+    }
+    *io.dsq_sum += dsq_acc.iter().sum::<f64>();
+}
+
+/// out = a · M per lane (M K×K row-major): out_j = Σ_i a_i M[i][j], summed over i in order.
+#[inline(always)]
+fn times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], m: &[T]) -> [[T; W]; K] {
+    let mut out = [[T::default(); W]; K];
+    for i in 0..K {
+        for j in 0..K {
+            let mij = m[i * K + j];
+            for l in 0..W {
+                out[j][l] = out[j][l] + a[i][l] * mij;
+            }
+        }
+    }
+    out
+}
+
+/// z = U a per lane (U upper triangular, row-major): z_i = Σ_{j ≥ i} U[i][j] a_j.
+#[inline(always)]
+fn upper_times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], u: &[T]) -> [[T; W]; K] {
+    let mut z = [[T::default(); W]; K];
+    for i in 0..K {
+        for j in i..K {
+            let uij = u[i * K + j];
+            for l in 0..W {
+                z[i][l] = z[i][l] + uij * a[j][l];
+            }
+        }
+    }
+    z
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn em_block_avx2<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+    em_block::<T, K, W>(io, nb)
+}
+
+/// Which code path runs the kernel; chosen once per pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    /// The best path this CPU supports.
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+}
+
+fn em_block_isa<T: Real, const K: usize, const W: usize>(isa: Isa, io: &mut EmBlockIo<'_, T>, nb: usize) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only constructed after `is_x86_feature_detected!("avx2")`.
+        Isa::Avx2 => unsafe { em_block_avx2::<T, K, W>(io, nb) },
+        Isa::Portable => em_block::<T, K, W>(io, nb),
+    }
+}
+
+fn em_block_k<T: Real, const K: usize>(isa: Isa, io: &mut EmBlockIo<'_, T>, nb: usize) {
+    // One 256-bit vector of lanes.
+    if std::mem::size_of::<T>() == 4 {
+        em_block_isa::<T, K, 8>(isa, io, nb)
+    } else {
+        em_block_isa::<T, K, 4>(isa, io, nb)
+    }
+}
+
+/// Largest K the fused kernel handles.
+pub(crate) const MAX_K: usize = 16;
+
+/// Run the kernel on `nb` rows (K = `k` ≤ [`MAX_K`], checked by the caller).
+pub(crate) fn em_block_run<T: Real>(isa: Isa, k: usize, io: &mut EmBlockIo<'_, T>, nb: usize) {
+    match k {
+        1 => em_block_k::<T, 1>(isa, io, nb),
+        2 => em_block_k::<T, 2>(isa, io, nb),
+        3 => em_block_k::<T, 3>(isa, io, nb),
+        4 => em_block_k::<T, 4>(isa, io, nb),
+        5 => em_block_k::<T, 5>(isa, io, nb),
+        6 => em_block_k::<T, 6>(isa, io, nb),
+        7 => em_block_k::<T, 7>(isa, io, nb),
+        8 => em_block_k::<T, 8>(isa, io, nb),
+        9 => em_block_k::<T, 9>(isa, io, nb),
+        10 => em_block_k::<T, 10>(isa, io, nb),
+        11 => em_block_k::<T, 11>(isa, io, nb),
+        12 => em_block_k::<T, 12>(isa, io, nb),
+        13 => em_block_k::<T, 13>(isa, io, nb),
+        14 => em_block_k::<T, 14>(isa, io, nb),
+        15 => em_block_k::<T, 15>(isa, io, nb),
+        16 => em_block_k::<T, 16>(isa, io, nb),
+        _ => unreachable!("the caller checks K <= MAX_K"),
+    }
+}
