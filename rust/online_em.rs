@@ -568,7 +568,7 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// Row i's θ̄ and d̄² with the pending moments applied, and the d the pending Ā update uses.
-    fn pending_moments(&self, i: usize) -> Advanced<T> {
+    pub(crate) fn pending_moments(&self, i: usize) -> Advanced<T> {
         let (mean, dsq, last) = (self.mean[i], self.dsq_bar[i], self.d_last[i].to_f64());
         match self.pending.as_ref().and_then(|p| p.moments) {
             Some((mean_rho, rho)) => advance::<T>(mean.to_f64(), dsq.to_f64(), last, mean_rho, rho),

@@ -6,7 +6,7 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
-use crate::error::{invalid, try_filled, Result};
+use crate::error::{invalid, try_filled, FaError, Result};
 use crate::linalg::SpdFactor;
 use crate::online_em::{check_floor_fits, checked_init, validate_dims};
 use crate::pass::{
@@ -306,6 +306,17 @@ fn estep(sums: &Sums, k: usize) -> Result<Pending> {
     let sigma = factor.inverse();
     let m = factor.solve(sums.u.view());
     let p = sigma + outer(&m);
+    // A sample many orders of magnitude outside the data seen so far (relative to ψ) gives a latent mean
+    // whose outer product overflows: the gradient step would be ∞ − ∞. Refuse it as a breakdown (the
+    // update is then rolled back) rather than storing a state that poisons every later step.
+    if m.iter()
+        .chain(p.iter())
+        .any(|v| !v.is_finite() || v.abs() > MAX_LATENT_MOMENT)
+    {
+        return Err(FaError::NotPositiveDefinite(
+            "the latent second moment Σ + m mᵀ (a divergent SGA step)",
+        ));
+    }
     Ok(Pending { m, p })
 }
 
@@ -366,16 +377,32 @@ fn apply_gradient<T: Real>(
             let f_scale = if precondition { 1.0 } else { inv_psi };
             for ((f, &fp), &m_j) in f_row.iter_mut().zip(fp_row.iter()).zip(m.iter()) {
                 let grad_f = f_scale * (d * m_j - fp);
-                *f = (*f + lr * grad_f).clamp(-T::MAX_STATE, T::MAX_STATE);
+                *f = bounded(*f + lr * grad_f, -T::MAX_STATE, T::MAX_STATE);
             }
             // ψ·exp(α ∇β), kept inside [floor, MAX_STATE]: an SGD step far too large for the data's scale
             // (learning rate vs. variance) is clipped instead of overflowing to inf.
-            *psi = (*psi * log_psi_step(lr * grad_beta, precondition).exp()).clamp(floor, T::MAX_STATE);
+            *psi = bounded(
+                *psi * log_psi_step(lr * grad_beta, precondition).exp(),
+                floor,
+                T::MAX_STATE,
+            );
         }
     }
     for v in blk.f[..nb * k].iter_mut().chain(blk.psi[..nb].iter_mut()) {
         *v = stored::<T>(*v).1;
     }
+}
+
+/// Largest latent second moment an SGA step accepts: the gradient multiplies it by loadings of up to
+/// `MAX_STATE`, so its products stay far from overflow in f64.
+const MAX_LATENT_MOMENT: f64 = 1e150;
+
+/// `v` kept inside [lo, hi], with NaN (an overflowing step: ∞ − ∞ in the gradient) sent to `hi`, so that
+/// a divergent step leaves a finite (if useless) state instead of poisoning every later query.
+#[inline(always)]
+pub(crate) fn bounded(v: f64, lo: f64, hi: f64) -> f64 {
+    // f64::min/max return the non-NaN operand: NaN.min(hi) = hi.
+    v.min(hi).max(lo)
 }
 
 /// Largest change of log ψ in one data-scaled step: ψ moves by at most a factor e per sample.

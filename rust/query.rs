@@ -51,7 +51,8 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
             let scale = self.config.scaling.warmup_scale(self.scale_sq);
             for lo in (0..self.n_features).step_by(QUERY_BLOCK_ROWS) {
                 let hi = (lo + QUERY_BLOCK_ROWS).min(self.n_features);
-                widen(&self.mean[lo..hi], &mut mean);
+                mean.clear();
+                mean.extend((lo..hi).map(|i| self.pending_moments(i).mean.1));
                 f.clear();
                 f.extend(f0[lo * k..hi * k].iter().map(|v| v.to_f64() * scale));
                 psi.clear();
@@ -73,11 +74,14 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
                 None => a_rows.to_owned(),
             };
             psi.clear();
-            psi.extend((0..nb).map(|i| {
+            mean.clear();
+            for i in 0..nb {
+                // θ̄ and d̄² with the pending (deferred) moment update applied, as the next pass stores them.
+                let moments = self.pending_moments(lo + i);
                 let fa: f64 = f_rows.row(i).dot(&a_rows.row(i));
-                (self.dsq_bar[lo + i].to_f64() - fa).max(floor)
-            }));
-            widen(&self.mean[lo..lo + nb], &mut mean);
+                psi.push((moments.dsq.1 - fa).max(floor));
+                mean.push(moments.mean.1);
+            }
             f.clear();
             f.extend(f_rows.iter().copied());
             visit(lo, &mean, &f, &psi)

@@ -139,9 +139,13 @@ fn sga_step<const K: usize>(
         let f_scale = if precondition { 1.0 } else { inv_psi };
         for j in 0..K {
             let grad_f = f_scale * (di * mm[j] - fp_row[j]);
-            f_row[j] = (f_row[j] + lr * grad_f).clamp(-max_state, max_state);
+            f_row[j] = crate::online_sga::bounded(f_row[j] + lr * grad_f, -max_state, max_state);
         }
-        *p = (*p * crate::online_sga::log_psi_step(lr * grad_beta, precondition).exp()).clamp(floor, max_state);
+        *p = crate::online_sga::bounded(
+            *p * crate::online_sga::log_psi_step(lr * grad_beta, precondition).exp(),
+            floor,
+            max_state,
+        );
     }
 }
 

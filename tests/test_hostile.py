@@ -190,6 +190,9 @@ def test_update_is_all_or_nothing(model_class: str, dtype: str, batch: np.ndarra
 @HOSTILE_SETTINGS
 @given(batches=st.lists(mostly_valid_batches(), min_size=1, max_size=8))
 @example(batches=[np.array([[0.0, 1e18, 0.0, 0.0, 0.0]] + [[0.0] * D] * 3)])
+# A divergent SGA step: ψ at the floor after a near-constant warm-up, then a sample of 1e100 (the latent
+# second moment overflows); it must be refused as a breakdown with the state rolled back.
+@example(batches=[np.zeros((1, D)), np.array([[4.87e-108] + [0.0] * (D - 1)] + [[0.0] * D] * 2 + [[1e100] + [0.0] * (D - 1)])])
 @example(batches=[np.zeros((1, D)), np.full((3, D), 2054.0)])
 @example(batches=[np.array([[0.0] + [561.0] * (D - 1)] + [[561.0] * D] * 3, dtype=np.float32)])
 def test_streams_of_extreme_values_keep_the_model_valid(model_class: str, dtype: str, batches: list[np.ndarray]) -> None:
