@@ -10,6 +10,7 @@ pub mod fork;
 mod fused_em;
 pub mod init;
 pub mod linalg;
+pub mod minibatch;
 pub mod online_em;
 pub mod online_sga;
 mod pass;

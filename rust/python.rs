@@ -4,8 +4,8 @@
 
 use ndarray::{Array, Array2, ArrayView, ArrayView2, Dimension};
 use numpy::{
-    Element, IntoPyArray, PyArray, PyArray1, PyArray2, PyArrayDyn, PyArrayMethods, PyReadonlyArray, PyReadonlyArray2,
-    PyUntypedArrayMethods,
+    Element, IntoPyArray, PyArray, PyArray1, PyArray2, PyArrayDyn, PyArrayMethods, PyReadonlyArray, PyReadonlyArray1,
+    PyReadonlyArray2, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -409,6 +409,8 @@ fn orthonormal_init<'py>(
 
 #[pymodule]
 mod _core {
+    #[pymodule_export]
+    use super::MiniBatchEMCore;
     #[pymodule_export]
     use super::{orthonormal_init, OnlineEMCore, OnlineSGACore, VIFACore};
     #[pymodule_export]
@@ -987,3 +989,118 @@ fn vbfa_log_likelihood<'py>(
     Ok(out.into_pyarray(py))
 }
 // ---- end of VBFA binding ----
+
+// ---- Mini-batch EM binding ----
+// Engine of `onlinefa.MiniBatchEM` (python/onlinefa/minibatch.py documents the behaviour users see).
+
+/// Engine of `onlinefa.MiniBatchEM`.
+#[pyclass(frozen, module = "onlinefa._core")]
+pub struct MiniBatchEMCore {
+    inner: Mutex<crate::minibatch::MiniBatchEm>,
+}
+
+impl MiniBatchEMCore {
+    fn apply<X: Real + Element>(&self, py: Python<'_>, arr: &Bound<'_, PyArray2<X>>) -> PyResult<()> {
+        let ro = arr.readonly();
+        let view: ArrayView2<X> = checked_view(&ro, "X")?;
+        py.detach(|| lock(&self.inner)?.update(view).map_err(to_py_err))
+    }
+}
+
+#[pymethods]
+impl MiniBatchEMCore {
+    #[new]
+    #[pyo3(signature = (n_features, n_components, *, init, seed, noise_floor, schedule, tau0, kappa, rho,
+                        whiten, mean=None, variance=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        n_features: usize,
+        n_components: usize,
+        init: Option<PyReadonlyArray2<'_, f64>>,
+        seed: Option<u64>,
+        noise_floor: f64,
+        schedule: &str,
+        tau0: f64,
+        kappa: f64,
+        rho: f64,
+        whiten: bool,
+        mean: Option<PyReadonlyArray1<'_, f64>>,
+        variance: Option<PyReadonlyArray1<'_, f64>>,
+    ) -> PyResult<Self> {
+        let config = crate::minibatch::MiniBatchConfig {
+            schedule: step_size(schedule, tau0, kappa, rho)?,
+            whiten,
+            noise_floor,
+        };
+        let moments = match (mean, variance) {
+            (Some(m), Some(v)) => Some(crate::minibatch::Moments {
+                mean: owned_copy(&m)?,
+                variance: owned_copy(&v)?,
+            }),
+            (None, None) => None,
+            _ => return Err(PyValueError::new_err("mean and variance must be given together")),
+        };
+        let init = initial_loadings(init, n_features, n_components, seed)?;
+        let init = if init.is_empty() {
+            Array2::zeros((n_features, n_components))
+        } else {
+            init
+        };
+        let inner = py.detach(|| crate::minibatch::MiniBatchEm::new(init.view(), config, moments));
+        Ok(MiniBatchEMCore {
+            inner: Mutex::new(inner.map_err(to_py_err)?),
+        })
+    }
+
+    /// Apply one mini-batch (2-D float32 or float64 array), with the GIL released.
+    fn update(&self, py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let Ok(arr) = x.cast::<PyArray2<f64>>() {
+            self.apply(py, arr)
+        } else if let Ok(arr) = x.cast::<PyArray2<f32>>() {
+            self.apply(py, arr)
+        } else {
+            Err(PyTypeError::new_err(
+                "update expects a 2-D float32 or float64 numpy array",
+            ))
+        }
+    }
+
+    #[getter]
+    fn n_seen(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| Ok(lock(&self.inner)?.n_seen()))
+    }
+
+    #[getter]
+    fn n_batches(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| Ok(lock(&self.inner)?.n_batches()))
+    }
+
+    #[getter]
+    fn is_fitted(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| Ok(lock(&self.inner)?.is_fitted()))
+    }
+
+    /// (n_seen, mean, loadings, noise_variance) read under one lock: one consistent state.
+    #[allow(clippy::type_complexity)]
+    fn snapshot<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        u64,
+        Bound<'py, PyArray1<f64>>,
+        Bound<'py, PyArray2<f64>>,
+        Bound<'py, PyArray1<f64>>,
+    )> {
+        let (t, mean, f, psi) = py.detach(|| {
+            let m = lock(&self.inner)?;
+            Ok::<_, PyErr>((
+                m.n_seen(),
+                m.mean().to_owned(),
+                m.loadings().to_owned(),
+                m.noise_variance().to_owned(),
+            ))
+        })?;
+        Ok((t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
+    }
+}

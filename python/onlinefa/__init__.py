@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._models import NotFittedError, OnlineEM, OnlineSGA
+from .minibatch import MiniBatchEM, fit_minibatch
 from .rotation import canonical_loadings
 from .vbfa import VBFA, OnlineVBFA
 from .vifa import VIFA
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "NotFittedError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings",
+    "MiniBatchEM", "NotFittedError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings",
+    "fit_minibatch",
 ]  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from typing_extensions import Self
 from numpy.typing import NDArray
 
 __all__ = [
+    "MiniBatchEMCore",
     "OnlineEMCore",
     "OnlineSGACore",
     "OnlineVBFACore",
@@ -213,3 +214,32 @@ def vbfa_log_likelihood(
     loadings: NDArray[np.float64],
     noise_variance: NDArray[np.float64],
 ) -> NDArray[np.float64]: ...
+
+@final
+class MiniBatchEMCore:
+    def __new__(
+        cls,
+        n_features: int,
+        n_components: int,
+        *,
+        init: NDArray[np.float64] | None,
+        seed: int | None,
+        noise_floor: float,
+        schedule: str,
+        tau0: float,
+        kappa: float,
+        rho: float,
+        whiten: bool,
+        mean: NDArray[np.float64] | None = None,
+        variance: NDArray[np.float64] | None = None,
+    ) -> Self: ...
+    def update(self, x: NDArray[np.float32] | NDArray[np.float64]) -> None: ...
+    @property
+    def n_seen(self) -> int: ...
+    @property
+    def n_batches(self) -> int: ...
+    @property
+    def is_fitted(self) -> bool: ...
+    def snapshot(
+        self,
+    ) -> tuple[int, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]: ...
