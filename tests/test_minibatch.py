@@ -176,3 +176,17 @@ def test_bad_arguments_are_refused() -> None:
         fit_minibatch(np.ones((10, 4)), 1, tol=-1.0)
     with pytest.raises(ValueError, match="data matrix"):
         fit_minibatch(np.ones(10), 1)
+
+
+def test_a_path_is_fitted_like_the_array(tmp_path: Path) -> None:
+    x, _ = fa_data(2000, 9, 2, 8)
+    path = tmp_path / "x.npy"
+    np.save(path, x.astype(np.float32))
+    a, _ = fit_minibatch(path, 2, batch_size=300, max_iter=2, tol=0, random_state=3)
+    b, _ = fit_minibatch(x.astype(np.float32), 2, batch_size=300, max_iter=2, tol=0, random_state=3,
+                         shuffle="blocks")
+    for name in ("mean", "loadings", "noise_variance"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    np.save(tmp_path / "f.npy", np.asfortranarray(x))
+    with pytest.raises(ValueError, match="C-order"):
+        fit_minibatch(tmp_path / "f.npy", 2)

@@ -10,6 +10,7 @@ until the average log-likelihood stops improving.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -238,7 +239,7 @@ class FitHistory:
         return len(self.scores)
 
 
-def data_moments(X: NDArray[Any], chunk_rows: int = MOMENT_CHUNK_ROWS) -> tuple[FloatArray, FloatArray]:
+def data_moments(X: Any, chunk_rows: int = MOMENT_CHUNK_ROWS) -> tuple[FloatArray, FloatArray]:
     """Exact mean and per-feature variance (divided by N) of an (N, D) array, read in chunks of rows.
 
     Chan et al.'s pairwise combination of chunk means and sums of squares: memory O(chunk·D) on a memory
@@ -262,7 +263,7 @@ def data_moments(X: NDArray[Any], chunk_rows: int = MOMENT_CHUNK_ROWS) -> tuple[
 
 
 def fit_minibatch(
-    X: ArrayLike,
+    X: ArrayLike | str | os.PathLike[str],
     n_components: int,
     *,
     batch_size: int = 1000,
@@ -278,9 +279,10 @@ def fit_minibatch(
 
     Parameters
     ----------
-    X : array-like of shape (n_samples, n_features)
-        In memory or memory-mapped (``np.load(path, mmap_mode="r")``); only one mini-batch (and one chunk
-        for the moments) is held in memory at a time besides the model.
+    X : array-like of shape (n_samples, n_features), or the path of a ``.npy`` file
+        In memory, memory-mapped (``np.load(path, mmap_mode="r")``), or a path: a path is read in
+        mini-batches with positioned reads (:class:`NpyRows`), so a file larger than RAM is fitted with the
+        model plus one batch (and one chunk for the moments) resident.
     n_components : int
         K.
     batch_size : int, default=1000
@@ -291,8 +293,8 @@ def fit_minibatch(
         Stop when a pass gains less than this many nats per row (0 runs all ``max_iter`` passes).
     shuffle : {"auto", "rows", "blocks", "none"}, default="auto"
         "rows" visits the rows in a new random order each pass; "blocks" shuffles the order of the
-        consecutive ``batch_size``-row blocks (sequential reads, for memory maps larger than RAM); "auto"
-        is "blocks" for ``numpy.memmap`` inputs and "rows" otherwise.
+        consecutive ``batch_size``-row blocks (sequential reads, for files larger than RAM); "auto" is
+        "blocks" for paths and ``numpy.memmap`` inputs and "rows" otherwise.
     random_state : int or None, default=None
         Seed of the initial loadings and of the shuffling.
     **options
@@ -327,7 +329,63 @@ def fit_minibatch(
     return model, history
 
 
-def _as_data_matrix(X: ArrayLike) -> NDArray[Any]:
+class NpyRows:
+    """Rows of a ``.npy`` file read on demand with positioned reads, never mapped into memory.
+
+    A memory map would count every page it touched towards the process's resident memory, so a pass over
+    a file larger than RAM would push out everything else; positioned reads go through the page cache,
+    which the kernel reclaims, and keep the process at the model plus one batch. Supports ``len``,
+    ``shape``, ``dtype`` and indexing by a slice or by sorted row indices (C-order files only).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        with open(self.path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+            else:
+                raise ValueError(f"{self.path}: .npy format version {version} is not supported")
+            self._offset = handle.tell()
+        if fortran or len(shape) != 2 or dtype.hasobject:
+            raise ValueError(f"{self.path}: expected a C-order 2-D numeric .npy file, got shape {shape}, "
+                             f"fortran_order={fortran}, dtype {dtype}")
+        self.shape: tuple[int, int] = (int(shape[0]), int(shape[1]))
+        self.dtype = np.dtype(dtype)
+        self.ndim = 2
+        self._row_bytes = self.shape[1] * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: slice | NDArray[np.integer[Any]]) -> NDArray[Any]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.shape[0])
+            if step != 1:
+                raise ValueError("NpyRows supports contiguous slices only")
+            return self._read(start, max(stop - start, 0))
+        rows = np.asarray(index)
+        return np.concatenate([self._read(int(r), 1) for r in rows]) if rows.size else self._read(0, 0)
+
+    def _read(self, start: int, count: int) -> NDArray[Any]:
+        out = np.empty((count, self.shape[1]), dtype=self.dtype)
+        view = out.data.cast("B")
+        with open(self.path, "rb", buffering=0) as handle:
+            fd = handle.fileno()
+            done, total, offset = 0, count * self._row_bytes, self._offset + start * self._row_bytes
+            while done < total:
+                got = os.preadv(fd, [view[done:]], offset + done)
+                if got <= 0:
+                    raise ValueError(f"{self.path}: file is shorter than its header says")
+                done += got
+        return out
+
+
+def _as_data_matrix(X: ArrayLike | str | os.PathLike[str]) -> Any:
+    if isinstance(X, (str, os.PathLike)):
+        return NpyRows(X)
     if isinstance(X, np.memmap):
         arr: NDArray[Any] = X
     else:
@@ -339,15 +397,15 @@ def _as_data_matrix(X: ArrayLike) -> NDArray[Any]:
     return arr
 
 
-def _shuffle_mode(shuffle: str, arr: NDArray[Any]) -> str:
+def _shuffle_mode(shuffle: str, arr: Any) -> str:
     if shuffle not in ("auto", "rows", "blocks", "none"):
         raise ValueError(f"shuffle must be 'auto', 'rows', 'blocks' or 'none', got {shuffle!r}")
     if shuffle == "auto":
-        return "blocks" if isinstance(arr, np.memmap) else "rows"
+        return "blocks" if isinstance(arr, (np.memmap, NpyRows)) else "rows"
     return shuffle
 
 
-def _batches(arr: NDArray[Any], batch_size: int, mode: str, rng: np.random.Generator) -> Any:
+def _batches(arr: Any, batch_size: int, mode: str, rng: np.random.Generator) -> Any:
     """Yield the mini-batches of one pass as core-readable float arrays (one batch in memory at a time)."""
     n = arr.shape[0]
     starts = np.arange(0, n, batch_size)
