@@ -10,7 +10,8 @@
 //! * Stepwise statistics (Cappé & Moulines, "On-line expectation–maximization algorithm for latent data
 //!   models"): with ρ_t from the schedule over *batches*,
 //!   Ā ← (1 − ρ) Ā + ρ D_bᵀ M / B (D×K, one GEMM), B̄ ← (1 − ρ) B̄ + ρ Mᵀ M / B,
-//!   d̄² ← (1 − ρ) d̄² + ρ mean_i d_i² (or the exact per-feature variance when it is known).
+//!   d̄² ← (1 − ρ) d̄² + ρ mean_i d_i² (with the same ρ, so the averaged moment matrix of (d, m) stays
+//!   positive semi-definite and ψ below cannot turn negative).
 //! * M-step (4.33, 4.35): H̄ = Σ + B̄, F = Ā H̄⁻¹, ψ = max(d̄² − rowsum(F ⊙ Ā), floor), the floor relative
 //!   to σ̂² = mean_d d̄²_d. With whitening (parameter-expanded EM, Liu, Rubin & Wu 1998), R Rᵀ = H̄,
 //!   Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ and F = Ā: the same Gaussian in a basis where H̄ = I.
@@ -48,7 +49,7 @@ pub struct MiniBatchConfig {
 pub struct Moments {
     /// Exact mean of the data set (D).
     pub mean: Array1<f64>,
-    /// Exact per-feature variance of the data set (D), the d̄² of every step.
+    /// Exact per-feature variance of the data set (D): sets the start (σ̂ and ψ₀) before the first batch.
     pub variance: Array1<f64>,
 }
 
@@ -70,7 +71,7 @@ pub struct MiniBatchEm {
 
 impl MiniBatchEm {
     /// A model with initial loadings `init` (D×K, e.g. orthonormal columns; scaled by σ̂ when the first
-    /// moments are known) and, optionally, the data set's exact moments (then θ̄ and d̄² stay fixed).
+    /// moments are known) and, optionally, the data set's exact moments (then θ̄ stays fixed).
     pub fn new(init: ArrayView2<f64>, config: MiniBatchConfig, moments: Option<Moments>) -> Result<Self> {
         let (d, k) = init.dim();
         if k == 0 || k >= d {
@@ -199,17 +200,18 @@ impl MiniBatchEm {
         } else {
             running_mean(&self.mean, x, self.n_seen, n_after)
         };
-        let dev = deviations(x, &mean);
+        let (dev, squares) = deviations(x, &mean);
         let t = self.n_batches + 1;
         let rho = self.config.schedule.rho(t);
         let mut next = self.clone();
         next.mean = mean;
-        if !self.fixed {
-            let batch_dsq = dev.map_axis(Axis(0), |col| col.dot(&col) / b as f64);
-            next.dsq = &self.dsq * (1.0 - rho) + &(batch_dsq * rho);
-            if !self.started {
-                next.start();
-            }
+        // d̄² is averaged with the same ρ as Ā and B̄ even when the data's variance is known: the averaged
+        // moment matrix of (d, m) is then positive semi-definite, so ψ = d̄² − Ā H̄⁻¹ Āᵀ >= 0 up to
+        // rounding. An exact d̄² mixed with lagged Ā, B̄ pushed ψ of nearly collinear features below zero.
+        let batch_dsq = squares / b as f64;
+        next.dsq = &self.dsq * (1.0 - rho) + &(batch_dsq * rho);
+        if !self.started {
+            next.start();
         }
         next.step(&dev, rho)?;
         next.n_seen = n_after;
@@ -263,20 +265,13 @@ impl MiniBatchEm {
 /// Reject NaN, ±Inf and magnitudes above `X::MAX_INPUT`, naming the first bad row.
 fn check_rows<X: Real>(x: ArrayView2<X>) -> Result<()> {
     for (row, values) in x.rows().into_iter().enumerate() {
-        for v in values.iter() {
-            let v = v.to_f64();
-            if !v.is_finite() {
-                return Err(FaError::BadValue {
-                    row,
-                    kind: "NaN or infinity".into(),
-                });
-            }
-            if v.abs() > X::MAX_INPUT {
-                return Err(FaError::BadValue {
-                    row,
-                    kind: format!("a value with |x| > {:e}", X::MAX_INPUT),
-                });
-            }
+        if let Some(v) = values.iter().map(|v| v.to_f64()).find(|v| !(v.abs() <= X::MAX_INPUT)) {
+            let kind = if v.is_finite() {
+                format!("a value with |x| > {:e}", X::MAX_INPUT)
+            } else {
+                "NaN or infinity".into()
+            };
+            return Err(FaError::BadValue { row, kind });
         }
     }
     Ok(())
@@ -292,16 +287,22 @@ fn running_mean<X: Real>(mean: &Array1<f64>, x: ArrayView2<X>, n_before: u64, n_
     mean + &((sum - mean * b) / n_after as f64)
 }
 
-/// D_b = X_b − θ̄ in f64 (B×D).
-fn deviations<X: Real>(x: ArrayView2<X>, mean: &Array1<f64>) -> Array2<f64> {
+/// D_b = X_b − θ̄ in f64 (B×D) and the per-feature sums Σ_i d_i² (D), in one sequential pass over the rows.
+fn deviations<X: Real>(x: ArrayView2<X>, mean: &Array1<f64>) -> (Array2<f64>, Array1<f64>) {
     let mut dev = Array2::<f64>::zeros(x.dim());
-    Zip::from(dev.rows_mut()).and(x.rows()).par_for_each(|mut out, row| {
+    let mut squares = Array1::<f64>::zeros(mean.len());
+    for (mut out, row) in dev.rows_mut().into_iter().zip(x.rows()) {
         Zip::from(&mut out)
             .and(&row)
             .and(mean)
-            .for_each(|o, &v, &c| *o = v.to_f64() - c);
-    });
-    dev
+            .and(&mut squares)
+            .for_each(|o, &v, &c, sq| {
+                let d = v.to_f64() - c;
+                *o = d;
+                *sq += d * d;
+            });
+    }
+    (dev, squares)
 }
 
 /// A B (R×P times P×Q → R×Q), rows of A in fixed-size parallel tasks.

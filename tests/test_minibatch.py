@@ -54,10 +54,9 @@ class ReferenceMiniBatchEM:
         dev = x - self.mean
         self.t += 1
         rho = max((self.t + self.tau0) ** -self.kappa, 1.0 / self.t)
-        if not self.fixed:
-            self.dsq = (1 - rho) * self.dsq + rho * (dev**2).mean(axis=0)
-            if self.t == 1:
-                self._start()
+        self.dsq = (1 - rho) * self.dsq + rho * (dev**2).mean(axis=0)
+        if self.t == 1 and not self.fixed:
+            self._start()
         k = self.f.shape[1]
         c = (self.f / self.psi[:, None]).T  # C = Fᵀ Ψ⁻¹
         sigma = np.linalg.inv(np.eye(k) + c @ self.f)  # (4.23)

@@ -36,6 +36,8 @@ FloatArray = NDArray[np.float64]
 MOMENT_CHUNK_ROWS = 4096
 #: Rows of the sample on which :func:`fit_minibatch` measures the average log-likelihood after each pass.
 MAX_SCORE_ROWS = 5000
+#: Consecutive passes without an improvement of ``tol`` after which :func:`fit_minibatch` stops.
+PATIENCE = 2
 
 
 class MiniBatchEM(FactorGaussianMixin):
@@ -72,7 +74,9 @@ class MiniBatchEM(FactorGaussianMixin):
         Seed of the initial loadings.
     mean, variance : array-like of shape (n_features,), optional
         The data set's exact mean and per-feature variance, when known (:func:`fit_minibatch` computes
-        them): θ̄ and d̄² then stay fixed instead of being running estimates.
+        them): θ̄ then stays fixed instead of being a running mean, and the start (F₀ σ̂, ψ₀) is taken
+        from the variance before the first batch. d̄² is always averaged with the same ρ_t as Ā and B̄,
+        which keeps ψ non-negative.
 
     Attributes
     ----------
@@ -274,8 +278,8 @@ def fit_minibatch(
     **options: Any,
 ) -> tuple[MiniBatchEM, FitHistory]:
     """Fit a :class:`MiniBatchEM` to a whole data set: exact moments in one pass, then up to ``max_iter``
-    shuffled passes of mini-batch EM, stopping when a pass improves the average log-likelihood on a fixed
-    sample of at most 5,000 rows by less than ``tol`` nats per row.
+    shuffled passes of mini-batch EM, stopping when two consecutive passes fail to improve the best average
+    log-likelihood (on a fixed sample of at most 5,000 rows) by ``tol`` nats per row.
 
     Parameters
     ----------
@@ -290,7 +294,8 @@ def fit_minibatch(
     max_iter : int, default=10
         Largest number of passes over the data.
     tol : float, default=1e-4
-        Stop when a pass gains less than this many nats per row (0 runs all ``max_iter`` passes).
+        Stop when two consecutive passes gain less than this many nats per row over the best earlier
+        pass (0 runs all ``max_iter`` passes).
     shuffle : {"auto", "rows", "blocks", "none"}, default="auto"
         "rows" visits the rows in a new random order each pass; "blocks" shuffles the order of the
         consecutive ``batch_size``-row blocks (sequential reads, for files larger than RAM); "auto" is
@@ -323,10 +328,22 @@ def fit_minibatch(
             model._core.update(batch)
         model._cache = None
         history.scores.append(float(np.mean(_log_prob(held, *model.snapshot()))))
-        if len(history.scores) > 1 and history.scores[-1] - history.scores[-2] < tol:
+        if tol > 0 and _stalled(history.scores, tol):
             history.converged = True
             break
     return model, history
+
+
+def _stalled(scores: list[float], tol: float) -> bool:
+    """Whether the last ``PATIENCE`` passes all failed to beat the best earlier score by ``tol``.
+
+    A single pass is not enough evidence: mini-batch statistics are noisy, and one pass can score a little
+    below the previous one while the fit is still improving.
+    """
+    if len(scores) <= PATIENCE:
+        return False
+    best_before = max(scores[:-PATIENCE])
+    return max(scores[-PATIENCE:]) < best_before + tol
 
 
 class NpyRows:
