@@ -35,6 +35,14 @@ pub enum FaError {
     /// A K×K matrix that must be symmetric positive definite is not (numerical breakdown).
     #[error("numerical breakdown: {0} is not positive definite")]
     NotPositiveDefinite(&'static str),
+    /// Memory for an array of the state could not be allocated.
+    #[error("cannot allocate {len} elements for {what}; reduce n_features or n_components")]
+    Allocation {
+        /// Which size the array follows (e.g. "n_features").
+        what: &'static str,
+        /// Number of elements requested.
+        len: usize,
+    },
     /// A serialized state is inconsistent (wrong lengths, non-finite values, unknown version).
     #[error("invalid state: {0}")]
     InvalidState(String),
@@ -54,10 +62,8 @@ pub(crate) fn invalid(name: &'static str, reason: impl Into<String>) -> FaError 
 /// A vector of `len` copies of `value`, or an error (never an abort) when it cannot be allocated.
 pub(crate) fn try_filled<T: Clone>(len: usize, value: T, what: &'static str) -> Result<Vec<T>> {
     let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| FaError::InvalidParameter {
-        name: what,
-        reason: format!("cannot allocate {len} elements; reduce n_features or n_components"),
-    })?;
+    v.try_reserve_exact(len)
+        .map_err(|_| FaError::Allocation { what, len })?;
     v.resize(len, value);
     Ok(v)
 }

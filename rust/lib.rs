@@ -8,6 +8,7 @@
 pub mod error;
 pub mod fork;
 mod fused_em;
+pub mod gfa;
 pub mod init;
 pub mod linalg;
 pub mod minibatch;

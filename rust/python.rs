@@ -7,7 +7,7 @@ use numpy::{
     Element, IntoPyArray, PyArray, PyArray1, PyArray2, PyArrayDyn, PyArrayMethods, PyReadonlyArray, PyReadonlyArray1,
     PyReadonlyArray2, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
@@ -23,8 +23,21 @@ use crate::scaling::Scaling;
 use crate::schedule::StepSize;
 use crate::state::{Checkpoint, StateMap, StateValue};
 
+pyo3::create_exception!(
+    onlinefa._core,
+    NumericalBreakdownError,
+    pyo3::exceptions::PyArithmeticError,
+    "The algorithm broke down numerically (a matrix that must be positive definite is not); the model is unchanged."
+);
+
+/// The one conversion of core errors: numerical breakdown → `NumericalBreakdownError` (an
+/// `ArithmeticError`), allocation failure → `MemoryError`, everything else (invalid input) → `ValueError`.
 fn to_py_err(err: FaError) -> PyErr {
-    PyValueError::new_err(err.to_string())
+    match err {
+        FaError::NotPositiveDefinite(_) => NumericalBreakdownError::new_err(err.to_string()),
+        FaError::Allocation { .. } => PyMemoryError::new_err(err.to_string()),
+        _ => PyValueError::new_err(err.to_string()),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
@@ -410,7 +423,11 @@ fn orthonormal_init<'py>(
 #[pymodule]
 mod _core {
     #[pymodule_export]
+    use super::GFACore;
+    #[pymodule_export]
     use super::MiniBatchEMCore;
+    #[pymodule_export]
+    use super::NumericalBreakdownError;
     #[pymodule_export]
     use super::{orthonormal_init, OnlineEMCore, OnlineSGACore, VIFACore};
     #[pymodule_export]
@@ -930,6 +947,11 @@ impl OnlineVBFACore {
     }
 
     #[getter]
+    fn n_features(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |m| Ok(m.n_features()))
+    }
+
+    #[getter]
     fn n_batches(&self, py: Python<'_>) -> PyResult<u64> {
         self.with(py, |m| Ok(m.n_batches()))
     }
@@ -989,6 +1011,232 @@ fn vbfa_log_likelihood<'py>(
     Ok(out.into_pyarray(py))
 }
 // ---- end of VBFA binding ----
+
+// ---- GFA binding ----
+// Engine of `onlinefa.GFA` (python/onlinefa/gfa.py documents the behaviour users see). Names from
+// crate::gfa are written in full so this section needs no change to the imports above.
+
+/// Three NumPy arrays returned together (the fit history: bound, factors, seconds).
+type GfaHistory<'py> = (
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<f64>>,
+);
+
+/// Two NumPy matrices (predictive means and variances; Gamma shapes and rates).
+type GfaMatrixPair<'py> = (Bound<'py, PyArray2<f64>>, Bound<'py, PyArray2<f64>>);
+
+/// Engine of `onlinefa.GFA` (batch VB group factor analysis of one data matrix, NaN = missing).
+#[pyclass(frozen, module = "onlinefa._core")]
+pub struct GFACore {
+    inner: Mutex<crate::gfa::GfaBatch>,
+}
+
+impl GFACore {
+    /// Run `f` on the model with the GIL released.
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut crate::gfa::GfaBatch) -> crate::error::Result<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| f(&mut *lock(&self.inner)?).map_err(to_py_err))
+    }
+}
+
+#[pymethods]
+impl GFACore {
+    #[new]
+    #[pyo3(signature = (x, groups, n_components, *, noise, rotate, rotate_start, drop_factors, drop_tol, init_noise_ratio, seed, ard_rank=None, ard_lambda=0.1))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        x: PyReadonlyArray2<'_, f64>,
+        groups: Vec<usize>,
+        n_components: usize,
+        noise: &str,
+        rotate: bool,
+        rotate_start: u64,
+        drop_factors: bool,
+        drop_tol: f64,
+        init_noise_ratio: f64,
+        seed: Option<u64>,
+        ard_rank: Option<usize>,
+        ard_lambda: f64,
+    ) -> PyResult<Self> {
+        let noise = match noise {
+            "group" => crate::gfa::NoiseModel::Group,
+            "feature" => crate::gfa::NoiseModel::Feature,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "noise must be 'group' or 'feature', got {other:?}"
+                )))
+            }
+        };
+        let config = crate::gfa::GfaConfig {
+            n_components,
+            noise,
+            ard_rank,
+            ard_lambda,
+            hyper: crate::vbfa::Hyper::default(),
+            rotate,
+            rotate_start,
+            drop_factors,
+            drop_tol,
+            init_noise_ratio,
+            seed: seed.unwrap_or_else(entropy_seed),
+        };
+        let view = checked_view(&x, "X")?;
+        let model = py
+            .detach(|| {
+                let groups = crate::gfa::Groups::from_labels(&groups)?;
+                crate::gfa::GfaBatch::new(view, groups, config)
+            })
+            .map_err(to_py_err)?;
+        Ok(GFACore {
+            inner: Mutex::new(model),
+        })
+    }
+
+    /// Up to `max_iter` sweeps; returns the number run.
+    fn fit(&self, py: Python<'_>, max_iter: usize, tol: f64) -> PyResult<usize> {
+        self.with(py, |m| m.fit(max_iter, tol))
+    }
+
+    /// One sweep (dropping, updates, transformations as configured).
+    fn sweep(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |m| m.sweep())
+    }
+
+    /// One named coordinate update or transformation.
+    fn apply(&self, py: Python<'_>, step: &str) -> PyResult<()> {
+        let step = crate::gfa::GfaStep::parse(step).map_err(to_py_err)?;
+        self.with(py, |m| m.apply(step))
+    }
+
+    /// Apply the group rotation; returns (R, gain of the bound).
+    fn rotate<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyArray2<f64>>, f64)> {
+        let (rot, gain) = self.with(py, |m| m.rotate())?;
+        Ok((rot.r.into_pyarray(py), gain))
+    }
+
+    fn elbo(&self, py: Python<'_>) -> PyResult<f64> {
+        self.with(py, |m| Ok(m.elbo()))
+    }
+
+    /// The bound split by factor.
+    fn bound_terms<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let t = self.with(py, |m| Ok(m.bound_terms()))?;
+        let dict = PyDict::new(py);
+        for (name, value) in [
+            ("likelihood", t.likelihood),
+            ("latents", t.latents),
+            ("bias", t.bias),
+            ("loadings", t.loadings),
+            ("ard", t.ard),
+            ("noise", t.noise),
+        ] {
+            dict.set_item(name, value)?;
+        }
+        Ok(dict)
+    }
+
+    /// (L, K, seconds) after each sweep of `fit`.
+    fn history<'py>(&self, py: Python<'py>) -> PyResult<GfaHistory<'py>> {
+        let rows: Vec<(f64, u64, f64)> = self.with(py, |m| {
+            Ok(m.history()
+                .iter()
+                .map(|r| (r.elbo, r.n_components as u64, r.seconds))
+                .collect())
+        })?;
+        let elbo = rows.iter().map(|r| r.0).collect();
+        let k = rows.iter().map(|r| r.1).collect();
+        let seconds = rows.iter().map(|r| r.2).collect();
+        Ok((
+            PyArray1::from_vec(py, elbo),
+            PyArray1::from_vec(py, k),
+            PyArray1::from_vec(py, seconds),
+        ))
+    }
+
+    #[getter]
+    fn n_sweeps(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |m| Ok(m.n_sweeps()))
+    }
+
+    #[getter]
+    fn converged(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, |m| Ok(m.converged()))
+    }
+
+    fn kept_components(&self, py: Python<'_>) -> PyResult<Vec<usize>> {
+        self.with(py, |m| Ok(m.kept_components().to_vec()))
+    }
+
+    fn latent_mean<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        Ok(self.with(py, |m| Ok(m.latent_mean().clone()))?.into_pyarray(py))
+    }
+
+    fn latent_cov<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray3<f64>>> {
+        Ok(self.with(py, |m| Ok(m.latent_cov()))?.into_pyarray(py))
+    }
+
+    fn bias_mean<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        Ok(self.with(py, |m| Ok(m.bias_mean().clone()))?.into_pyarray(py))
+    }
+
+    fn bias_var<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        Ok(self.with(py, |m| Ok(m.bias_var().clone()))?.into_pyarray(py))
+    }
+
+    fn loading_mean<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        Ok(self.with(py, |m| Ok(m.loading_mean().clone()))?.into_pyarray(py))
+    }
+
+    fn loading_cov<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray3<f64>>> {
+        Ok(self.with(py, |m| Ok(m.loading_cov().clone()))?.into_pyarray(py))
+    }
+
+    /// ⟨α_mk⟩ (M×K; α itself for the low-rank ARD).
+    fn alpha_mean<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        Ok(self.with(py, |m| Ok(m.alpha_means()))?.into_pyarray(py))
+    }
+
+    /// (shapes, rates) of q(α_mk), each M×K (full-rank q(α); unused by the low-rank ARD).
+    fn ard<'py>(&self, py: Python<'py>) -> PyResult<GfaMatrixPair<'py>> {
+        let (shape, rate) = self.with(py, |m| Ok((m.ard().mapv(|q| q.shape), m.ard().mapv(|q| q.rate))))?;
+        Ok((shape.into_pyarray(py), rate.into_pyarray(py)))
+    }
+
+    /// (shapes, rates) of q(τ) (M per group, or D per feature).
+    fn noise<'py>(&self, py: Python<'py>) -> PyResult<VbfaVectorPair<'py>> {
+        let (shape, rate): (Vec<f64>, Vec<f64>) =
+            self.with(py, |m| Ok(m.noise().iter().map(|g| (g.shape, g.rate)).unzip()))?;
+        Ok((PyArray1::from_vec(py, shape), PyArray1::from_vec(py, rate)))
+    }
+
+    fn noise_variance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        Ok(self.with(py, |m| Ok(m.noise_variance()))?.into_pyarray(py))
+    }
+
+    /// Share of each group's variance explained by each factor (M×K).
+    fn activity<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        Ok(self.with(py, |m| Ok(m.activity()))?.into_pyarray(py))
+    }
+
+    /// (predictive means, predictive variances) of every entry of new rows given their non-NaN entries.
+    fn predict<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<GfaMatrixPair<'py>> {
+        let view = checked_view(&x, "X")?;
+        let (mean, var) = self.with(py, |m| m.predict(view))?;
+        Ok((mean.into_pyarray(py), var.into_pyarray(py)))
+    }
+
+    /// E_q[h] of new rows given their non-NaN entries.
+    fn latent_means<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let view = checked_view(&x, "X")?;
+        Ok(self.with(py, |m| m.latent_means(view))?.into_pyarray(py))
+    }
+}
+// ---- end of GFA binding ----
 
 // ---- Mini-batch EM binding ----
 // Engine of `onlinefa.MiniBatchEM` (python/onlinefa/minibatch.py documents the behaviour users see).

@@ -27,11 +27,14 @@ StreamFactory = Callable[[int, int, int, int], npt.NDArray[np.float64]]
 
 # Every check of scikit-learn's suite applies to a streaming model: fit() resets and streams the rows,
 # so fit is idempotent, order-invariant queries hold, and partial_fit exists. Nothing is listed as an
-# expected failure. The instances use n_components=1 because several checks fit 2-feature data
-# (n_components must be < n_features), and a short warm-up so that the loadings are actually learnt
-# on the checks' 20-100 row data sets.
+# expected failure. The defaults are checked, and K = 1 and K = 2 (several checks fit 2-feature data,
+# where K = 2 is fitted with K = 1, see n_components_) with a short warm-up so that the loadings are
+# actually learnt on the checks' 20-100 row data sets.
 CHECKED_ESTIMATORS = [
+    OnlineFactorAnalysis(),
     OnlineFactorAnalysis(1, n_warmup=5, random_state=0),
+    OnlineFactorAnalysis(2, n_warmup=5, random_state=0),
+    OnlineFactorAnalysis(2, algorithm="sga", lr=1e-2, n_warmup=5, random_state=0),
     OnlineFactorAnalysis(1, algorithm="sga", lr=1e-2, n_warmup=5, random_state=0),
     OnlineFactorAnalysis(1, n_warmup=5, dtype="float32", random_state=0),
 ]
@@ -126,6 +129,50 @@ def test_fit_transform_equals_fit_then_transform(fa_stream: StreamFactory) -> No
     np.testing.assert_array_equal(fa.fit_transform(X), clone(fa).fit(X).transform(X))
 
 
+@pytest.mark.parametrize(("n_components", "fitted"), [(None, D - 1), (2, 2), (D - 1, D - 1), (D, D - 1), (50, D - 1)])
+def test_n_components_resolves_to_at_most_n_features_minus_one(
+    fa_stream: StreamFactory, n_components: int | None, fitted: int,
+) -> None:
+    # K >= D is fitted with K = D - 1 (which represents every covariance); the fit is then exactly the
+    # one requested with D - 1. None is min(10, D - 1).
+    X = fa_stream(D, K, 200, 6)
+    fa = OnlineFactorAnalysis(n_components, n_warmup=20, random_state=1).fit(X)
+    explicit = OnlineFactorAnalysis(fitted, n_warmup=20, random_state=1).fit(X)
+    assert fa.n_components_ == fitted and fa.components_.shape == (fitted, D)
+    assert fa.get_params()["n_components"] == n_components  # the parameter itself is left as given
+    assert_same_state(engine_state(fa._model), engine_state(explicit._model))
+    assert fa.transform(X[:4]).shape == (4, fitted)
+
+
+def test_default_n_components_is_capped_at_ten(fa_stream: StreamFactory) -> None:
+    X = fa_stream(30, K, 100, 6)
+    assert OnlineFactorAnalysis(n_warmup=20).fit(X).n_components_ == 10
+
+
+def test_partial_fit_continues_through_the_warm_up(fa_stream: StreamFactory) -> None:
+    # Batches smaller than the warm-up: the estimator is not fitted in between, yet partial_fit goes on.
+    X = fa_stream(D, K, 60, 9)
+    fa = OnlineFactorAnalysis(K, n_warmup=20, random_state=2)
+    for row in range(25):
+        fa.partial_fit(X[row : row + 1])
+        assert fa.__sklearn_is_fitted__() == (row + 1 > 20)
+    reference = OnlineFactorAnalysis(K, n_warmup=20, random_state=2).fit(X[:25])
+    assert_same_state(engine_state(fa._model), engine_state(reference._model))
+
+
+def test_sample_draws_from_the_fitted_gaussian(fa_stream: StreamFactory) -> None:
+    X = fa_stream(D, K, 300, 11)
+    fa = OnlineFactorAnalysis(K, n_warmup=20, random_state=0).fit(X)
+    np.testing.assert_array_equal(fa.sample(7, random_state=5), fa._model.sample(7, seed=5))
+    assert fa.sample(random_state=1).shape == (1, D) and fa.sample(0).shape == (0, D)
+    # Seeded statistical check: the mean of 20000 draws is within 5 standard errors of mean_.
+    draws = fa.sample(20000, random_state=2)
+    standard_error = np.sqrt(np.diag(fa.get_covariance()) / 20000)
+    assert np.all(np.abs(draws.mean(axis=0) - fa.mean_) < 5 * standard_error)
+    with pytest.raises(NotFittedError):
+        OnlineFactorAnalysis(K).sample(3)
+
+
 def test_random_state_objects_follow_scikit_learn_conventions(fa_stream: StreamFactory) -> None:
     X = fa_stream(D, K, 200, 5)
     for random_state in (np.random.RandomState(0), np.random.default_rng(0)):
@@ -211,6 +258,12 @@ def test_feature_count_is_fixed_by_the_first_partial_fit(fa_stream: StreamFactor
     assert_same_state(engine_state(fa._model), before)
 
 
+def test_not_fitted_error_is_both_the_librarys_and_scikit_learns() -> None:
+    with pytest.raises(onlinefa.NotFittedError) as caught:
+        OnlineFactorAnalysis(2).transform(np.zeros((3, 5)))
+    assert isinstance(caught.value, NotFittedError)  # scikit-learn's
+
+
 def test_unfitted_estimator_raises_not_fitted() -> None:
     fa = OnlineFactorAnalysis(2)
     X = np.zeros((3, 5))
@@ -224,7 +277,7 @@ def test_unfitted_estimator_raises_not_fitted() -> None:
 
 @pytest.mark.parametrize(("params", "error", "needle"), [
     ({"n_components": 0}, ValueError, "n_components"),
-    ({"n_components": 5}, ValueError, "n_components=5 must be smaller than n_features = 5"),
+    ({"n_components": -2}, ValueError, "n_components"),
     ({"n_components": 1.5}, TypeError, "n_components"),
     ({"n_components": 2, "algorithm": "gibbs"}, ValueError, "algorithm"),
     ({"n_components": 2, "n_warmup": -1}, ValueError, "n_warmup"),
@@ -252,7 +305,7 @@ def test_failed_fit_keeps_the_previous_model(fa_stream: StreamFactory) -> None:
     with pytest.raises(ValueError, match="NaN"):
         fa.fit(bad)
     with pytest.raises(ValueError, match="n_components"):
-        fa.set_params(n_components=D).fit(X)
+        fa.set_params(n_components=0).fit(X)
     assert_same_state(engine_state(fa._model), before)
 
 
@@ -298,8 +351,7 @@ WITHOUT_SKLEARN = textwrap.dedent(
     import numpy as np
     import onlinefa
     assert "sklearn" not in sys.modules or sys.modules["sklearn"] is None
-    from onlinefa import OnlineFactorAnalysis
-    from onlinefa.estimator import NotFittedError
+    from onlinefa import NotFittedError, OnlineFactorAnalysis
     assert [c.__name__ for c in OnlineFactorAnalysis.__mro__] == [
         "OnlineFactorAnalysis", "ParamsMixin", "object"], OnlineFactorAnalysis.__mro__
     fa = OnlineFactorAnalysis(2, n_warmup=10, random_state=0)
@@ -322,6 +374,9 @@ WITHOUT_SKLEARN = textwrap.dedent(
     assert Z.shape == (100, 2) and np.isfinite(fa.score(X))
     again = pickle.loads(pickle.dumps(fa))
     assert np.array_equal(again.transform(X), Z)
+    for vb in (onlinefa.VBFA(2, max_iter=20, random_state=0), onlinefa.OnlineVBFA(2, random_state=0)):
+        assert type(vb).__mro__[-2:] == (onlinefa._params.ParamsMixin, object)
+        assert vb.fit(X).transform(X).shape == (100, 2) and np.isfinite(vb.score(X, None))
     print("ok")
     """
 )

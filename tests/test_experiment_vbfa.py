@@ -35,8 +35,8 @@ def test_end_to_end_resume_and_independent_recomputation(tmp_path: Path) -> None
 
     # One cell recomputed directly with the public estimator: same data, same seed, same settings.
     data = paper_dataset(2, 4, n_samples=60, n_features=12)
-    fits = {name: onlinefa.VBFA(3, transform=start is not None, transform_start=start or 1, max_iter=60,
-                                tol=1e-9, init_noise_ratio=1.0, seed=4).fit(data.observed)
+    fits = {name: onlinefa.VBFA(3, transformations=start is not None, transformations_start=start or 1, max_iter=60,
+                                tol=1e-9, init_noise_ratio=1.0, random_state=4).fit(data.observed)
             for name, start in (("none", None), ("start5", 5), ("start1", 1))}
     best = max(float(m.elbo_[-1]) for m in fits.values())
     summary = _rows(out / "vbfa_transform_summary.csv")

@@ -179,8 +179,8 @@ def test_vbfa_in_forked_child_matches_the_parent() -> None:
     missing[rng.random(missing.shape) < 0.01] = np.nan
 
     def fit_both() -> tuple[str, str]:
-        batch = onlinefa.VBFA(4, max_iter=3, seed=1).fit(missing)
-        online = onlinefa.OnlineVBFA(4, batch_size=550, seed=1).fit(complete)
+        batch = onlinefa.VBFA(4, max_iter=3, random_state=1).fit(missing)
+        online = onlinefa.OnlineVBFA(4, batch_size=550, random_state=1).fit(complete)
         return (arrays_digest(batch.components_, batch.noise_variance_, batch.mean_, batch.transform(missing)),
                 arrays_digest(online.components_, online.noise_variance_, online.mean_, online.transform(complete)))
 

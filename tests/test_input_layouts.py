@@ -203,10 +203,10 @@ def test_estimator_reads_any_layout(layout: LayoutFactory, input_dtype: str, n_r
 def test_vbfa_reads_any_layout(layout: LayoutFactory, input_dtype: str, n_rows: int) -> None:
     values = _data(n_rows, input_dtype, n_rows + 13)
     strided = layout(values)
-    batch = [onlinefa.VBFA(K, max_iter=5, seed=4) for _ in range(2)]
+    batch = [onlinefa.VBFA(K, max_iter=5, random_state=4) for _ in range(2)]
     batch[0].fit(strided)
     batch[1].fit(_canonical(strided))
-    online = [onlinefa.OnlineVBFA(K, batch_size=7, seed=5) for _ in range(2)]
+    online = [onlinefa.OnlineVBFA(K, batch_size=7, random_state=5) for _ in range(2)]
     online[0].partial_fit(strided)
     online[1].partial_fit(_canonical(strided))
     queries = _data(5, input_dtype, 17)

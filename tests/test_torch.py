@@ -522,8 +522,8 @@ def _fitted_models() -> dict[str, Any]:
         "OnlineSGA": onlinefa.OnlineSGA(6, 2, seed=0).update(x),
         "VIFA": onlinefa.VIFA(6, 2, prior_precision=1.0, lr_mean=0.0, lr_loadings=0.0, lr_log_noise=0.0, seed=0,
                               init_mean=x[0], init_noise_variance=np.linspace(0.5, 2.0, 6)),
-        "VBFA": onlinefa.VBFA(2, seed=0, max_iter=50).fit(x),
-        "OnlineVBFA": onlinefa.OnlineVBFA(2, seed=0).partial_fit(x[:200]).partial_fit(x[200:]),
+        "VBFA": onlinefa.VBFA(2, random_state=0, max_iter=50).fit(x),
+        "OnlineVBFA": onlinefa.OnlineVBFA(2, random_state=0).partial_fit(x[:200]).partial_fit(x[200:]),
         "OnlineFactorAnalysis": onlinefa.OnlineFactorAnalysis(2, random_state=0).fit(x),
         "SWAG": swag,
     }  # fmt: skip

@@ -151,7 +151,7 @@ def relative_frobenius(a: FloatArray, b: FloatArray) -> float:
 @pytest.mark.parametrize("prior", ["ard", "broad"])
 def test_bound_matches_the_reference_formula(prior: Any) -> None:
     x = factor_data(40, 8, 2, seed=1, missing=0.2)
-    model = onlinefa.VBFA(3, prior=prior, seed=2).initialize(x)
+    model = onlinefa.VBFA(3, prior=prior, random_state=2).initialize(x)
     for sweeps in range(4):
         expected = reference_bound(x, model.posterior())
         assert model.lower_bound() == pytest.approx(expected, rel=1e-11)
@@ -163,7 +163,7 @@ def test_bound_matches_the_reference_formula(prior: Any) -> None:
 @pytest.mark.parametrize("step", COORDINATE_STEPS)
 def test_each_update_matches_the_papers_formula(step: str) -> None:
     x = factor_data(30, 7, 2, seed=3, missing=0.25)
-    model = onlinefa.VBFA(3, seed=4).initialize(x)
+    model = onlinefa.VBFA(3, random_state=4).initialize(x)
     for _ in range(2):
         for s in (*COORDINATE_STEPS, "translate", "rotate"):
             model.apply(s)  # type: ignore[arg-type]
@@ -185,7 +185,7 @@ def test_no_update_and_no_rotation_lowers_the_bound(prior: Any, translation: Any
     data set 2 (20 % missing) it may lose at most 1e-3 nats, the bound this test allows.
     """
     data = paper_dataset(2, seed=5, n_samples=200, n_features=50)
-    model = onlinefa.VBFA(10, prior=prior, translation=translation, seed=6).initialize(data.observed)
+    model = onlinefa.VBFA(10, prior=prior, translation=translation, random_state=6).initialize(data.observed)
     last = model.lower_bound()
     for _ in range(12):
         for step in (*COORDINATE_STEPS, "translate", "rotate"):
@@ -208,7 +208,7 @@ def test_transformation_centres_whitens_and_orders() -> None:
     ~D/N·(2b/w_k) for nearly pruned ones, so the identity is checked against that closed form.
     """
     x = factor_data(120, 15, 3, seed=7, missing=0.2)
-    model = onlinefa.VBFA(6, seed=8).initialize(x)
+    model = onlinefa.VBFA(6, random_state=8).initialize(x)
     for _ in range(6):
         for step in COORDINATE_STEPS:
             model.apply(step)  # type: ignore[arg-type]
@@ -234,7 +234,7 @@ def test_broad_prior_rotation_whitens_with_n_minus_d() -> None:
     Exactly, ⟨HHᵀ⟩_kk = N − D + α w_k (α = 1e-5 here).
     """
     x = factor_data(150, 10, 3, seed=9, missing=0.1)
-    model = onlinefa.VBFA(4, prior="broad", seed=10).initialize(x)
+    model = onlinefa.VBFA(4, prior="broad", random_state=10).initialize(x)
     for step in (*COORDINATE_STEPS, *COORDINATE_STEPS, "rotate"):
         model.apply(step)  # type: ignore[arg-type]
     post = model.posterior()
@@ -250,11 +250,11 @@ def test_transformations_cut_sweeps_to_convergence_five_fold_on_dataset_2() -> N
     (Measured: 17 sweeps with, 380–700 without; the paper reports about 10×.)
     """
     data = paper_dataset(2, seed=0)
-    fast = onlinefa.VBFA(20, transform=True, max_iter=3000, tol=1e-9, seed=1).fit(data.observed)
+    fast = onlinefa.VBFA(20, transformations=True, max_iter=3000, tol=1e-9, random_state=1).fit(data.observed)
     best = fast.elbo_[-1]
     assert fast.converged_
     sweeps_fast = int(np.argmax((best - fast.elbo_) / abs(best) <= 1e-3)) + 1
-    slow = onlinefa.VBFA(20, transform=False, max_iter=5 * sweeps_fast, tol=0.0, seed=1).fit(data.observed)
+    slow = onlinefa.VBFA(20, transformations=False, max_iter=5 * sweeps_fast, tol=0.0, random_state=1).fit(data.observed)
     assert slow.n_iter_ == 5 * sweeps_fast
     assert np.all((best - slow.elbo_) / abs(best) > 1e-3)
 
@@ -271,7 +271,7 @@ def five_factor_stream() -> FloatArray:
 @pytest.fixture(scope="module")
 def batch_on_stream(five_factor_stream: FloatArray) -> onlinefa.VBFA:
     """Batch VB-FA with K = 10 on the whole stream."""
-    return onlinefa.VBFA(10, tol=1e-8, max_iter=2000, seed=12).fit(five_factor_stream)
+    return onlinefa.VBFA(10, tol=1e-8, max_iter=2000, random_state=12).fit(five_factor_stream)
 
 
 def test_online_one_pass_matches_batch(five_factor_stream: FloatArray, batch_on_stream: onlinefa.VBFA) -> None:
@@ -279,17 +279,17 @@ def test_online_one_pass_matches_batch(five_factor_stream: FloatArray, batch_on_
 
     (Measured 0.002–0.004 over seeds; without the transformations the same pass is off by 0.9–3.4.)
     """
-    online = onlinefa.OnlineVBFA(10, schedule="harmonic", batch_size=50, seed=13)
+    online = onlinefa.OnlineVBFA(10, schedule="harmonic", batch_size=50, random_state=13)
     for start in range(0, 5000, 50):
         online.partial_fit(five_factor_stream[start : start + 50])
     assert online.n_samples_seen_ == 5000 and online.n_batches_seen_ == 100
     assert relative_frobenius(online.get_covariance(), batch_on_stream.get_covariance()) < 0.01
-    without = onlinefa.OnlineVBFA(10, transform=False, seed=13).fit(five_factor_stream)
+    without = onlinefa.OnlineVBFA(10, transformations=False, random_state=13).fit(five_factor_stream)
     assert relative_frobenius(without.get_covariance(), batch_on_stream.get_covariance()) > 0.1
 
 
 def test_online_state_is_whitened_after_each_transformation(five_factor_stream: FloatArray) -> None:
-    online = onlinefa.OnlineVBFA(6, seed=14).fit(five_factor_stream[:1000])
+    online = onlinefa.OnlineVBFA(6, random_state=14).fit(five_factor_stream[:1000])
     second, mean = online.latent_moments()
     np.testing.assert_allclose(mean, 0.0, atol=1e-12)
     w = online.loading_gram()
@@ -323,7 +323,7 @@ def test_batch_matches_maximum_likelihood_fa_on_a_large_sample(
 
 def test_score_samples_is_the_observed_marginal_density() -> None:
     x = factor_data(60, 6, 2, seed=15, missing=0.3)
-    model = onlinefa.VBFA(2, seed=16, max_iter=200).fit(x)
+    model = onlinefa.VBFA(2, random_state=16, max_iter=200).fit(x)
     got = model.score_samples(x)
     f = model.components_.T
     cov = f @ f.T + np.diag(model.noise_variance_)
@@ -337,14 +337,14 @@ def test_score_samples_is_the_observed_marginal_density() -> None:
 
 def test_transform_is_the_latent_update() -> None:
     x = factor_data(50, 6, 2, seed=17, missing=0.2)
-    model = onlinefa.VBFA(3, seed=18, max_iter=50).fit(x)
+    model = onlinefa.VBFA(3, random_state=18, max_iter=50).fit(x)
     model.apply("latents")
     np.testing.assert_allclose(model.transform(x), model.posterior().latent_mean, rtol=1e-12, atol=1e-12)
 
 
 def test_fitted_attributes_and_history() -> None:
     x = factor_data(80, 9, 2, seed=19, missing=0.1)
-    model = onlinefa.VBFA(4, seed=20, max_iter=300, tol=1e-7).fit(x)
+    model = onlinefa.VBFA(4, random_state=20, max_iter=300, tol=1e-7).fit(x)
     assert model.components_.shape == (4, 9) and model.mean_.shape == (9,)
     assert model.noise_variance_.shape == (9,) and model.alpha_.shape == (4,)
     assert model.elbo_.shape == model.fit_time_.shape == (model.n_iter_,)
@@ -353,22 +353,23 @@ def test_fitted_attributes_and_history() -> None:
     assert abs(model.elbo_[-1] - model.elbo_[-2]) <= 1e-7 * abs(model.elbo_[-1])
     post = model.posterior()
     np.testing.assert_allclose(model.noise_variance_, post.noise_rate / post.noise_shape)
-    again = onlinefa.VBFA(4, seed=20, max_iter=300, tol=1e-7).fit(x)
+    again = onlinefa.VBFA(4, random_state=20, max_iter=300, tol=1e-7).fit(x)
     np.testing.assert_array_equal(again.elbo_, model.elbo_)  # deterministic for a seed
 
 
 def test_bad_input_gives_clear_errors() -> None:
     x = factor_data(20, 5, 1, seed=21, missing=0.0)
+    # Hyper-parameters are checked by fit (scikit-learn's convention: the constructor only stores them).
     with pytest.raises(ValueError, match="prior"):
-        onlinefa.VBFA(2, prior="flat")  # type: ignore[arg-type]
+        onlinefa.VBFA(2, prior="flat").fit(x)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="n_components"):
-        onlinefa.VBFA(0)
-    with pytest.raises(ValueError, match="transform_start"):
-        onlinefa.VBFA(2, transform_start=0)
+        onlinefa.VBFA(0).fit(x)
+    with pytest.raises(ValueError, match="transformations_start"):
+        onlinefa.VBFA(2, transformations_start=0).fit(x)
     with pytest.raises(ValueError, match="tol"):
-        onlinefa.VBFA(2, tol=-1.0)
-    with pytest.raises(TypeError):
-        onlinefa.VBFA(2, transform="yes")  # type: ignore[arg-type]
+        onlinefa.VBFA(2, tol=-1.0).fit(x)
+    with pytest.raises(TypeError, match="transformations"):
+        onlinefa.VBFA(2, transformations="yes").fit(x)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not fitted"):
         onlinefa.VBFA(2).transform(x)
     with pytest.raises(ValueError, match="step"):
@@ -383,7 +384,7 @@ def test_bad_input_gives_clear_errors() -> None:
         onlinefa.VBFA(2).fit(empty_column)
     with pytest.raises(TypeError):
         onlinefa.VBFA(2).fit(np.array([["a", "b"]]))
-    with pytest.raises(ValueError, match="n_features|shape"):
+    with pytest.raises(ValueError, match="X has 3 features, but VBFA is expecting 5"):
         onlinefa.VBFA(2, max_iter=5).fit(x).transform(x[:, :3])
     online = onlinefa.OnlineVBFA(2)
     with pytest.raises(ValueError, match="not fitted"):
@@ -393,32 +394,29 @@ def test_bad_input_gives_clear_errors() -> None:
     with pytest.raises(ValueError, match="row 4"):
         online.partial_fit(missing)
     with pytest.raises(ValueError, match="kappa"):
-        onlinefa.OnlineVBFA(2, schedule="power", kappa=0.3)
+        onlinefa.OnlineVBFA(2, schedule="power", kappa=0.3).partial_fit(x)
     with pytest.raises(ValueError, match="schedule"):
-        onlinefa.OnlineVBFA(2, schedule="sometimes")  # type: ignore[arg-type]
+        onlinefa.OnlineVBFA(2, schedule="sometimes").fit(x)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("cls", [onlinefa.VBFA, onlinefa.OnlineVBFA])
 def test_params_follow_scikit_learn_conventions(cls: Any) -> None:
     from sklearn.base import clone
 
-    model = cls(4, prior="broad", transform=False, seed=3)
+    model = cls(4, prior="broad", transformations=False, random_state=3)
     params = model.get_params()
-    assert params["transform"] is False and params["prior"] == "broad" and params["n_components"] == 4
+    assert params["transformations"] is False and params["prior"] == "broad" and params["n_components"] == 4
     twin = clone(model)
     assert twin is not model and twin.get_params() == params
-    assert model.set_params(transform=True, n_components=5) is model
-    assert model.transform_enabled is True and model.n_components == 5
-    with pytest.raises(ValueError, match="n_components"):
-        model.set_params(n_components=0, prior="ard")
-    assert model.get_params()["prior"] == "broad"  # nothing half-applied
+    assert model.set_params(transformations=True, n_components=5) is model
+    assert model.transformations is True and model.n_components == 5
     with pytest.raises(ValueError, match="Invalid parameter"):
         model.set_params(n_component=3)
 
 
-def test_pickling_fails_with_a_clear_message() -> None:
+def test_pickling_a_fitted_model_fails_with_a_clear_message() -> None:
     import pickle
 
-    model = onlinefa.VBFA(2, seed=0).fit(np.random.default_rng(0).standard_normal((40, 6)))
+    model = onlinefa.VBFA(2, random_state=0).fit(np.random.default_rng(0).standard_normal((40, 6)))
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(model)

@@ -428,9 +428,9 @@ def test_dimensions_are_checked() -> None:
 def test_divergence_is_reported() -> None:
     vi = make_vifa(4, 1, seed=15, lr_log_noise=1e3)
     vi.sample()
-    with pytest.raises(ValueError, match="diverged|not positive definite"):
+    with pytest.raises(onlinefa.NumericalBreakdownError, match="diverged|not positive definite"):
         vi.step(np.full(4, 1e6))
-    with pytest.raises(ValueError):
+    with pytest.raises(onlinefa.NumericalBreakdownError):
         vi.sample()
 
 

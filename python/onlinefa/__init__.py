@@ -20,28 +20,38 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._loader import load
+from .errors import NumericalBreakdownError
 from ._models import NotFittedError, OnlineEM, OnlineSGA
 from .minibatch import MiniBatchEM, fit_minibatch
 from .rotation import canonical_loadings
-from .vbfa import VBFA, OnlineVBFA
 from .vifa import VIFA
 
 if TYPE_CHECKING:
     from .estimator import OnlineFactorAnalysis
+    from .vbfa import VBFA, OnlineVBFA
+    from .gfa import GFA
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "MiniBatchEM", "NotFittedError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings",
-    "fit_minibatch",
+    "GFA", "MiniBatchEM", "NotFittedError", "NumericalBreakdownError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "fit_minibatch", "load",
 ]  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
-    # The estimator is imported on first use: it imports scikit-learn when that is installed, and
+    # The estimators are imported on first use: they import scikit-learn when that is installed, and
     # `import onlinefa` must stay numpy-only.
     if name == "OnlineFactorAnalysis":
         from .estimator import OnlineFactorAnalysis
 
         return OnlineFactorAnalysis
+    if name in ("VBFA", "OnlineVBFA"):
+        from . import vbfa
+
+        return getattr(vbfa, name)
+    if name == "GFA":
+        from .gfa import GFA
+
+        return GFA
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,16 @@
-"""``onlinefa fit``: stream the rows of a (T, D) .npy file through online EM or SGA."""
+"""``onlinefa fit``: stream the rows of a (T, D) .npy file through online EM or SGA into a checkpoint.
+
+Every check that can fail is made before the first row is read (input header, output path, sizes, model
+options); the model is then written atomically with the model's own ``save``, so ``onlinefa.load`` (or
+``OnlineEM.load``/``OnlineSGA.load``) reads it back and an interrupted run never destroys an older file.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,31 +18,69 @@ import numpy as np
 
 from ._models import OnlineEM, OnlineSGA
 from ._progress import Progress
+from .errors import CommandError
+
+StreamingModel = OnlineEM | OnlineSGA
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _warmup(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def add_parser(commands: Any) -> None:
     """Register the ``fit`` sub-command."""
     p = commands.add_parser(
         "fit",
-        help="fit a factor-analysis Gaussian to the rows of a .npy file",
-        description="Stream the rows of a (T, D) .npy file (memory-mapped, so T*D may exceed RAM) "
-        "through online EM or SGA and write mean, loadings, noise_variance and n_seen to an .npz file.",
+        help="fit a factor-analysis Gaussian to the rows of a .npy file and save it as a checkpoint",
+        description="Stream the rows of a (T, D) .npy file (memory-mapped, so T*D may exceed RAM) through "
+        "online EM or SGA and write the model as a checkpoint that onlinefa.load reads back.",
     )
     p.add_argument("samples", type=Path, help="(T, D) array saved with numpy.save")
-    p.add_argument("--components", "-k", type=int, required=True, help="number of latent factors K")
+    p.add_argument("--components", "-k", type=_positive_int, required=True, help="number of latent factors K")
     p.add_argument("--method", choices=("em", "sga"), default="em", help="online EM (default) or SGA")
-    p.add_argument("--warmup", type=int, default=100, help="warm-up samples (default 100)")
+    p.add_argument(
+        "--config", choices=("default", "thesis"), default="default",
+        help="'default': the library's defaults (EM: whitening, power schedule, data scaling); 'thesis': "
+        "Brownlie's Algorithm 2 (EM) / Algorithm 1 (SGA) exactly, for reproduction",
+    )
+    p.add_argument("--warmup", type=_warmup, default=None,
+                   help="warm-up samples: 'auto' (default; K+2, at most 100) or an integer (thesis: 100)")
     p.add_argument("--lr", type=float, default=1e-3, help="SGA learning rate (default 1e-3)")
+    p.add_argument("--schedule", choices=("harmonic", "power", "constant"), default=None,
+                   help="step sizes ρ_t (default: power for EM, harmonic for SGA; --config default only)")
+    p.add_argument("--kappa", type=float, default=0.9, help="κ of the power schedule (default 0.9)")
+    p.add_argument("--tau0", type=float, default=0.0, help="τ₀ of the power schedule (default 0)")
+    p.add_argument("--rho", type=float, default=0.01, help="ρ of the constant schedule (default 0.01)")
+    p.add_argument("--no-whiten", dest="whiten", action="store_false",
+                   help="EM without the whitening step (--config default only)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="state dtype")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial loadings (default 0)")
-    p.add_argument("--batch-rows", type=int, default=256, help="rows per update call (default 256)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="output .npz file")
+    p.add_argument("--batch-rows", type=_positive_int, default=256, help="rows per update call (default 256)")
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="checkpoint file to write (used exactly as given; replaced atomically)")
     p.set_defaults(handler=run)
 
 
-def _open_samples(path: Path) -> np.ndarray[Any, Any]:
-    from .cli import CommandError
-
+def open_samples(path: Path) -> np.ndarray[Any, Any]:
+    """The (T, D) array of ``path``, memory-mapped; CommandError for anything unusable (read no data)."""
     try:
         data = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError as err:
@@ -45,41 +91,92 @@ def _open_samples(path: Path) -> np.ndarray[Any, Any]:
         raise CommandError(f"{path} must hold a 2-D (T, D) array")
     if data.dtype.kind not in "biuf":
         raise CommandError(f"{path} holds dtype {data.dtype}; a real numeric array is required")
+    if data.shape[0] == 0:
+        raise CommandError(f"{path} holds no rows (shape {data.shape}); nothing to fit")
     return data
+
+
+def check_output(output: Path, samples: Path) -> None:
+    """CommandError unless ``output`` can be (re)placed by an atomic rename of a file written beside it."""
+    directory = output.parent if str(output.parent) else Path(".")
+    if not directory.is_dir():
+        raise CommandError(f"cannot write {output}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise CommandError(f"cannot write {output}: directory {directory} is not writable")
+    try:
+        mode = output.stat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise CommandError(f"cannot write {output}: it exists and is not a regular file")
+    if samples.exists() and output.resolve() == samples.resolve():
+        raise CommandError(f"the output {output} is the input file; choose another path")
+
+
+def build_model(args: argparse.Namespace, n_features: int) -> StreamingModel:
+    """The streaming model the options describe (ValueError/TypeError for invalid values)."""
+    warmup = args.warmup if args.warmup is not None else (100 if args.config == "thesis" else "auto")
+    common: dict[str, Any] = {"n_warmup": warmup, "seed": args.seed, "dtype": args.dtype}
+    if args.config == "thesis":
+        if args.schedule is not None or not args.whiten:
+            raise ValueError("--schedule and --no-whiten apply to --config default only")
+        if args.method == "em":
+            return OnlineEM.algorithm2(n_features, args.components, **common)
+        return OnlineSGA.algorithm1(n_features, args.components, lr=args.lr, **common)
+    schedule_options = {"tau0": args.tau0, "kappa": args.kappa, "rho": args.rho}
+    if args.method == "em":
+        return OnlineEM(n_features, args.components, whiten=args.whiten, schedule=args.schedule or "power",
+                        **schedule_options, **common)
+    return OnlineSGA(n_features, args.components, lr=args.lr, schedule=args.schedule or "harmonic",
+                     **schedule_options, **common)
+
+
+def _stream(model: StreamingModel, data: np.ndarray[Any, Any], step: int, label: str) -> float:
+    """Apply every row of ``data`` in batches of ``step``; return the average log-likelihood of the last
+    batch under the model fitted to the rows before it (NaN if the model was still warming up then)."""
+    n_samples = data.shape[0]
+    last_start = ((n_samples - 1) // step) * step
+    held_out = float("nan")
+    with Progress(n_samples, label) as bar:
+        for lo in range(0, n_samples, step):
+            batch = data[lo : lo + step]
+            if lo == last_start and model.is_fitted:
+                held_out = float(np.mean(model.log_prob(batch)))
+            model.update(batch)
+            bar.advance(batch.shape[0])
+    return held_out
 
 
 def run(args: argparse.Namespace) -> int:
     """Fit and save; returns the exit code."""
-    from .cli import CommandError
-
-    data = _open_samples(args.samples)
+    check_output(args.output, args.samples)
+    data = open_samples(args.samples)
     n_samples, n_features = data.shape
     try:
-        if args.method == "em":
-            model: OnlineEM | OnlineSGA = OnlineEM(
-                n_features, args.components, n_warmup=args.warmup, seed=args.seed, dtype=args.dtype
-            )
-        else:
-            model = OnlineSGA(
-                n_features, args.components, lr=args.lr, n_warmup=args.warmup, seed=args.seed, dtype=args.dtype
-            )
-        step = max(1, args.batch_rows)
-        with Progress(n_samples, f"fit {args.method}") as bar:
-            for lo in range(0, n_samples, step):
-                model.update(data[lo : lo + step])
-                bar.advance(min(step, n_samples - lo))
-    except (ValueError, TypeError) as err:
+        model = build_model(args, n_features)
+    except (ValueError, TypeError, MemoryError) as err:
         raise CommandError(str(err)) from err
-    try:
-        np.savez(
-            args.output,
-            mean=model.mean,
-            loadings=model.loadings,
-            noise_variance=model.noise_variance,
-            n_seen=np.int64(model.n_seen),
-            method=np.str_(args.method),
+    if n_samples <= model.n_warmup:
+        raise CommandError(
+            f"{args.samples} has {n_samples} rows, not more than the warm-up of {model.n_warmup}: the fit would "
+            "be only the initialisation. Pass more rows or a smaller --warmup."
         )
+    started = time.perf_counter()
+    try:
+        held_out = _stream(model, data, args.batch_rows, f"fit {args.method}")
+    except (ValueError, TypeError, ArithmeticError) as err:
+        raise CommandError(f"{err} (nothing was written)") from err
+    seconds = time.perf_counter() - started
+    try:
+        model.save(args.output)
     except OSError as err:
         raise CommandError(f"cannot write {args.output}: {err}") from err
-    print(f"fitted {args.method} (D={n_features}, K={args.components}) on {n_samples} samples -> {args.output}")
+    rate = n_samples / seconds if seconds > 0 else float("inf")
+    megabytes = n_samples * n_features * data.dtype.itemsize / 1e6
+    print(
+        f"fitted {type(model).__name__} (D={n_features}, K={args.components}, config {args.config}) on "
+        f"{n_samples} samples in {seconds:.2f} s ({rate:,.0f} samples/s, {megabytes / max(seconds, 1e-9):,.1f} MB/s); "
+        f"held-out average log-likelihood of the last {n_samples - ((n_samples - 1) // args.batch_rows) * args.batch_rows} "
+        f"rows: {held_out:.4g} -> {args.output}"
+    )
     return 0

@@ -81,6 +81,18 @@ def _schedule_args(schedule: str, tau0: float, kappa: float, rho: float) -> _Sch
     return {"schedule": schedule, "tau0": float(tau0), "kappa": float(kappa), "rho": float(rho)}
 
 
+def _settings(own: dict[str, Any], schedule: str, tau0: float, kappa: float, rho: float, scaling: str,
+              noise_floor: float) -> dict[str, Any]:
+    """The configuration shown by ``repr``: the class's own options, then the schedule with only the
+    parameters it uses, the scaling and the noise floor (the same from arguments and from a checkpoint)."""
+    schedule_settings: dict[str, Any] = {"schedule": schedule}
+    if schedule == "power":
+        schedule_settings.update(tau0=float(tau0), kappa=float(kappa))
+    elif schedule == "constant":
+        schedule_settings["rho"] = float(rho)
+    return {**own, **schedule_settings, "scaling": scaling, "noise_floor": float(noise_floor)}
+
+
 def _common_args(
     n_features: object, n_components: object, n_warmup: object, init: ArrayLike | None,
     seed: object, noise_floor: object, dtype: object,
@@ -108,6 +120,9 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
     _n_features: int
     _n_components: int
     _cache: tuple[int, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]] | None = None
+    #: The configuration options specific to the class (beyond schedule, scaling and noise floor).
+    _own_settings: tuple[str, ...] = ()
+    _settings: dict[str, Any]
 
     def update(self, X: ArrayLike) -> "_StreamingModel":
         """Apply one sample or a batch of samples, in row order.
@@ -237,11 +252,16 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
         self._core = self._core_class.from_state(state)
         self._n_features = int(state["n_features"])
         self._n_components = int(state["n_components"])
+        self._settings = _settings(
+            {name: state[name] for name in self._own_settings}, state["schedule"], state["tau0"], state["kappa"],
+            state["rho"], state["scaling"], state["noise_floor"],
+        )
 
     def __repr__(self) -> str:
+        settings = ", ".join(f"{name}={value!r}" for name, value in self._settings.items())
         return (
-            f"{type(self).__name__}(n_features={self._n_features}, n_components={self._n_components}, "
-            f"n_seen={self.n_seen}, dtype={self.dtype!r})"
+            f"{type(self).__name__}(n_features={self._n_features}, n_components={self._n_components}, {settings}, "
+            f"n_warmup={self.n_warmup}, dtype={self.dtype!r}, n_seen={self.n_seen})"
         )
 
 
@@ -305,6 +325,7 @@ class OnlineEM(_StreamingModel):
     """
 
     _core_class = _engine.OnlineEMCore
+    _own_settings = ("whiten",)
 
     def __init__(
         self,
@@ -330,6 +351,7 @@ class OnlineEM(_StreamingModel):
             **args, whiten=bool(whiten), **_schedule_args(schedule, tau0, kappa, rho),
             scaling=_check_scaling(scaling),
         )
+        self._settings = _settings({"whiten": bool(whiten)}, schedule, tau0, kappa, rho, scaling, args["noise_floor"])
 
     @classmethod
     def algorithm2(
@@ -394,6 +416,7 @@ class OnlineSGA(_StreamingModel):
     """
 
     _core_class = _engine.OnlineSGACore
+    _own_settings = ("lr",)
 
     def __init__(
         self,
@@ -419,6 +442,7 @@ class OnlineSGA(_StreamingModel):
             **args, lr=check_positive_float(lr, "lr"), **_schedule_args(schedule, tau0, kappa, rho),
             scaling=_check_scaling(scaling),
         )
+        self._settings = _settings({"lr": float(lr)}, schedule, tau0, kappa, rho, scaling, args["noise_floor"])
 
     @classmethod
     def algorithm1(

@@ -1,4 +1,5 @@
-"""Input checks shared by the public classes: dtypes, shapes and hyper-parameters."""
+"""Input checks shared by the public classes: dtypes, shapes and hyper-parameters (a leaf module: it
+imports nothing of the package)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,52 @@ MAX_INT = 2**63 - 1
 
 #: Largest magnitude accepted by the Gaussian helpers (squares must stay finite in float64).
 MAX_ABS_VALUE = 1e100
+
+
+_ARRAY_PROTOCOLS = ("__array_interface__", "__array_struct__", "__array__")
+
+
+def as_numpy(data: object) -> NDArray[Any]:
+    """View ``data`` as a NumPy array, without copying whenever NumPy can share its memory.
+
+    Parameters
+    ----------
+    data : array-like, buffer or DLPack producer
+        An ``ndarray`` is returned as is. Objects implementing a NumPy array protocol or the buffer
+        protocol go through :func:`numpy.asarray`; objects that only implement DLPack
+        (``__dlpack__``) through :func:`numpy.from_dlpack`. Anything else (lists, scalars) is
+        converted by :func:`numpy.asarray`.
+
+    Returns
+    -------
+    ndarray
+        Shares memory with ``data`` whenever the source allows it (a read-only source gives a
+        read-only array).
+
+    Raises
+    ------
+    TypeError
+        A DLPack producer that cannot be imported on the CPU (e.g. a GPU tensor, or an unsupported
+        dtype); move it to host memory first.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.arange(6.0).reshape(2, 3)
+    >>> np.shares_memory(as_numpy(memoryview(x)), x)
+    True
+    """
+    if isinstance(data, np.ndarray):
+        return data
+    if hasattr(data, "__dlpack__") and not any(hasattr(data, name) for name in _ARRAY_PROTOCOLS):
+        try:
+            return np.from_dlpack(data)
+        except (BufferError, TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(
+                f"could not read the {type(data).__name__} through DLPack ({err}); "
+                "pass an array in CPU memory with a bool, integer or float dtype"
+            ) from err
+    return np.asarray(data)
 
 
 def core_readable(arr: NDArray[Any]) -> NDArray[Any]:
@@ -49,8 +96,6 @@ def as_sample_matrix(X: ArrayLike, n_features: int, dtype: DTypeLike | None = No
     ValueError
         Wrong number of dimensions or features.
     """
-    from .interop import as_numpy
-
     arr = as_numpy(X)
     kind = arr.dtype.kind
     if kind not in "biuf":

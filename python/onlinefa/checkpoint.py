@@ -404,3 +404,24 @@ def load_state(path: str | os.PathLike[str], kind: str) -> StateDict:
         return _decode_members(members, kind)
     except _Invalid as err:
         raise ValueError(f"{shown!r} is not a valid {kind} checkpoint: {err}") from err
+
+
+def stored_class(path: str | os.PathLike[str]) -> str:
+    """Name of the model class a checkpoint holds (checked in full by that class's ``load``).
+
+    Raises
+    ------
+    ValueError
+        The file is not a readable checkpoint of a supported format version (the message names the file).
+    OSError
+        The file cannot be opened.
+    """
+    shown = os.fspath(path)
+    with open(path, "rb") as handle:
+        try:
+            members = _read_members(handle)
+            kind: str = _header_scalar(members, _CLASS_KEY, "U")
+            _check_version_and_class(members, kind)
+        except Exception as err:
+            raise ValueError(f"{shown!r} is not a valid onlinefa checkpoint (truncated or corrupted?): {err}") from err
+    return kind

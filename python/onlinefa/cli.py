@@ -1,14 +1,15 @@
-"""The ``onlinefa`` command: ``fit``, ``demo`` and ``experiment <name>``."""
+"""The ``onlinefa`` command: ``fit``, ``info``, ``demo`` and ``experiment <name>``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
+from .errors import CommandError
 
-class CommandError(Exception):
-    """A user-facing failure: printed as one line, exit code 2, no traceback."""
+__all__ = ["CommandError", "main"]
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -22,9 +23,10 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"onlinefa {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from . import _cli_fit, _cli_demo
+    from . import _cli_demo, _cli_fit, _cli_info
 
     _cli_fit.add_parser(commands)
+    _cli_info.add_parser(commands)
     _cli_demo.add_parser(commands)
 
     experiment = commands.add_parser("experiment", help="reproduce an experiment of the thesis")
@@ -48,6 +50,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("onlinefa: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (e.g. `onlinefa info MODEL | head`): stop quietly, as Unix tools do,
+        # and point stdout at /dev/null so that the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,10 +17,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
-from ._models import NotFittedError as ModelNotFittedError
-from ._validation import check_dtype, check_int, check_positive_float, check_seed
-from .interop import as_numpy
-from ._params import ParamsMixin
+from ._validation import check_dtype, check_int, check_positive_float
+from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .rotation import canonical_loadings, canonical_rotation
 
 if TYPE_CHECKING:
@@ -39,42 +37,10 @@ _SCHEDULES = ("auto", "harmonic", "power", "constant")
 #: estimator of that time (thesis Algorithm 2), for checkpoints that do not store them.
 _LEGACY_PARAMS: dict[str, Any] = {"whiten": False, "schedule": "harmonic", "tau0": 0.0, "kappa": 0.9, "rho": 0.01}
 _CHECKPOINT_KIND = "OnlineFactorAnalysis"
+#: K fitted when ``n_components=None`` (capped at n_features − 1).
+DEFAULT_N_COMPONENTS = 10
 #: Guards the installation of the model by the first partial_fit when several threads race for it.
 _FIRST_MODEL_LOCK = threading.Lock()
-
-
-if TYPE_CHECKING:
-    _EstimatorBase = ParamsMixin
-    NotFittedError = ModelNotFittedError
-else:
-    try:
-        from sklearn.base import BaseEstimator, TransformerMixin
-        from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
-    except ImportError:
-        _EstimatorBase = ParamsMixin
-        NotFittedError = ModelNotFittedError
-    else:
-
-        class NotFittedError(_SklearnNotFittedError, ModelNotFittedError):
-            """Both scikit-learn's ``NotFittedError`` and :class:`onlinefa.NotFittedError`."""
-
-        class _EstimatorBase(TransformerMixin, BaseEstimator):
-            """scikit-learn's transformer bases, in the order scikit-learn requires."""
-
-
-def _seed_from(random_state: object) -> int | None:
-    """Seed for the model's initial loadings, following scikit-learn's ``random_state`` convention."""
-    if isinstance(random_state, np.random.RandomState):
-        return int(random_state.randint(0, 2**31 - 1))
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**63 - 1))
-    try:
-        return check_seed(random_state)
-    except TypeError as err:
-        raise TypeError(
-            "random_state must be None, an int or a numpy RandomState/Generator, "
-            f"got {type(random_state).__name__}"
-        ) from err
 
 
 def _state_dtype(dtype: object) -> str:
@@ -87,31 +53,11 @@ def _state_dtype(dtype: object) -> str:
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}") from err
 
 
-def _is_sparse(data: object) -> bool:
-    return hasattr(data, "toarray") and hasattr(data, "nnz")
-
-
-def _as_real_matrix(data: object) -> NDArray[Any]:
-    """``data`` as a 2-D real array (float32/float64 kept without copying; others to float64)."""
-    if _is_sparse(data):
-        raise TypeError("sparse input is not supported by OnlineFactorAnalysis; pass a dense array")
-    X = as_numpy(data)
-    if X.dtype.kind == "c":
-        raise ValueError("Complex data not supported; pass real-valued samples")
-    if X.dtype.kind == "O":
-        X = X.astype(np.float64)  # numbers stored as objects; anything else raises TypeError here
-    if X.dtype.kind not in "biuf":
-        raise TypeError(f"expected real numeric samples, got an array of dtype {X.dtype}")
-    if X.ndim != 2:
-        shape_name = "scalar" if X.ndim == 0 else f"{X.ndim}D"
-        raise ValueError(
-            f"Expected a 2D array of shape (n_samples, n_features), got a {shape_name} array instead. "
-            "Reshape your data either using array.reshape(-1, 1) if your data has a single feature or "
-            "array.reshape(1, -1) if it contains a single sample."
-        )
-    if X.dtype not in (np.float32, np.float64) or not X.dtype.isnative:
-        X = X.astype(np.float64)
-    return X
+def _resolve_n_components(n_components: object, n_features: int) -> int:
+    """The K fitted for ``n_features`` (see the ``n_components`` parameter of OnlineFactorAnalysis)."""
+    if n_components is None:
+        return min(DEFAULT_N_COMPONENTS, n_features - 1)
+    return min(check_int(n_components, "n_components", 1), n_features - 1)
 
 
 def _check_finite(X: NDArray[Any], limit: float | None) -> None:
@@ -127,7 +73,7 @@ def _check_finite(X: NDArray[Any], limit: float | None) -> None:
         raise ValueError(f"Input X contains a value with |x| > {limit:g}, the largest accepted")
 
 
-class OnlineFactorAnalysis(_EstimatorBase):
+class OnlineFactorAnalysis(EstimatorBase):
     """Streaming factor analysis with scikit-learn's estimator API (a streaming ``FactorAnalysis``).
 
     Fits N(``mean_``, ``components_ᵀ components_`` + diag ``noise_variance_``) in one pass over the
@@ -137,8 +83,11 @@ class OnlineFactorAnalysis(_EstimatorBase):
 
     Parameters
     ----------
-    n_components : int
-        K, the number of latent factors, 1 <= K < n_features.
+    n_components : int or None, default=None
+        K, the number of latent factors (>= 1). None means min(10, n_features − 1). A value >= n_features
+        is fitted with K = n_features − 1 factors (``n_components_``), which already express every
+        covariance matrix exactly: Σ = (Σ − λ_min I) + λ_min I with Σ − λ_min I positive semi-definite
+        of rank <= n_features − 1. The streaming models need K < n_features.
     algorithm : {"em", "sga"}, default="em"
         Online EM (:class:`onlinefa.OnlineEM`) or online stochastic gradient ascent
         (:class:`onlinefa.OnlineSGA`).
@@ -187,6 +136,8 @@ class OnlineFactorAnalysis(_EstimatorBase):
         Number of samples seen since the last :meth:`fit`.
     n_features_in_ : int
         Number of features, fixed by the first :meth:`partial_fit` (or :meth:`fit`).
+    n_components_ : int
+        Number of factors actually fitted (``n_components`` resolved as described above).
 
     Notes
     -----
@@ -216,7 +167,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
 
     def __init__(
         self,
-        n_components: int,
+        n_components: int | None = None,
         *,
         algorithm: str = "em",
         n_warmup: int | Literal["auto"] = "auto",
@@ -266,17 +217,13 @@ class OnlineFactorAnalysis(_EstimatorBase):
     def _new_model(self, n_features: int) -> StreamingModel:
         """Validate the hyper-parameters and build a fresh streaming model for ``n_features``."""
         model_class = self._model_class()
-        n_components = check_int(self.n_components, "n_components", 1)
-        if n_components >= n_features:
-            raise ValueError(
-                f"n_components={n_components} must be smaller than n_features = {n_features}"
-            )
+        n_components = _resolve_n_components(self.n_components, n_features)
         check_positive_float(self.lr, "lr")
         return model_class(
             n_features,
             n_components,
             n_warmup=resolve_warmup(self.n_warmup, n_components),
-            seed=_seed_from(self.random_state),
+            seed=seed_from(self.random_state),
             noise_floor=check_positive_float(self.noise_floor, "noise_floor"),
             dtype=_state_dtype(self.dtype),
             **self._model_options(),
@@ -285,7 +232,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
     # -- input checks ---------------------------------------------------------------------------------
     def _fitting_input(self, X: object, *, first: bool) -> NDArray[Any]:
         """Validate a fitting batch; ``first``: it fixes n_features (else it must match)."""
-        arr = _as_real_matrix(X)
+        arr = as_real_matrix(X)
         n_samples, n_features = arr.shape
         if n_samples < 1:
             raise ValueError(
@@ -305,7 +252,7 @@ class OnlineFactorAnalysis(_EstimatorBase):
     def _query_input(self, X: object) -> FloatArray:
         """Validate the input of a query method (fitted model, matching features, finite, float64)."""
         self._fitted_model()
-        arr = _as_real_matrix(X)
+        arr = as_real_matrix(X)
         if arr.shape[0] < 1:
             raise ValueError(
                 f"Found array with 0 sample(s) (shape={arr.shape}) while a minimum of 1 is required."
@@ -487,6 +434,24 @@ class OnlineFactorAnalysis(_EstimatorBase):
         """
         return float(np.mean(self.score_samples(X)))
 
+    def sample(
+        self, n_samples: int = 1, random_state: int | np.random.RandomState | np.random.Generator | None = None
+    ) -> FloatArray:
+        """Draw samples from the fitted Gaussian without forming the D×D covariance.
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+            Number of draws (>= 0).
+        random_state : int, RandomState, Generator or None, default=None
+            Seed of the draws (scikit-learn's convention); the same int gives the same draws.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features)
+        """
+        return self._fitted_model().sample(n_samples, seed=seed_from(random_state))
+
     def get_covariance(self) -> FloatArray:
         """Dense model covariance, ``components_.T @ components_ + diag(noise_variance_)``.
 
@@ -564,6 +529,11 @@ class OnlineFactorAnalysis(_EstimatorBase):
     def n_samples_seen_(self) -> int:
         """Number of samples seen since the last :meth:`fit`."""
         return self._fitted_model().n_seen
+
+    @property
+    def n_components_(self) -> int:
+        """Number of factors fitted (``n_components`` resolved for ``n_features_in_``)."""
+        return self._fitted_model().n_components
 
     @property
     def n_features_in_(self) -> int:

@@ -16,8 +16,9 @@ scikit-learn.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -26,8 +27,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
-from ._params import ParamsMixin
-from ._validation import check_int, check_positive_float, check_seed, core_readable
+from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
+from ._validation import MAX_ABS_VALUE, check_int, check_positive_float, core_readable
 
 __all__ = ["VBFA", "OnlineVBFA", "VBFAPosterior"]
 
@@ -38,6 +39,10 @@ StepName = Literal["latents", "bias", "loadings", "noise", "ard", "translate", "
 ScheduleName = Literal["harmonic", "power", "constant"]
 
 _STEPS = ("latents", "bias", "loadings", "noise", "ard", "translate", "rotate")
+#: K fitted when ``n_components=None`` (capped at D).
+DEFAULT_N_COMPONENTS = 10
+#: Guards the installation of the engine by the first partial_fit when several threads race for it.
+_FIRST_ENGINE_LOCK = threading.Lock()
 
 
 def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
@@ -64,26 +69,48 @@ def _check_tol(value: object) -> float:
     return out
 
 
-def _as_data(X: ArrayLike, n_features: int | None = None) -> FloatArray:
-    """Return ``X`` as a C-contiguous float64 (n, D) array; NaN stays (missing), ±Inf is left to the core.
+def _check_real(value: object, name: str) -> float:
+    """Return ``value`` as a float if it is a real number (TypeError otherwise; the core checks the range)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def _as_data(X: ArrayLike, estimator: str, n_features: int | None = None, *, allow_missing: bool) -> FloatArray:
+    """Return ``X`` as a C-contiguous float64 (n, D) array with at least one row.
+
+    With ``allow_missing`` NaN stays (a missing value) and ±Inf is left to the core; without it every
+    value must be finite with |x| <= 1e100, and the first offending row is named.
 
     Raises
     ------
     TypeError
-        Non-numeric or complex input.
+        Non-numeric or sparse input.
     ValueError
-        Not 2-D (a 1-D input of length D is accepted as one row once D is known), or the wrong D.
+        Not 2-D, complex, no rows, the wrong D, or (without ``allow_missing``) a non-finite value.
     """
-    arr = np.asarray(X)
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"expected a real numeric array (NaN marks missing values), got dtype {arr.dtype}")
-    if arr.ndim == 1 and n_features is not None:
-        arr = arr.reshape(1, -1)
-    if arr.ndim != 2:
-        raise ValueError(f"expected a 2-D array of shape (n_samples, n_features), got shape {arr.shape}")
+    arr = as_real_matrix(X, estimator)
+    if arr.shape[0] < 1:
+        raise ValueError(
+            f"Found array with 0 sample(s) (shape={arr.shape}) while a minimum of 1 is required by {estimator}."
+        )
+    if arr.shape[1] < 1:
+        raise ValueError(
+            f"Found array with 0 feature(s) (shape={arr.shape}) while a minimum of 1 is required by {estimator}."
+        )
     if n_features is not None and arr.shape[1] != n_features:
-        raise ValueError(f"expected samples of shape (n_samples, {n_features}), got shape {arr.shape}")
-    return core_readable(np.ascontiguousarray(arr, dtype=np.float64))  # aligned too: np.frombuffer may not be
+        raise ValueError(
+            f"X has {arr.shape[1]} features, but {estimator} is expecting {n_features} features as input."
+        )
+    x = core_readable(np.ascontiguousarray(arr, dtype=np.float64))  # aligned too: np.frombuffer may not be
+    if not allow_missing:
+        bad_rows = np.flatnonzero(~(np.abs(x) <= MAX_ABS_VALUE).all(axis=1))  # NaN compares False
+        if bad_rows.size:
+            raise ValueError(
+                f"row {bad_rows[0]} of X contains NaN, infinity or |x| > {MAX_ABS_VALUE:g} ({estimator} needs "
+                "complete rows; use VBFA for missing values); no row was applied"
+            )
+    return x
 
 
 @dataclass(frozen=True)
@@ -125,43 +152,67 @@ class VBFAPosterior:
     noise_rate: FloatArray
 
 
-class _FittedGaussian(ParamsMixin):
-    """Prediction helpers shared by both estimators (plug-in posterior means F̄, c̄, ψ = 1/⟨τ⟩), and
-    scikit-learn's ``get_params``/``set_params`` so that ``sklearn.base.clone`` works."""
+class _VBFAEstimator(EstimatorBase):
+    """What both VB-FA estimators share: hyper-parameter checks at fit time, the fitted-Gaussian queries
+    (plug-in posterior means F̄, c̄, ψ = 1/⟨τ⟩), and scikit-learn's protocols."""
 
-    #: ``transform`` is also the method, so the parameter is stored as ``transform_enabled``.
-    _param_attributes: ClassVar[dict[str, str]] = {"transform": "transform_enabled"}
-    mean_: FloatArray
-    components_: FloatArray
-    noise_variance_: FloatArray
-    n_features_in_: int
+    #: Whether NaN in the input means "missing" (batch VB-FA) or is rejected (online VB-FA).
+    _allows_missing: ClassVar[bool] = False
+    n_components: int | None
+    prior: PriorName
+    transformations: bool
+    transformations_start: int
+    translation: TranslationName
+    init_noise_ratio: float
+    random_state: int | np.random.RandomState | np.random.Generator | None
+    _engine: Any
 
-    def set_params(self, **params: Any) -> Self:
-        """Set constructor parameters, validated as by the constructor; they take effect at the next ``fit``.
+    def _check_common_params(self) -> dict[str, Any]:
+        """The core's keyword arguments shared by both engines, validated (ValueError/TypeError)."""
+        return {
+            "prior": _check_choice(self.prior, "prior", ("ard", "broad")),
+            "transform": _check_bool(self.transformations, "transformations"),
+            "transform_start": check_int(self.transformations_start, "transformations_start", 1),
+            "translation": _check_choice(self.translation, "translation", ("mean", "exact")),
+            "init_noise_ratio": check_positive_float(self.init_noise_ratio, "init_noise_ratio"),
+            "seed": seed_from(self.random_state),
+        }
 
-        Parameters
-        ----------
-        **params
-            Parameter name → new value.
+    def _resolved_n_components(self, n_features: int) -> int:
+        """K for D = ``n_features``: None is min(10, D); a K above D is fitted with D (the ARD prior prunes
+        unneeded factors anyway, and D factors already express every covariance)."""
+        if self.n_components is None:
+            return min(DEFAULT_N_COMPONENTS, n_features)
+        return min(check_int(self.n_components, "n_components", 1), n_features)
 
-        Returns
-        -------
-        self
+    def _data(self, X: ArrayLike, n_features: int | None = None) -> FloatArray:
+        return _as_data(X, type(self).__name__, n_features, allow_missing=self._allows_missing)
 
-        Raises
-        ------
-        ValueError, TypeError
-            An unknown name or an invalid value; nothing is changed then.
-        """
-        self._check_param_names(params)
-        checked = type(self)(**{**self.get_params(), **params})  # validates everything before any change
-        return super().set_params(**checked.get_params())
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn tags: a transformer; batch VB-FA reads NaN as missing values."""
+        tags = super().__sklearn_tags__()  # type: ignore[misc]
+        tags.input_tags.allow_nan = self._allows_missing
+        return tags
+
+    def __sklearn_is_fitted__(self) -> bool:
+        """Whether :meth:`fit` (or a first ``partial_fit``) has succeeded (scikit-learn protocol)."""
+        return self.__dict__.get("_engine") is not None
+
+    def _check_is_fitted(self) -> None:
+        if not self.__sklearn_is_fitted__():
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with appropriate "
+                "arguments before using this estimator."
+            )
 
     def __getstate__(self) -> dict[str, Any]:
-        raise TypeError(
-            f"{type(self).__name__} cannot be pickled: its variational posterior lives in the Rust core, which "
-            "has no serialised form yet. Keep components_, mean_, noise_variance_ (and alpha_), or refit."
-        )
+        if self.__sklearn_is_fitted__():
+            raise TypeError(
+                f"a fitted {type(self).__name__} cannot be pickled or deep-copied: its variational posterior "
+                "lives in the Rust core, which has no serialised form yet. Keep components_, mean_, "
+                "noise_variance_ (and alpha_), or refit; clone() and unfitted instances work."
+            )
+        return cast(dict[str, Any], super().__getstate__())
 
     def score_samples(self, X: ArrayLike) -> FloatArray:
         """Log density of each row under N(c̄, F̄ F̄ᵀ + diag ψ) (posterior means plugged in).
@@ -175,15 +226,18 @@ class _FittedGaussian(ParamsMixin):
         -------
         ndarray of shape (n_samples,)
         """
-        x = _as_data(X, self.n_features_in_)
-        return _core.vbfa_log_likelihood(x, self.mean_, np.ascontiguousarray(self.components_.T), self.noise_variance_)
+        mean, loadings, noise_variance = self._plugin_gaussian()
+        x = _as_data(X, type(self).__name__, mean.shape[0], allow_missing=True)
+        return _core.vbfa_log_likelihood(x, mean, loadings, noise_variance)
 
-    def score(self, X: ArrayLike) -> float:
+    def score(self, X: ArrayLike, y: object = None) -> float:
         """Mean of :meth:`score_samples` over the rows of ``X``.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
+        y : ignored
+            Present for scikit-learn API compatibility.
 
         Returns
         -------
@@ -198,11 +252,15 @@ class _FittedGaussian(ParamsMixin):
         -------
         ndarray of shape (n_features, n_features)
         """
-        f = self.components_.T
-        return f @ f.T + np.diag(self.noise_variance_)
+        _, f, noise_variance = self._plugin_gaussian()
+        return f @ f.T + np.diag(noise_variance)
+
+    def _plugin_gaussian(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """c̄ (D,), F̄ (D×K, C-contiguous) and ψ (D,) of the fitted model (NotFittedError before a fit)."""
+        raise NotImplementedError
 
 
-class VBFA(_FittedGaussian):
+class VBFA(_VBFAEstimator):
     """Batch variational Bayesian factor analysis with the Luttinen–Ilin transformations.
 
     Model: x_nd = f_dᵀ h_n + c_d + noise with precision τ_d, h_n ~ N(0, I), c_d ~ N(0, 1/β),
@@ -211,26 +269,27 @@ class VBFA(_FittedGaussian):
 
     Parameters
     ----------
-    n_components : int
-        K, the number of latent factors (the ARD prior prunes unneeded ones).
-    prior : {"ard", "broad"}, default "ard"
+    n_components : int or None, default=None
+        K, the number of latent factors (the ARD prior prunes unneeded ones). None is min(10, D); a
+        value above D is fitted with K = D.
+    prior : {"ard", "broad"}, default="ard"
         Hierarchical ARD prior on the loading columns, or a fixed broad prior (α = 1e-5).
-    transform : bool, default True
-        Apply the translation and the rotation after each sweep from ``transform_start`` on.
-    transform_start : int, default 5
+    transformations : bool, default=True
+        Apply the translation and the rotation after each sweep from ``transformations_start`` on.
+    transformations_start : int, default=5
         First sweep (counted from 1) after which the transformations run; 1 = immediately. The paper
         warns that starting very early can speed up the pruning of components.
-    translation : {"mean", "exact"}, default "mean"
+    translation : {"mean", "exact"}, default="mean"
         "mean" is the paper's b = mean of the latent means (can lower the bound slightly when values are
         missing); "exact" maximises the bound (its eq. (18) with per-dimension precisions).
-    max_iter : int, default 1000
+    max_iter : int, default=1000
         Maximum number of sweeps.
-    tol : float, default 1e-6
+    tol : float, default=1e-6
         Stop when the relative change of the bound between sweeps is at most ``tol``.
-    init_noise_ratio : float, default 1e-2
+    init_noise_ratio : float, default=1e-2
         Initial noise variance as a fraction of each column's variance (the paper initialises τ large).
-    seed : int or None
-        Seed of the random initial loadings.
+    random_state : int, RandomState, Generator or None, default=None
+        Seed of the random initial loadings. None draws fresh entropy.
 
     Attributes
     ----------
@@ -252,31 +311,47 @@ class VBFA(_FittedGaussian):
         Whether the last :meth:`fit` met ``tol``.
     n_features_in_ : int
         D.
+
+    Notes
+    -----
+    Hyper-parameters are validated by :meth:`fit` (scikit-learn's convention: the constructor only stores
+    them). A failed :meth:`fit` — invalid input or a numerical breakdown — leaves the previous fit as it
+    was.
     """
+
+    _allows_missing: ClassVar[bool] = True
+    mean_: FloatArray
+    components_: FloatArray
+    noise_variance_: FloatArray
+    alpha_: FloatArray
+    n_iter_: int
+    elbo_: FloatArray
+    fit_time_: FloatArray
+    converged_: bool
+    n_features_in_: int
 
     def __init__(
         self,
-        n_components: int,
+        n_components: int | None = None,
         *,
         prior: PriorName = "ard",
-        transform: bool = True,
-        transform_start: int = 5,
+        transformations: bool = True,
+        transformations_start: int = 5,
         translation: TranslationName = "mean",
         max_iter: int = 1000,
         tol: float = 1e-6,
         init_noise_ratio: float = 1e-2,
-        seed: int | None = None,
+        random_state: int | np.random.RandomState | np.random.Generator | None = None,
     ) -> None:
-        self.n_components = check_int(n_components, "n_components", 1)
-        self.prior = _check_choice(prior, "prior", ("ard", "broad"))
-        self.transform_enabled = _check_bool(transform, "transform")
-        self.transform_start = check_int(transform_start, "transform_start", 1)
-        self.translation = _check_choice(translation, "translation", ("mean", "exact"))
-        self.max_iter = check_int(max_iter, "max_iter", 1)
-        self.tol = _check_tol(tol)
-        self.init_noise_ratio = check_positive_float(init_noise_ratio, "init_noise_ratio")
-        self.seed = check_seed(seed)
-        self._engine: _core.VBFACore | None = None
+        self.n_components = n_components
+        self.prior = prior
+        self.transformations = transformations
+        self.transformations_start = transformations_start
+        self.translation = translation
+        self.max_iter = max_iter
+        self.tol = tol
+        self.init_noise_ratio = init_noise_ratio
+        self.random_state = random_state
 
     def fit(self, X: ArrayLike, y: object = None) -> Self:
         """Fit q to ``X`` by coordinate ascent until the bound converges or ``max_iter`` sweeps.
@@ -294,11 +369,16 @@ class VBFA(_FittedGaussian):
         Raises
         ------
         ValueError
-            Wrong shape, an infinite value, a column with no observed value, or a numerical breakdown.
+            Wrong shape, no rows, an infinite value, a column with no observed value, or an invalid
+            hyper-parameter. The previous fit is then kept unchanged.
+        onlinefa.NumericalBreakdownError
+            The coordinate ascent broke down numerically; the previous fit is kept unchanged.
         """
-        engine = self._start(X)
-        engine.fit(self.max_iter, self.tol)
-        self._refresh()
+        max_iter = check_int(self.max_iter, "max_iter", 1)
+        tol = _check_tol(self.tol)
+        engine = self._new_engine(X)
+        engine.fit(max_iter, tol)
+        self._install(engine)
         return self
 
     def initialize(self, X: ArrayLike) -> Self:
@@ -316,8 +396,7 @@ class VBFA(_FittedGaussian):
         -------
         self
         """
-        self._start(X)
-        self._refresh()
+        self._install(self._new_engine(X))
         return self
 
     def apply(self, step: StepName) -> Self:
@@ -334,8 +413,9 @@ class VBFA(_FittedGaussian):
         self
         """
         _check_choice(step, "step", _STEPS)
-        self._fitted_engine().apply(step)
-        self._refresh()
+        engine = self._fitted_engine()
+        engine.apply(step)
+        self._install(engine)
         return self
 
     def lower_bound(self) -> float:
@@ -392,44 +472,43 @@ class VBFA(_FittedGaussian):
         -------
         ndarray of shape (n_samples, n_components)
         """
-        return self._fitted_engine().latent_means(_as_data(X, self.n_features_in_))
+        engine = self._fitted_engine()
+        return engine.latent_means(self._data(X, self.n_features_in_))
 
-    def _start(self, X: ArrayLike) -> _core.VBFACore:
-        """Create a fresh engine for ``X``."""
-        self._engine = _core.VBFACore(
-            _as_data(X),
-            self.n_components,
-            prior=self.prior,
-            transform=self.transform_enabled,
-            transform_start=self.transform_start,
-            translation=self.translation,
-            init_noise_ratio=self.init_noise_ratio,
-            seed=self.seed,
-        )
-        return self._engine
+    def _plugin_gaussian(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        self._check_is_fitted()
+        return self.mean_, np.ascontiguousarray(self.components_.T), self.noise_variance_
+
+    def _new_engine(self, X: ArrayLike) -> _core.VBFACore:
+        """A fresh engine for ``X`` (validates the hyper-parameters and the data; nothing is installed)."""
+        options = self._check_common_params()
+        x = self._data(X)
+        return _core.VBFACore(x, self._resolved_n_components(x.shape[1]), **options)
 
     def _fitted_engine(self) -> _core.VBFACore:
-        """The engine, or ValueError before :meth:`fit`/:meth:`initialize`."""
-        if self._engine is None:
-            raise ValueError("this VBFA instance is not fitted yet: call fit(X) or initialize(X) first")
-        return self._engine
+        """The engine, or NotFittedError before :meth:`fit`/:meth:`initialize`."""
+        self._check_is_fitted()
+        engine: _core.VBFACore = self._engine
+        return engine
 
-    def _refresh(self) -> None:
-        """Copy the fitted attributes from the engine."""
-        engine = self._fitted_engine()
+    def _install(self, engine: _core.VBFACore) -> None:
+        """Make ``engine`` the fitted model and copy the fitted attributes from it."""
         elbo, seconds = engine.history()
-        self.mean_ = engine.bias_mean()
-        self.components_ = np.ascontiguousarray(engine.loading_mean().T)
-        self.noise_variance_ = engine.noise_variance()
-        self.alpha_ = engine.alpha_mean()
-        self.n_iter_ = int(elbo.shape[0])
-        self.elbo_ = elbo
-        self.fit_time_ = seconds
-        self.converged_ = engine.converged
-        self.n_features_in_ = int(self.mean_.shape[0])
+        mean = engine.bias_mean()
+        fitted = {
+            "mean_": mean,
+            "components_": np.ascontiguousarray(engine.loading_mean().T),
+            "noise_variance_": engine.noise_variance(),
+            "alpha_": engine.alpha_mean(),
+            "n_iter_": int(elbo.shape[0]),
+            "elbo_": elbo,
+            "fit_time_": seconds,
+            "converged_": engine.converged,
+        }
+        self.__dict__.update(fitted, n_features_in_=int(mean.shape[0]), _engine=engine)
 
 
-class OnlineVBFA(_FittedGaussian):
+class OnlineVBFA(_VBFAEstimator):
     """Online variational Bayesian factor analysis (stochastic VB on mini-batches of complete rows).
 
     For each mini-batch: the local q(h_n) with the current global factors; running averages of the
@@ -439,29 +518,33 @@ class OnlineVBFA(_FittedGaussian):
 
     Parameters
     ----------
-    n_components : int
-        K.
-    prior : {"ard", "broad"}, default "ard"
-    transform : bool, default True
-        Apply the translation and rotation after each mini-batch from ``transform_start`` on (without
-        them online VB-FA converges poorly).
-    transform_start : int, default 1
+    n_components : int or None, default=None
+        K. None is min(10, D); a value above D is fitted with K = D.
+    prior : {"ard", "broad"}, default="ard"
+    transformations : bool, default=True
+        Apply the translation and rotation after each mini-batch from ``transformations_start`` on
+        (without them online VB-FA converges poorly).
+    transformations_start : int, default=1
         First mini-batch (counted from 1) after which the transformations run.
-    translation : {"mean", "exact"}, default "mean"
-    schedule : {"harmonic", "power", "constant"}, default "harmonic"
+    translation : {"mean", "exact"}, default="mean"
+    schedule : {"harmonic", "power", "constant"}, default="harmonic"
         ρ_t for the t-th mini-batch: "harmonic" = B_t / (samples seen), the exact running mean;
         "power" = max((t + tau0)^(−kappa), 1/t); "constant" = max(rho, 1/t).
-    tau0, kappa, rho : float
-        Parameters of the "power" and "constant" schedules.
-    n_effective : float or None
+    tau0 : float, default=0.0
+        τ₀ >= 0 of the "power" schedule.
+    kappa : float, default=0.9
+        κ in (0.5, 1] of the "power" schedule (the same default as the other streaming models).
+    rho : float, default=0.01
+        ρ in (0, 1] of the "constant" schedule.
+    n_effective : float or None, default=None
         N_eff, the sample size the averages stand for when rebuilding the global factors; None = the
         number of samples seen. Pass the data-set size when cycling over a finite data set several times.
-    batch_size : int, default 50
+    batch_size : int, default=50
         Mini-batch size used by :meth:`fit`.
-    init_noise_ratio : float, default 1e-2
+    init_noise_ratio : float, default=1e-2
         Initial noise variance as a fraction of each column's variance in the first mini-batch.
-    seed : int or None
-        Seed of the random initial loadings.
+    random_state : int, RandomState, Generator or None, default=None
+        Seed of the random initial loadings. None draws fresh entropy.
 
     Attributes
     ----------
@@ -473,38 +556,45 @@ class OnlineVBFA(_FittedGaussian):
     n_samples_seen_ : int
     n_batches_seen_ : int
     n_features_in_ : int
+
+    Notes
+    -----
+    Hyper-parameters are validated by :meth:`fit` and by the first :meth:`partial_fit`. Every batch is
+    applied atomically: invalid input or a numerical breakdown raises and leaves the model exactly as it
+    was, and a failed :meth:`fit` keeps the previous fit. Concurrent :meth:`partial_fit` calls are
+    serialised (the first batch of each thread is applied, in some order).
     """
 
     def __init__(
         self,
-        n_components: int,
+        n_components: int | None = None,
         *,
         prior: PriorName = "ard",
-        transform: bool = True,
-        transform_start: int = 1,
+        transformations: bool = True,
+        transformations_start: int = 1,
         translation: TranslationName = "mean",
         schedule: ScheduleName = "harmonic",
-        tau0: float = 1.0,
-        kappa: float = 0.7,
+        tau0: float = 0.0,
+        kappa: float = 0.9,
         rho: float = 0.01,
         n_effective: float | None = None,
         batch_size: int = 50,
         init_noise_ratio: float = 1e-2,
-        seed: int | None = None,
+        random_state: int | np.random.RandomState | np.random.Generator | None = None,
     ) -> None:
-        self.n_components = check_int(n_components, "n_components", 1)
-        self.prior = _check_choice(prior, "prior", ("ard", "broad"))
-        self.transform_enabled = _check_bool(transform, "transform")
-        self.transform_start = check_int(transform_start, "transform_start", 1)
-        self.translation = _check_choice(translation, "translation", ("mean", "exact"))
-        self.schedule = _check_choice(schedule, "schedule", ("harmonic", "power", "constant"))
-        self.tau0, self.kappa, self.rho = float(tau0), float(kappa), float(rho)
-        self.n_effective = None if n_effective is None else check_positive_float(n_effective, "n_effective")
-        self.batch_size = check_int(batch_size, "batch_size", 1)
-        self.init_noise_ratio = check_positive_float(init_noise_ratio, "init_noise_ratio")
-        self.seed = check_seed(seed)
-        self._engine: _core.OnlineVBFACore | None = None
-        self._new_engine(1)  # validates the schedule parameters now; replaced on the first batch
+        self.n_components = n_components
+        self.prior = prior
+        self.transformations = transformations
+        self.transformations_start = transformations_start
+        self.translation = translation
+        self.schedule = schedule
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.rho = rho
+        self.n_effective = n_effective
+        self.batch_size = batch_size
+        self.init_noise_ratio = init_noise_ratio
+        self.random_state = random_state
 
     def partial_fit(self, X: ArrayLike, y: object = None) -> Self:
         """Process one mini-batch.
@@ -512,8 +602,8 @@ class OnlineVBFA(_FittedGaussian):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Complete rows (no NaN). The first call fixes D and initialises the global factors from
-            this batch, so it should hold several rows.
+            Complete rows (no NaN). The first call fixes D, validates the hyper-parameters and
+            initialises the global factors from this batch, so it should hold several rows.
         y : ignored
 
         Returns
@@ -523,13 +613,23 @@ class OnlineVBFA(_FittedGaussian):
         Raises
         ------
         ValueError
-            Wrong shape, or a NaN/infinite value (nothing of the batch is applied).
+            Wrong shape, no rows, a NaN/infinite value or an invalid hyper-parameter; the model is left
+            exactly as it was.
+        onlinefa.NumericalBreakdownError
+            The update broke down numerically; the model is left exactly as it was.
         """
-        x = _as_data(X, getattr(self, "n_features_in_", None))
-        if not hasattr(self, "n_features_in_"):
-            self._new_engine(x.shape[1])
-        self._active_engine().partial_fit(x)
-        self._refresh(x.shape[1])
+        engine: _core.OnlineVBFACore | None = self.__dict__.get("_engine")
+        if engine is None:
+            x = self._data(X)
+            fresh = self._new_engine(x.shape[1])
+            fresh.partial_fit(x)
+            with _FIRST_ENGINE_LOCK:
+                engine = self.__dict__.get("_engine")
+                if engine is None:
+                    self._engine = fresh
+                    return self
+        # Another thread installed its engine first (or this is a later batch): apply to that one.
+        engine.partial_fit(self._data(X, engine.n_features))
         return self
 
     def fit(self, X: ArrayLike, y: object = None) -> Self:
@@ -544,11 +644,19 @@ class OnlineVBFA(_FittedGaussian):
         Returns
         -------
         self
+
+        Raises
+        ------
+        ValueError, onlinefa.NumericalBreakdownError
+            As :meth:`partial_fit`, for any batch; every row is validated before any is applied, and the
+            previous fit is kept unchanged on any error.
         """
-        x = _as_data(X)
-        self._forget()
-        for start in range(0, x.shape[0], self.batch_size):
-            self.partial_fit(x[start : start + self.batch_size])
+        x = self._data(X)
+        batch_size = check_int(self.batch_size, "batch_size", 1)
+        fresh = self._new_engine(x.shape[1])
+        for start in range(0, x.shape[0], batch_size):
+            fresh.partial_fit(x[start : start + batch_size])
+        self._engine = fresh
         return self
 
     def transform(self, X: ArrayLike) -> FloatArray:
@@ -562,8 +670,8 @@ class OnlineVBFA(_FittedGaussian):
         -------
         ndarray of shape (n_samples, n_components)
         """
-        self._check_fitted()
-        return self._active_engine().latent_means(_as_data(X, self.n_features_in_))
+        engine = self._fitted_engine()
+        return engine.latent_means(self._data(X, engine.n_features))
 
     def latent_moments(self) -> tuple[FloatArray, FloatArray]:
         """Running averages of ⟨h hᵀ⟩ and of h̄ over the samples seen, in the current latent basis.
@@ -575,8 +683,7 @@ class OnlineVBFA(_FittedGaussian):
         second_moment : ndarray of shape (K, K)
         mean : ndarray of shape (K,)
         """
-        self._check_fitted()
-        return self._active_engine().latent_moments()
+        return self._fitted_engine().latent_moments()
 
     def loading_gram(self) -> FloatArray:
         """⟨FᵀF⟩ = Σ_d ⟨f_d f_dᵀ⟩ of the current q(F) (diagonal after a rotation).
@@ -585,52 +692,66 @@ class OnlineVBFA(_FittedGaussian):
         -------
         ndarray of shape (K, K)
         """
-        self._check_fitted()
-        return self._active_engine().loading_gram()
+        return self._fitted_engine().loading_gram()
 
-    def _new_engine(self, n_features: int) -> None:
-        """A fresh engine for D = ``n_features``."""
-        self._engine = _core.OnlineVBFACore(
+    # -- fitted attributes (read from the engine, so they always describe one state) -----------------
+    @property
+    def mean_(self) -> FloatArray:
+        """c̄, shape (n_features,)."""
+        return self._fitted_engine().bias_mean()
+
+    @property
+    def components_(self) -> FloatArray:
+        """F̄ᵀ, shape (n_components, n_features)."""
+        return np.ascontiguousarray(self._fitted_engine().loading_mean().T)
+
+    @property
+    def noise_variance_(self) -> FloatArray:
+        """ψ_d = 1/⟨τ_d⟩, shape (n_features,)."""
+        return self._fitted_engine().noise_variance()
+
+    @property
+    def alpha_(self) -> FloatArray:
+        """⟨α_k⟩, shape (n_components,)."""
+        return self._fitted_engine().alpha_mean()
+
+    @property
+    def n_samples_seen_(self) -> int:
+        """Samples seen since the last :meth:`fit`."""
+        return self._fitted_engine().n_seen
+
+    @property
+    def n_batches_seen_(self) -> int:
+        """Mini-batches seen since the last :meth:`fit`."""
+        return self._fitted_engine().n_batches
+
+    @property
+    def n_features_in_(self) -> int:
+        """D, fixed by the first :meth:`partial_fit` (or :meth:`fit`)."""
+        return self._fitted_engine().n_features
+
+    def _plugin_gaussian(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        engine = self._fitted_engine()
+        return engine.bias_mean(), engine.loading_mean(), engine.noise_variance()
+
+    def _new_engine(self, n_features: int) -> _core.OnlineVBFACore:
+        """A fresh engine for D = ``n_features`` (validates the hyper-parameters)."""
+        options = self._check_common_params()
+        schedule = _check_choice(self.schedule, "schedule", ("harmonic", "power", "constant"))
+        n_effective = None if self.n_effective is None else check_positive_float(self.n_effective, "n_effective")
+        return _core.OnlineVBFACore(
             n_features,
-            self.n_components,
-            prior=self.prior,
-            transform=self.transform_enabled,
-            transform_start=self.transform_start,
-            translation=self.translation,
-            init_noise_ratio=self.init_noise_ratio,
-            seed=self.seed,
-            schedule=self.schedule,
-            tau0=self.tau0,
-            kappa=self.kappa,
-            rho=self.rho,
-            n_effective=self.n_effective,
+            self._resolved_n_components(n_features),
+            **options,
+            schedule=schedule,
+            tau0=_check_real(self.tau0, "tau0"),
+            kappa=_check_real(self.kappa, "kappa"),
+            rho=_check_real(self.rho, "rho"),
+            n_effective=n_effective,
         )
 
-    def _forget(self) -> None:
-        """Drop the fitted state."""
-        for name in ("mean_", "components_", "noise_variance_", "alpha_", "n_samples_seen_",
-                     "n_batches_seen_", "n_features_in_"):
-            self.__dict__.pop(name, None)
-
-    def _active_engine(self) -> _core.OnlineVBFACore:
-        """The engine (always present after construction)."""
-        assert self._engine is not None
-        return self._engine
-
-    def _check_fitted(self) -> None:
-        """ValueError before the first :meth:`partial_fit`."""
-        if not hasattr(self, "n_features_in_"):
-            raise ValueError("this OnlineVBFA instance is not fitted yet: call partial_fit(X) or fit(X) first")
-
-    def _refresh(self, n_features: int) -> None:
-        """Copy the fitted attributes from the engine."""
-        engine = self._active_engine()
-        self.n_features_in_ = n_features
-        self.n_samples_seen_ = engine.n_seen
-        self.n_batches_seen_ = engine.n_batches
-        if engine.n_seen == 0:
-            return
-        self.mean_ = engine.bias_mean()
-        self.components_ = np.ascontiguousarray(engine.loading_mean().T)
-        self.noise_variance_ = engine.noise_variance()
-        self.alpha_ = engine.alpha_mean()
+    def _fitted_engine(self) -> _core.OnlineVBFACore:
+        """The engine, or NotFittedError before the first successful :meth:`partial_fit`/:meth:`fit`."""
+        self._check_is_fitted()
+        engine: _core.OnlineVBFACore = self._engine
+        return engine

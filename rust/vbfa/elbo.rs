@@ -8,7 +8,7 @@ use super::updates::{expected_squared_error, ColumnMoments};
 use super::{AlphaFactor, Globals, Hyper};
 
 /// ½ ln 2π.
-const HALF_LN_2PI: f64 = 0.918_938_533_204_672_8;
+pub(crate) const HALF_LN_2PI: f64 = 0.918_938_533_204_672_8;
 
 /// The bound split by factor; [`BoundTerms::total`] is L.
 #[derive(Debug, Clone, Copy, PartialEq)]

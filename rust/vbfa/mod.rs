@@ -14,14 +14,14 @@
 //! expected sufficient statistics, global q rebuilt from them) in O(D·K + K²) memory.
 
 mod batch;
-mod dense;
-mod elbo;
+pub(crate) mod dense;
+pub(crate) mod elbo;
 mod online;
 mod predict;
 pub mod special;
-mod stats;
+pub(crate) mod stats;
 pub mod transform;
-mod updates;
+pub(crate) mod updates;
 
 use ndarray::{Array1, Array2};
 

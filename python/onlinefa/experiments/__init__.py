@@ -28,6 +28,7 @@ EXPERIMENT_MODULES: tuple[str, ...] = (
     "uci_linreg",
     "swag",
     "vbfa_transform",
+    "gfa",
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,7 +20,11 @@ def output_dir(path: str | os.PathLike[str]) -> Path:
 
 
 def progress(items: Iterable[T], *, total: int | None = None, desc: str = "") -> Iterator[T]:
-    """Wrap ``items`` in a tqdm progress bar (on stderr)."""
+    """Wrap ``items`` in a tqdm progress bar on stderr when stderr is a terminal; otherwise (logs, pipes)
+    yield them as they are, so nested bars leave no escape sequences in the output."""
+    if not sys.stderr.isatty():
+        yield from items
+        return
     from tqdm import tqdm
 
     yield from tqdm(items, total=total, desc=desc, leave=False, dynamic_ncols=True)

@@ -1105,7 +1105,7 @@ def run(args: argparse.Namespace) -> int:
     onlinefa.cli.CommandError
         If the options are inconsistent.
     """
-    from ..cli import CommandError
+    from ..errors import CommandError
 
     try:
         config = config_from_args(args)

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from .. import linreg
 from ..metrics import psd_sqrt, relative_covariance_distance, relative_mean_distance, wasserstein2
-from ..cli import CommandError
+from ..errors import CommandError
 from ._common import append_rows, output_dir, progress, read_rows
 
 if TYPE_CHECKING:

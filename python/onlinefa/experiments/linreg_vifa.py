@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import linreg
-from ..cli import CommandError
+from ..errors import CommandError
 from ._common import append_rows, output_dir, progress, read_rows
 from .linreg_iterates import (
     DATA_KEY_FIELDS,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import linreg
-from ..cli import CommandError
+from ..errors import CommandError
 from ._common import append_rows, output_dir, progress, read_rows
 from .linreg_iterates import (
     DISTANCE_FIELDS,

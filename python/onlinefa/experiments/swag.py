@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cli import CommandError
+from ..errors import CommandError
 from ._common import append_rows, output_dir, progress
 from ._swag_data import CLASSIFICATION_SETS, REGRESSION_SETS, load_task
 

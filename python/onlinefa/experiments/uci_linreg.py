@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from .. import linreg
 from .._uci import UCI_DATASETS, load_uci
-from ..cli import CommandError
+from ..errors import CommandError
 from ._common import append_rows, output_dir, progress, read_rows
 from .linreg_iterates import format_mean_se, markdown_table, mean_and_standard_error, rows_matching
 

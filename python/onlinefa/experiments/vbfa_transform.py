@@ -286,9 +286,9 @@ def fit_run(config: Config, data: PaperData, cell: Cell, variant: str) -> VBFA:
         The fitted model (``elbo_``/``fit_time_`` hold the traces).
     """
     start = VARIANTS[variant]
-    model = VBFA(cell.k, prior="ard" if cell.prior == "ard" else "broad", transform=start is not None,
-                 transform_start=start or 1, max_iter=config.max_iter, tol=config.tol,
-                 init_noise_ratio=cell.noise_ratio, seed=config.seed + cell.trial)
+    model = VBFA(cell.k, prior="ard" if cell.prior == "ard" else "broad", transformations=start is not None,
+                 transformations_start=start or 1, max_iter=config.max_iter, tol=config.tol,
+                 init_noise_ratio=cell.noise_ratio, random_state=config.seed + cell.trial)
     return model.fit(data.observed)
 
 
@@ -545,7 +545,7 @@ def run(args: argparse.Namespace) -> int:
     int
         0 on success.
     """
-    from ..cli import CommandError
+    from ..errors import CommandError
 
     try:
         config = config_from_args(args)

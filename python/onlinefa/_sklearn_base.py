@@ -1,0 +1,77 @@
+"""scikit-learn's estimator bases when scikit-learn is installed, a drop-in without it.
+
+Imported only by the estimator modules (never by ``import onlinefa`` itself), so the core install stays
+NumPy-only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._models import NotFittedError as LibraryNotFittedError
+from ._params import ParamsMixin
+from ._validation import as_numpy, check_seed
+
+
+if TYPE_CHECKING:
+    EstimatorBase = ParamsMixin
+    NotFittedError = LibraryNotFittedError
+else:
+    try:
+        from sklearn.base import BaseEstimator, TransformerMixin
+        from sklearn.exceptions import NotFittedError as SklearnNotFittedError
+    except ImportError:
+        EstimatorBase = ParamsMixin
+        NotFittedError = LibraryNotFittedError
+    else:
+
+        class EstimatorBase(TransformerMixin, BaseEstimator):
+            """scikit-learn's transformer bases, in the order scikit-learn requires."""
+
+        class NotFittedError(LibraryNotFittedError, SklearnNotFittedError):
+            """A query before fitting: both ``onlinefa.NotFittedError`` and scikit-learn's."""
+
+
+def seed_from(random_state: object) -> int | None:
+    """Seed for an estimator's random initialisation, following scikit-learn's ``random_state`` convention."""
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2**31 - 1))
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2**63 - 1))
+    try:
+        return check_seed(random_state)
+    except TypeError as err:
+        raise TypeError(
+            "random_state must be None, an int or a numpy RandomState/Generator, "
+            f"got {type(random_state).__name__}"
+        ) from err
+
+
+def _is_sparse(data: object) -> bool:
+    return hasattr(data, "toarray") and hasattr(data, "nnz")
+
+
+def as_real_matrix(data: object, estimator: str = "OnlineFactorAnalysis") -> NDArray[Any]:
+    """``data`` as a 2-D real array (float32/float64 kept without copying; others to float64)."""
+    if _is_sparse(data):
+        raise TypeError(f"sparse input is not supported by {estimator}; pass a dense array")
+    X = as_numpy(data)
+    if X.dtype.kind == "c":
+        raise ValueError("Complex data not supported; pass real-valued samples")
+    if X.dtype.kind == "O":
+        X = X.astype(np.float64)  # numbers stored as objects; anything else raises TypeError here
+    if X.dtype.kind not in "biuf":
+        raise TypeError(f"expected real numeric samples, got an array of dtype {X.dtype}")
+    if X.ndim != 2:
+        shape_name = "scalar" if X.ndim == 0 else f"{X.ndim}D"
+        raise ValueError(
+            f"Expected a 2D array of shape (n_samples, n_features), got a {shape_name} array instead. "
+            "Reshape your data either using array.reshape(-1, 1) if your data has a single feature or "
+            "array.reshape(1, -1) if it contains a single sample."
+        )
+    if X.dtype not in (np.float32, np.float64) or not X.dtype.isnative:
+        X = X.astype(np.float64)
+    return X

@@ -1,0 +1,17 @@
+"""Exceptions of onlinefa that are not Python built-ins (a leaf module: it imports only the Rust core).
+
+Errors by kind, for every model: invalid input or hyper-parameters raise ``ValueError``/``TypeError``, a
+call in the wrong order ``RuntimeError`` (or ``NotFittedError`` for a query before fitting), a numerical
+breakdown of the algorithm :class:`NumericalBreakdownError` (an ``ArithmeticError``), and a state that
+cannot be allocated ``MemoryError``. Whatever the kind, the model is left as it was.
+"""
+
+from __future__ import annotations
+
+from ._core import NumericalBreakdownError
+
+__all__ = ["CommandError", "NumericalBreakdownError"]
+
+
+class CommandError(Exception):
+    """A user-facing failure of the ``onlinefa`` command: printed as one line, exit code 2, no traceback."""
