@@ -1319,6 +1319,84 @@ impl MiniBatchEMCore {
         py.detach(|| Ok(lock(&self.inner)?.n_seen()))
     }
 
+    /// The complete state as a dict of arrays and scalars (pickling and checkpoints).
+    fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let p = py.detach(|| Ok::<_, PyErr>(lock(&self.inner)?.to_parts()))?;
+        let (kind, tau0, kappa, rho) = match p.config.schedule {
+            StepSize::Harmonic => ("harmonic", 0.0, 0.9, 0.01),
+            StepSize::Power { tau0, kappa } => ("power", tau0, kappa, 0.01),
+            StepSize::Constant(rho) => ("constant", 0.0, 0.9, rho),
+        };
+        let out = PyDict::new(py);
+        out.set_item("n_features", p.loadings.nrows())?;
+        out.set_item("n_components", p.loadings.ncols())?;
+        out.set_item("schedule", kind)?;
+        out.set_item("tau0", tau0)?;
+        out.set_item("kappa", kappa)?;
+        out.set_item("rho", rho)?;
+        out.set_item("whiten", p.config.whiten)?;
+        out.set_item("noise_floor", p.config.noise_floor)?;
+        out.set_item("fixed", p.fixed)?;
+        out.set_item("started", p.started)?;
+        out.set_item("n_seen", p.n_seen)?;
+        out.set_item("n_batches", p.n_batches)?;
+        out.set_item("mean", p.mean.into_pyarray(py))?;
+        out.set_item("dsq", p.dsq.into_pyarray(py))?;
+        out.set_item("psi", p.psi.into_pyarray(py))?;
+        out.set_item("a_bar", p.a_bar.into_pyarray(py))?;
+        out.set_item("b_bar", p.b_bar.into_pyarray(py))?;
+        out.set_item("loadings", p.loadings.into_pyarray(py))?;
+        Ok(out)
+    }
+
+    /// Rebuild an engine from `get_state()`'s output (validated; ValueError if inconsistent).
+    #[staticmethod]
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
+        fn item<'py, T: FromPyObjectOwned<'py>>(state: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
+            state
+                .get_item(key)?
+                .ok_or_else(|| PyValueError::new_err(format!("mini-batch EM state: missing {key:?}")))?
+                .extract::<T>()
+                .map_err(|_| PyValueError::new_err(format!("mini-batch EM state: {key:?} has the wrong type")))
+        }
+        fn vector(state: &Bound<'_, PyDict>, key: &str) -> PyResult<ndarray::Array1<f64>> {
+            owned_copy(&item::<Bound<'_, PyArray1<f64>>>(state, key)?)
+        }
+        fn matrix(state: &Bound<'_, PyDict>, key: &str) -> PyResult<Array2<f64>> {
+            owned_copy(&item::<Bound<'_, PyArray2<f64>>>(state, key)?)
+        }
+        let schedule: String = item(state, "schedule")?;
+        let config = crate::minibatch::MiniBatchConfig {
+            schedule: step_size(
+                &schedule,
+                item(state, "tau0")?,
+                item(state, "kappa")?,
+                item(state, "rho")?,
+            )?,
+            whiten: item(state, "whiten")?,
+            noise_floor: item(state, "noise_floor")?,
+        };
+        let parts = crate::minibatch::MiniBatchParts {
+            config,
+            fixed: item(state, "fixed")?,
+            started: item(state, "started")?,
+            n_seen: item(state, "n_seen")?,
+            n_batches: item(state, "n_batches")?,
+            mean: vector(state, "mean")?,
+            dsq: vector(state, "dsq")?,
+            psi: vector(state, "psi")?,
+            a_bar: matrix(state, "a_bar")?,
+            b_bar: matrix(state, "b_bar")?,
+            loadings: matrix(state, "loadings")?,
+        };
+        let inner = py
+            .detach(|| crate::minibatch::MiniBatchEm::from_parts(parts))
+            .map_err(to_py_err)?;
+        Ok(MiniBatchEMCore {
+            inner: Mutex::new(inner),
+        })
+    }
+
     #[getter]
     fn n_batches(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| Ok(lock(&self.inner)?.n_batches()))

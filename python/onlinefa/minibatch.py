@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from . import _core as _engine
 from ._gaussian import FactorGaussianMixin
+from ._persist import CheckpointMixin
 from ._gaussian import log_prob as _log_prob
 from ._models import DEFAULT_NOISE_FLOOR, NotFittedError, _schedule_args
 from ._validation import (
@@ -36,11 +37,17 @@ FloatArray = NDArray[np.float64]
 MOMENT_CHUNK_ROWS = 4096
 #: Rows of the sample on which :func:`fit_minibatch` measures the average log-likelihood after each pass.
 MAX_SCORE_ROWS = 5000
+#: Rows handed to a per-sample model at a time by :func:`fit_passes` (it applies them one by one).
+PASS_CHUNK_ROWS = 4096
+#: Step sizes over batches that :class:`onlinefa.OnlineFactorAnalysis` uses for mini-batch EM by default:
+#: ρ_t = max((t + 1)^(−0.6), 1/t), the setting measured best (docs/minibatch.md).
+MINIBATCH_KAPPA = 0.6
+MINIBATCH_TAU0 = 1.0
 #: Consecutive passes without an improvement of ``tol`` after which :func:`fit_minibatch` stops.
 PATIENCE = 2
 
 
-class MiniBatchEM(FactorGaussianMixin):
+class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
     """Mini-batch online EM for factor analysis: N(mean, F Fᵀ + diag ψ) from mini-batches of samples.
 
     For the t-th mini-batch X_b (B×D) with deviations D_b = X_b − θ̄: the E-step (Brownlie 2021, eq. 4.23)
@@ -116,6 +123,16 @@ class MiniBatchEM(FactorGaussianMixin):
             **_schedule_args(schedule, tau0, kappa, rho), **moments,
         )
         self._cache: tuple[int, FloatArray, FloatArray, FloatArray] | None = None
+
+    def _engine_state(self) -> dict[str, Any]:
+        return {**self._core.get_state(), "batch_size": self._batch_size}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self._core = _engine.MiniBatchEMCore.from_state(state)
+        self._n_features = int(state["n_features"])
+        self._n_components = int(state["n_components"])
+        self._batch_size = check_int(int(state["batch_size"]), "batch_size", 1)
+        self._cache = None
 
     def update(self, X: ArrayLike) -> MiniBatchEM:
         """Apply the rows of ``X`` as consecutive mini-batches of ``batch_size`` rows.
@@ -320,18 +337,25 @@ def fit_minibatch(
     mean, variance = data_moments(arr)
     model = MiniBatchEM(arr.shape[1], n_components, batch_size=batch_size, seed=seed, mean=mean,
                         variance=variance, **options)
+    return model, fit_passes(model, arr, max_iter=max_iter, tol=tol, shuffle=mode, rng=rng)
+
+
+def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
+               rng: np.random.Generator) -> FitHistory:
+    """Feed ``arr`` to ``model.update`` (any streaming model) for up to ``max_iter`` passes in the order
+    ``shuffle`` gives, scoring each pass on a fixed sample of rows and stopping by :func:`_stalled`."""
     score_rows = np.sort(rng.choice(arr.shape[0], min(arr.shape[0], MAX_SCORE_ROWS), replace=False))
     held = np.asarray(arr[score_rows], dtype=np.float64)
+    chunk = model.batch_size if isinstance(model, MiniBatchEM) else PASS_CHUNK_ROWS
     history = FitHistory()
     for _ in range(max_iter):
-        for batch in _batches(arr, model.batch_size, mode, rng):
-            model._core.update(batch)
-        model._cache = None
+        for batch in _batches(arr, chunk, shuffle, rng):
+            model.update(batch)
         history.scores.append(float(np.mean(_log_prob(held, *model.snapshot()))))
         if tol > 0 and _stalled(history.scores, tol):
             history.converged = True
             break
-    return model, history
+    return history
 
 
 def _stalled(scores: list[float], tol: float) -> bool:
