@@ -261,3 +261,20 @@ def test_pickle_round_trip_and_corrupt_state_is_refused() -> None:
                        ("n_batches", 10**9)):
         with pytest.raises(ValueError, match="mini-batch EM state"):
             onlinefa._core.MiniBatchEMCore.from_state({**state, key: value})
+
+
+def test_cli_minibatch_fit_writes_a_loadable_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from onlinefa.cli import main
+
+    x, _ = fa_data(3000, 10, 2, 12)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "model.npz"
+    assert main(["fit", str(tmp_path / "x.npy"), "-k", "2", "--minibatch", "250", "--passes", "4", "--seed", "3",
+                 "-o", str(out)]) == 0
+    assert "MiniBatchEM" in capsys.readouterr().out
+    loaded = onlinefa.load(out)
+    direct, _ = fit_minibatch(tmp_path / "x.npy", 2, batch_size=250, max_iter=4, random_state=3)
+    assert isinstance(loaded, MiniBatchEM)
+    np.testing.assert_array_equal(loaded.loadings, direct.loadings)
+    assert main(["fit", str(tmp_path / "x.npy"), "-k", "2", "--minibatch", "250", "--method", "sga",
+                 "-o", str(out)]) != 0

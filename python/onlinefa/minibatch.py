@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -292,6 +293,7 @@ def fit_minibatch(
     tol: float = 1e-4,
     shuffle: Literal["auto", "rows", "blocks", "none"] = "auto",
     random_state: int | None = None,
+    on_rows: Callable[[int], None] | None = None,
     **options: Any,
 ) -> tuple[MiniBatchEM, FitHistory]:
     """Fit a :class:`MiniBatchEM` to a whole data set: exact moments in one pass, then up to ``max_iter``
@@ -319,6 +321,8 @@ def fit_minibatch(
         "blocks" for paths and ``numpy.memmap`` inputs and "rows" otherwise.
     random_state : int or None, default=None
         Seed of the initial loadings and of the shuffling.
+    on_rows : callable, optional
+        Called with the number of rows of each batch once it has been applied (progress reporting).
     **options
         Further keyword arguments of :class:`MiniBatchEM` (``whiten``, ``schedule``, ``kappa``, ...).
 
@@ -337,11 +341,11 @@ def fit_minibatch(
     mean, variance = data_moments(arr)
     model = MiniBatchEM(arr.shape[1], n_components, batch_size=batch_size, seed=seed, mean=mean,
                         variance=variance, **options)
-    return model, fit_passes(model, arr, max_iter=max_iter, tol=tol, shuffle=mode, rng=rng)
+    return model, fit_passes(model, arr, max_iter=max_iter, tol=tol, shuffle=mode, rng=rng, on_rows=on_rows)
 
 
-def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
-               rng: np.random.Generator) -> FitHistory:
+def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str, rng: np.random.Generator,
+               on_rows: Callable[[int], None] | None = None) -> FitHistory:
     """Feed ``arr`` to ``model.update`` (any streaming model) for up to ``max_iter`` passes in the order
     ``shuffle`` gives, scoring each pass on a fixed sample of rows and stopping by :func:`_stalled`."""
     score_rows = np.sort(rng.choice(arr.shape[0], min(arr.shape[0], MAX_SCORE_ROWS), replace=False))
@@ -351,6 +355,8 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
     for _ in range(max_iter):
         for batch in _batches(arr, chunk, shuffle, rng):
             model.update(batch)
+            if on_rows is not None:
+                on_rows(batch.shape[0])
         history.scores.append(float(np.mean(_log_prob(held, *model.snapshot()))))
         if tol > 0 and _stalled(history.scores, tol):
             history.converged = True
