@@ -79,7 +79,7 @@ def add_parser(commands: Any) -> None:
                         "read in batches with bounded memory, instead of one exact per-sample pass")
     p.add_argument("--passes", type=_positive_int, default=10,
                    help="largest number of passes of --minibatch (default 10; stops earlier once two passes "
-                        "gain less than 1e-4 nats per row)")
+                        "gain less than 1e-5 relative in average log-likelihood)")
     p.add_argument("-o", "--output", type=Path, required=True,
                    help="checkpoint file to write (used exactly as given; replaced atomically)")
     p.set_defaults(handler=run)

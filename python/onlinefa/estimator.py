@@ -37,7 +37,7 @@ _SCHEDULES = ("auto", "harmonic", "power", "constant")
 #: Hyper-parameters added after checkpoint format v1 first shipped, with the values that reproduce the
 #: estimator of that time (thesis Algorithm 2), for checkpoints that do not store them.
 _LEGACY_PARAMS: dict[str, Any] = {"whiten": False, "schedule": "harmonic", "tau0": 0.0, "kappa": 0.9, "rho": 0.01,
-                                   "batch_size": 1, "max_iter": 1, "tol": 1e-4}
+                                   "batch_size": 1, "max_iter": 1, "tol": 1e-5}
 _CHECKPOINT_KIND = "OnlineFactorAnalysis"
 #: K fitted when ``n_components=None`` (capped at n_features − 1).
 DEFAULT_N_COMPONENTS = 10
@@ -133,12 +133,12 @@ class OnlineFactorAnalysis(EstimatorBase):
         apply (the state is float64, the floor relative to the data's scale).
     max_iter : int, default=1
         Passes of :meth:`fit` over ``X``. 1 streams the rows once, in order. More passes visit the rows in
-        a new random order each time and stop early once two consecutive passes fail to raise the
-        average log-likelihood (of at most 5,000 rows of ``X``) by ``tol`` nats per row; with
+        a new random order each time and stop early once two consecutive passes fail to raise the best
+        average log-likelihood L (of at most 5,000 rows of ``X``) by ``tol`` · max(1, |L|); with
         ``batch_size > 1``, :meth:`fit` first computes ``X``'s exact mean. :meth:`partial_fit` always
         streams its rows once.
-    tol : float, default=1e-4
-        Stopping threshold of ``max_iter > 1`` (0 runs every pass).
+    tol : float, default=1e-5
+        Relative stopping threshold of ``max_iter > 1`` (0 runs every pass).
 
     Attributes
     ----------
@@ -203,7 +203,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         random_state: int | np.random.RandomState | np.random.Generator | None = None,
         batch_size: int = 1,
         max_iter: int = 1,
-        tol: float = 1e-4,
+        tol: float = 1e-5,
     ) -> None:
         self.n_components = n_components
         self.algorithm = algorithm

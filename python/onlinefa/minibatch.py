@@ -290,7 +290,7 @@ def fit_minibatch(
     *,
     batch_size: int = 1000,
     max_iter: int = 10,
-    tol: float = 1e-4,
+    tol: float = 1e-5,
     shuffle: Literal["auto", "rows", "blocks", "none"] = "auto",
     random_state: int | None = None,
     on_rows: Callable[[int], None] | None = None,
@@ -298,7 +298,7 @@ def fit_minibatch(
 ) -> tuple[MiniBatchEM, FitHistory]:
     """Fit a :class:`MiniBatchEM` to a whole data set: exact moments in one pass, then up to ``max_iter``
     shuffled passes of mini-batch EM, stopping when two consecutive passes fail to improve the best average
-    log-likelihood (on a fixed sample of at most 5,000 rows) by ``tol`` nats per row.
+    log-likelihood L (on a fixed sample of at most 5,000 rows) by ``tol`` · max(1, |L|) nats per row.
 
     Parameters
     ----------
@@ -312,9 +312,9 @@ def fit_minibatch(
         Rows per mini-batch.
     max_iter : int, default=10
         Largest number of passes over the data.
-    tol : float, default=1e-4
-        Stop when two consecutive passes gain less than this many nats per row over the best earlier
-        pass (0 runs all ``max_iter`` passes).
+    tol : float, default=1e-5
+        Stop when two consecutive passes gain less than ``tol`` · max(1, |L|) nats per row over the best
+        earlier pass's average log-likelihood L (0 runs all ``max_iter`` passes).
     shuffle : {"auto", "rows", "blocks", "none"}, default="auto"
         "rows" visits the rows in a new random order each pass; "blocks" shuffles the order of the
         consecutive ``batch_size``-row blocks (sequential reads, for files larger than RAM); "auto" is
@@ -365,7 +365,8 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
 
 
 def _stalled(scores: list[float], tol: float) -> bool:
-    """Whether the last ``PATIENCE`` passes all failed to beat the best earlier score by ``tol``.
+    """Whether the last ``PATIENCE`` passes all failed to beat the best earlier score by
+    ``tol`` · max(1, |best|) (relative for scores far from 0: the average log-likelihood grows with D).
 
     A single pass is not enough evidence: mini-batch statistics are noisy, and one pass can score a little
     below the previous one while the fit is still improving.
@@ -373,7 +374,7 @@ def _stalled(scores: list[float], tol: float) -> bool:
     if len(scores) <= PATIENCE:
         return False
     best_before = max(scores[:-PATIENCE])
-    return max(scores[-PATIENCE:]) < best_before + tol
+    return max(scores[-PATIENCE:]) < best_before + tol * max(1.0, abs(best_before))
 
 
 class NpyRows:
