@@ -11,6 +11,7 @@ pub mod fork;
 pub mod gfa;
 pub mod init;
 pub mod linalg;
+pub mod minibatch;
 pub mod online_em;
 pub mod online_sga;
 mod pass;

@@ -37,6 +37,8 @@ CHECKED_ESTIMATORS = [
     OnlineFactorAnalysis(2, algorithm="sga", lr=1e-2, n_warmup=5, random_state=0),
     OnlineFactorAnalysis(1, algorithm="sga", lr=1e-2, n_warmup=5, random_state=0),
     OnlineFactorAnalysis(1, n_warmup=5, dtype="float32", random_state=0),
+    OnlineFactorAnalysis(2, batch_size=8, max_iter=3, random_state=0),
+    OnlineFactorAnalysis(1, max_iter=2, n_warmup=5, random_state=0),
 ]
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ._loader import load
 from .errors import NumericalBreakdownError
 from ._models import NotFittedError, OnlineEM, OnlineSGA
+from .minibatch import MiniBatchEM, fit_minibatch
 from .rotation import canonical_loadings
 from .vifa import VIFA
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "GFA", "NotFittedError", "NumericalBreakdownError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "load",
+    "GFA", "MiniBatchEM", "NotFittedError", "NumericalBreakdownError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "fit_minibatch", "load",
 ]  # fmt: skip
 
 

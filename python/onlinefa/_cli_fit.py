@@ -74,6 +74,12 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="state dtype")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial loadings (default 0)")
     p.add_argument("--batch-rows", type=_positive_int, default=256, help="rows per update call (default 256)")
+    p.add_argument("--minibatch", type=_positive_int, default=None, metavar="B",
+                   help="mini-batch EM with B rows per batch (EM only): several shuffled passes over the file, "
+                        "read in batches with bounded memory, instead of one exact per-sample pass")
+    p.add_argument("--passes", type=_positive_int, default=10,
+                   help="largest number of passes of --minibatch (default 10; stops earlier once two passes "
+                        "gain less than 1e-5 relative in average log-likelihood)")
     p.add_argument("-o", "--output", type=Path, required=True,
                    help="checkpoint file to write (used exactly as given; replaced atomically)")
     p.set_defaults(handler=run)
@@ -151,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     """Fit and save; returns the exit code."""
     check_output(args.output, args.samples)
     data = open_samples(args.samples)
+    if args.minibatch is not None:
+        return _run_minibatch(args, data)
     n_samples, n_features = data.shape
     try:
         model = build_model(args, n_features)
@@ -178,5 +186,41 @@ def run(args: argparse.Namespace) -> int:
         f"{n_samples} samples in {seconds:.2f} s ({rate:,.0f} samples/s, {megabytes / max(seconds, 1e-9):,.1f} MB/s); "
         f"held-out average log-likelihood of the last {n_samples - ((n_samples - 1) // args.batch_rows) * args.batch_rows} "
         f"rows: {held_out:.4g} -> {args.output}"
+    )
+    return 0
+
+
+def _run_minibatch(args: argparse.Namespace, data: np.ndarray[Any, Any]) -> int:
+    """``--minibatch B``: :func:`onlinefa.fit_minibatch` on the file (positioned reads, bounded memory)."""
+    from .minibatch import fit_minibatch
+
+    n_samples, n_features = data.shape
+    if args.method != "em" or args.config != "default":
+        raise CommandError("--minibatch is mini-batch EM: it needs --method em and --config default")
+    if n_samples < 2 or not 1 <= args.components < n_features:
+        raise CommandError(f"--minibatch needs >= 2 rows and 1 <= K < D = {n_features}; got {n_samples} rows, "
+                           f"K = {args.components}")
+    del data  # the fit reads the file itself, batch by batch
+    options: dict[str, Any] = {"whiten": args.whiten}
+    if args.schedule is not None:
+        options.update(schedule=args.schedule, tau0=args.tau0, kappa=args.kappa, rho=args.rho)
+    started = time.perf_counter()
+    try:
+        with Progress(n_samples * args.passes, f"fit mini-batch EM (<= {args.passes} passes)") as bar:
+            model, history = fit_minibatch(args.samples, args.components, batch_size=args.minibatch,
+                                           max_iter=args.passes, random_state=args.seed, on_rows=bar.advance,
+                                           **options)
+    except (ValueError, TypeError, ArithmeticError) as err:
+        raise CommandError(f"{err} (nothing was written)") from err
+    seconds = time.perf_counter() - started
+    try:
+        model.save(args.output)
+    except OSError as err:
+        raise CommandError(f"cannot write {args.output}: {err}") from err
+    rows = n_samples * history.n_passes
+    print(
+        f"fitted MiniBatchEM (D={n_features}, K={args.components}, batches of {args.minibatch}) in "
+        f"{history.n_passes} passes over {n_samples} samples in {seconds:.2f} s ({rows / max(seconds, 1e-9):,.0f} "
+        f"samples/s); average log-likelihood of up to 5000 rows: {history.scores[-1]:.4g} -> {args.output}"
     )
     return 0

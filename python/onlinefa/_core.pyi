@@ -8,6 +8,7 @@ from numpy.typing import NDArray
 
 __all__ = [
     "GFACore",
+    "MiniBatchEMCore",
     "NumericalBreakdownError",
     "OnlineEMCore",
     "OnlineSGACore",
@@ -273,3 +274,35 @@ class GFACore:
     def activity(self) -> NDArray[np.float64]: ...
     def predict(self, x: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]: ...
     def latent_means(self, x: NDArray[np.float64]) -> NDArray[np.float64]: ...
+
+@final
+class MiniBatchEMCore:
+    def __new__(
+        cls,
+        n_features: int,
+        n_components: int,
+        *,
+        init: NDArray[np.float64] | None,
+        seed: int | None,
+        noise_floor: float,
+        schedule: str,
+        tau0: float,
+        kappa: float,
+        rho: float,
+        whiten: bool,
+        mean: NDArray[np.float64] | None = None,
+        variance: NDArray[np.float64] | None = None,
+    ) -> Self: ...
+    def update(self, x: NDArray[np.float32] | NDArray[np.float64]) -> None: ...
+    def get_state(self) -> dict[str, Any]: ...
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> MiniBatchEMCore: ...
+    @property
+    def n_seen(self) -> int: ...
+    @property
+    def n_batches(self) -> int: ...
+    @property
+    def is_fitted(self) -> bool: ...
+    def snapshot(
+        self,
+    ) -> tuple[int, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]: ...

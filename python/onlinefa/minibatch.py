@@ -1,0 +1,468 @@
+"""Mini-batch online EM for factor analysis, and whole-data-set fitting with several passes.
+
+:class:`MiniBatchEM` shares one F and Ψ across the E-step of B samples, so its statistics are matrix
+products computed by the Rust core with the GIL released, instead of B separate passes over the D×K state
+(:class:`onlinefa.OnlineEM`, the thesis's Algorithm 2, which changes F and Ψ after every sample).
+:func:`fit_minibatch` streams a data set (in memory or memory-mapped) through it several times, shuffled,
+until the average log-likelihood stops improving.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from . import _core as _engine
+from ._gaussian import FactorGaussianMixin
+from ._persist import CheckpointMixin
+from ._gaussian import log_prob as _log_prob
+from ._models import DEFAULT_NOISE_FLOOR, NotFittedError, _schedule_args
+from ._validation import (
+    as_sample_matrix,
+    check_finite_samples,
+    check_init,
+    check_int,
+    check_positive_float,
+    check_seed,
+)
+
+FloatArray = NDArray[np.float64]
+
+#: Rows read at a time when the data set's moments are computed (bounded memory on memory maps).
+MOMENT_CHUNK_ROWS = 4096
+#: Rows of the sample on which :func:`fit_minibatch` measures the average log-likelihood after each pass.
+MAX_SCORE_ROWS = 5000
+#: Rows handed to a per-sample model at a time by :func:`fit_passes` (it applies them one by one).
+PASS_CHUNK_ROWS = 4096
+#: Step sizes over batches that :class:`onlinefa.OnlineFactorAnalysis` uses for mini-batch EM by default:
+#: ρ_t = max((t + 1)^(−0.6), 1/t), the setting measured best (docs/minibatch.md).
+MINIBATCH_KAPPA = 0.6
+MINIBATCH_TAU0 = 1.0
+#: Consecutive passes without an improvement of ``tol`` after which :func:`fit_minibatch` stops.
+PATIENCE = 2
+
+
+class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
+    """Mini-batch online EM for factor analysis: N(mean, F Fᵀ + diag ψ) from mini-batches of samples.
+
+    For the t-th mini-batch X_b (B×D) with deviations D_b = X_b − θ̄: the E-step (Brownlie 2021, eq. 4.23)
+    of every row with the current F and Ψ, M = D_b Ψ⁻¹ F Σ with Σ = (I + Fᵀ Ψ⁻¹ F)⁻¹; stepwise statistics
+    Ā ← (1 − ρ_t) Ā + ρ_t D_bᵀ M / B, B̄ ← (1 − ρ_t) B̄ + ρ_t Mᵀ M / B, d̄² likewise; then the M-step
+    F = Ā (Σ + B̄)⁻¹, ψ = d̄² − rowsum(F ⊙ Ā) (eqs. 4.33, 4.35) and, with ``whiten``, the parameter-expanded
+    (whitening) step that makes Σ + B̄ = I. ρ_t follows ``schedule`` over *batches*. This is a different
+    algorithm from the thesis's Algorithm 2 (which updates F and Ψ after every sample): with
+    ``batch_size=1`` use :class:`onlinefa.OnlineEM`.
+
+    Parameters
+    ----------
+    n_features : int
+        D (>= 2).
+    n_components : int
+        K, 1 <= K < D.
+    batch_size : int, default=1000
+        Rows per mini-batch: :meth:`update` splits its input into consecutive batches of this size.
+    whiten : bool, default=True
+        Apply the whitening (parameter-expanded EM) step after every M-step.
+    schedule : {"power", "harmonic", "constant"}, default="power"
+        Step sizes over batches: ρ_t = max((t + ``tau0``)^(−``kappa``), 1/t), 1/t, or max(``rho``, 1/t).
+    tau0, kappa, rho : float, default=1.0, 0.6, 0.01
+        Parameters of the schedule.
+    noise_floor : float, default=1e-10
+        Lower bound on every ψ_d relative to σ̂² (the mean over features of d̄²).
+    init : array-like of shape (n_features, n_components), optional
+        Starting loadings before scaling (default: orthonormal columns drawn with ``seed``); the model starts
+        at F₀ σ̂ and ψ = d̄² once the first batch (or the given moments) fixes the data's scale.
+    seed : int or None, default=None
+        Seed of the initial loadings.
+    mean, variance : array-like of shape (n_features,), optional
+        The data set's exact mean and per-feature variance, when known (:func:`fit_minibatch` computes
+        them): θ̄ then stays fixed instead of being a running mean, and the start (F₀ σ̂, ψ₀) is taken
+        from the variance before the first batch. d̄² is always averaged with the same ρ_t as Ā and B̄,
+        which keeps ψ non-negative.
+
+    Attributes
+    ----------
+    mean, loadings, noise_variance : ndarray
+        θ̄ (D), F (D×K) and ψ (D), read from one consistent state.
+    n_seen, n_batches : int
+        Rows and mini-batches applied so far.
+    """
+
+    def __init__(
+        self,
+        n_features: int,
+        n_components: int,
+        *,
+        batch_size: int = 1000,
+        whiten: bool = True,
+        schedule: Literal["power", "harmonic", "constant"] = "power",
+        tau0: float = 1.0,
+        kappa: float = 0.6,
+        rho: float = 0.01,
+        noise_floor: float = DEFAULT_NOISE_FLOOR,
+        init: ArrayLike | None = None,
+        seed: int | None = None,
+        mean: ArrayLike | None = None,
+        variance: ArrayLike | None = None,
+    ) -> None:
+        d = check_int(n_features, "n_features", 2)
+        k = check_int(n_components, "n_components", 1)
+        if k >= d:
+            raise ValueError(f"n_components must be < n_features = {d}, got {k}")
+        self._n_features, self._n_components = d, k
+        self._batch_size = check_int(batch_size, "batch_size", 1)
+        moments = _moment_args(mean, variance, d)
+        self._core = _engine.MiniBatchEMCore(
+            d, k, init=check_init(init, d, k), seed=check_seed(seed),
+            noise_floor=check_positive_float(noise_floor, "noise_floor"), whiten=bool(whiten),
+            **_schedule_args(schedule, tau0, kappa, rho), **moments,
+        )
+        self._cache: tuple[int, FloatArray, FloatArray, FloatArray] | None = None
+
+    def _engine_state(self) -> dict[str, Any]:
+        return {**self._core.get_state(), "batch_size": self._batch_size}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self._core = _engine.MiniBatchEMCore.from_state(state)
+        self._n_features = int(state["n_features"])
+        self._n_components = int(state["n_components"])
+        self._batch_size = check_int(int(state["batch_size"]), "batch_size", 1)
+        self._cache = None
+
+    def update(self, X: ArrayLike) -> MiniBatchEM:
+        """Apply the rows of ``X`` as consecutive mini-batches of ``batch_size`` rows.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or (n_features,)
+            float32/float64 arrays are read in place; other real dtypes are converted once.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Wrong shape, or NaN/±Inf/too large values (the message names the row within its batch); the
+            batches before the failing one stay applied, the failing one is not.
+        """
+        arr = as_sample_matrix(X, self._n_features)
+        self._cache = None
+        for start in range(0, arr.shape[0], self._batch_size):
+            self._core.update(arr[start:start + self._batch_size])
+        return self
+
+    @property
+    def n_features(self) -> int:
+        """D."""
+        return self._n_features
+
+    @property
+    def n_components(self) -> int:
+        """K."""
+        return self._n_components
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per mini-batch."""
+        return self._batch_size
+
+    @property
+    def n_seen(self) -> int:
+        """Rows applied so far."""
+        return self._core.n_seen
+
+    @property
+    def n_batches(self) -> int:
+        """Mini-batches applied so far."""
+        return self._core.n_batches
+
+    @property
+    def n_warmup(self) -> int:
+        """Always 0: the first mini-batch both fixes the data's scale and is fitted."""
+        return 0
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether at least one mini-batch was applied."""
+        return self._core.is_fitted
+
+    def snapshot(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(mean, loadings, noise_variance) from one consistent state, cached read-only until the next update.
+
+        Raises
+        ------
+        NotFittedError
+            Before the first mini-batch.
+        """
+        if not self._core.is_fitted:
+            raise NotFittedError(f"{type(self).__name__} has not seen a mini-batch yet.")
+        cached = self._cache
+        if cached is None or cached[0] != self._core.n_seen:
+            n_seen, mean, loadings, psi = self._core.snapshot()
+            for arr in (mean, loadings, psi):
+                arr.setflags(write=False)
+            cached = (n_seen, mean, loadings, psi)
+            self._cache = cached
+        return cached[1], cached[2], cached[3]
+
+    def _params(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        return self.snapshot()
+
+    @property
+    def mean(self) -> FloatArray:
+        """θ̄ (D)."""
+        return self.snapshot()[0]
+
+    @property
+    def loadings(self) -> FloatArray:
+        """F (D×K)."""
+        return self.snapshot()[1]
+
+    @property
+    def noise_variance(self) -> FloatArray:
+        """ψ (D)."""
+        return self.snapshot()[2]
+
+
+def _moment_args(mean: ArrayLike | None, variance: ArrayLike | None, n_features: int) -> dict[str, Any]:
+    if (mean is None) != (variance is None):
+        raise ValueError("mean and variance must be given together")
+    if mean is None or variance is None:
+        return {}
+    out = {}
+    for name, values in (("mean", mean), ("variance", variance)):
+        arr = np.array(values, dtype=np.float64)
+        if arr.shape != (n_features,) or not np.isfinite(arr).all():
+            raise ValueError(f"{name} must be a finite array of shape ({n_features},), got shape {arr.shape}")
+        out[name] = arr
+    if (out["variance"] < 0).any():
+        raise ValueError("variance must be >= 0")
+    return out
+
+
+@dataclass
+class FitHistory:
+    """What :func:`fit_minibatch` did: the average log-likelihood after each pass and whether it converged."""
+
+    scores: list[float] = field(default_factory=list)
+    converged: bool = False
+
+    @property
+    def n_passes(self) -> int:
+        """Passes made."""
+        return len(self.scores)
+
+
+def data_moments(X: Any, chunk_rows: int = MOMENT_CHUNK_ROWS) -> tuple[FloatArray, FloatArray]:
+    """Exact mean and per-feature variance (divided by N) of an (N, D) array, read in chunks of rows.
+
+    Chan et al.'s pairwise combination of chunk means and sums of squares: memory O(chunk·D) on a memory
+    map, no loss of precision from a data set's offset.
+    """
+    n_total = 0
+    mean = np.zeros(X.shape[1])
+    m2 = np.zeros(X.shape[1])
+    for start in range(0, X.shape[0], chunk_rows):
+        chunk = np.asarray(X[start:start + chunk_rows], dtype=np.float64)
+        check_finite_samples(chunk)
+        n = chunk.shape[0]
+        chunk_mean = chunk.mean(axis=0)
+        chunk_m2 = ((chunk - chunk_mean) ** 2).sum(axis=0)
+        delta = chunk_mean - mean
+        total = n_total + n
+        mean = mean + delta * (n / total)
+        m2 = m2 + chunk_m2 + delta**2 * (n_total * n / total)
+        n_total = total
+    return mean, m2 / n_total
+
+
+def fit_minibatch(
+    X: ArrayLike | str | os.PathLike[str],
+    n_components: int,
+    *,
+    batch_size: int = 1000,
+    max_iter: int = 10,
+    tol: float = 1e-5,
+    shuffle: Literal["auto", "rows", "blocks", "none"] = "auto",
+    random_state: int | None = None,
+    on_rows: Callable[[int], None] | None = None,
+    **options: Any,
+) -> tuple[MiniBatchEM, FitHistory]:
+    """Fit a :class:`MiniBatchEM` to a whole data set: exact moments in one pass, then up to ``max_iter``
+    shuffled passes of mini-batch EM, stopping when two consecutive passes fail to improve the best average
+    log-likelihood L (on a fixed sample of at most 5,000 rows) by ``tol`` · max(1, |L|) nats per row.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features), or the path of a ``.npy`` file
+        In memory, memory-mapped (``np.load(path, mmap_mode="r")``), or a path: a path is read in
+        mini-batches with positioned reads (:class:`NpyRows`), so a file larger than RAM is fitted with the
+        model plus one batch (and one chunk for the moments) resident.
+    n_components : int
+        K.
+    batch_size : int, default=1000
+        Rows per mini-batch.
+    max_iter : int, default=10
+        Largest number of passes over the data.
+    tol : float, default=1e-5
+        Stop when two consecutive passes gain less than ``tol`` · max(1, |L|) nats per row over the best
+        earlier pass's average log-likelihood L (0 runs all ``max_iter`` passes).
+    shuffle : {"auto", "rows", "blocks", "none"}, default="auto"
+        "rows" visits the rows in a new random order each pass; "blocks" shuffles the order of the
+        consecutive ``batch_size``-row blocks (sequential reads, for files larger than RAM); "auto" is
+        "blocks" for paths and ``numpy.memmap`` inputs and "rows" otherwise.
+    random_state : int or None, default=None
+        Seed of the initial loadings and of the shuffling.
+    on_rows : callable, optional
+        Called with the number of rows of each batch once it has been applied (progress reporting).
+    **options
+        Further keyword arguments of :class:`MiniBatchEM` (``whiten``, ``schedule``, ``kappa``, ...).
+
+    Returns
+    -------
+    model : MiniBatchEM
+    history : FitHistory
+    """
+    arr = _as_data_matrix(X)
+    max_iter = check_int(max_iter, "max_iter", 1)
+    if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol >= 0):
+        raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
+    mode = _shuffle_mode(shuffle, arr)
+    seed = check_seed(random_state)
+    rng = np.random.default_rng(seed)
+    mean, variance = data_moments(arr)
+    model = MiniBatchEM(arr.shape[1], n_components, batch_size=batch_size, seed=seed, mean=mean,
+                        variance=variance, **options)
+    return model, fit_passes(model, arr, max_iter=max_iter, tol=tol, shuffle=mode, rng=rng, on_rows=on_rows)
+
+
+def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str, rng: np.random.Generator,
+               on_rows: Callable[[int], None] | None = None) -> FitHistory:
+    """Feed ``arr`` to ``model.update`` (any streaming model) for up to ``max_iter`` passes in the order
+    ``shuffle`` gives, scoring each pass on a fixed sample of rows and stopping by :func:`_stalled`."""
+    score_rows = np.sort(rng.choice(arr.shape[0], min(arr.shape[0], MAX_SCORE_ROWS), replace=False))
+    held = np.asarray(arr[score_rows], dtype=np.float64)
+    chunk = model.batch_size if isinstance(model, MiniBatchEM) else PASS_CHUNK_ROWS
+    history = FitHistory()
+    for _ in range(max_iter):
+        for batch in _batches(arr, chunk, shuffle, rng):
+            model.update(batch)
+            if on_rows is not None:
+                on_rows(batch.shape[0])
+        history.scores.append(float(np.mean(_log_prob(held, *model.snapshot()))))
+        if tol > 0 and _stalled(history.scores, tol):
+            history.converged = True
+            break
+    return history
+
+
+def _stalled(scores: list[float], tol: float) -> bool:
+    """Whether the last ``PATIENCE`` passes all failed to beat the best earlier score by
+    ``tol`` · max(1, |best|) (relative for scores far from 0: the average log-likelihood grows with D).
+
+    A single pass is not enough evidence: mini-batch statistics are noisy, and one pass can score a little
+    below the previous one while the fit is still improving.
+    """
+    if len(scores) <= PATIENCE:
+        return False
+    best_before = max(scores[:-PATIENCE])
+    return max(scores[-PATIENCE:]) < best_before + tol * max(1.0, abs(best_before))
+
+
+class NpyRows:
+    """Rows of a ``.npy`` file read on demand with positioned reads, never mapped into memory.
+
+    A memory map would count every page it touched towards the process's resident memory, so a pass over
+    a file larger than RAM would push out everything else; positioned reads go through the page cache,
+    which the kernel reclaims, and keep the process at the model plus one batch. Supports ``len``,
+    ``shape``, ``dtype`` and indexing by a slice or by sorted row indices (C-order files only).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        with open(self.path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+            else:
+                raise ValueError(f"{self.path}: .npy format version {version} is not supported")
+            self._offset = handle.tell()
+        if fortran or len(shape) != 2 or dtype.hasobject:
+            raise ValueError(f"{self.path}: expected a C-order 2-D numeric .npy file, got shape {shape}, "
+                             f"fortran_order={fortran}, dtype {dtype}")
+        self.shape: tuple[int, int] = (int(shape[0]), int(shape[1]))
+        self.dtype = np.dtype(dtype)
+        self.ndim = 2
+        self._row_bytes = self.shape[1] * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: slice | NDArray[np.integer[Any]]) -> NDArray[Any]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.shape[0])
+            if step != 1:
+                raise ValueError("NpyRows supports contiguous slices only")
+            return self._read(start, max(stop - start, 0))
+        rows = np.asarray(index)
+        return np.concatenate([self._read(int(r), 1) for r in rows]) if rows.size else self._read(0, 0)
+
+    def _read(self, start: int, count: int) -> NDArray[Any]:
+        out = np.empty((count, self.shape[1]), dtype=self.dtype)
+        view = out.data.cast("B")
+        with open(self.path, "rb", buffering=0) as handle:
+            fd = handle.fileno()
+            done, total, offset = 0, count * self._row_bytes, self._offset + start * self._row_bytes
+            while done < total:
+                got = os.preadv(fd, [view[done:]], offset + done)
+                if got <= 0:
+                    raise ValueError(f"{self.path}: file is shorter than its header says")
+                done += got
+        return out
+
+
+def _as_data_matrix(X: ArrayLike | str | os.PathLike[str]) -> Any:
+    if isinstance(X, (str, os.PathLike)):
+        return NpyRows(X)
+    if isinstance(X, np.memmap):
+        arr: NDArray[Any] = X
+    else:
+        arr = np.asarray(X)
+    if arr.ndim != 2 or arr.shape[0] < 2 or arr.shape[1] < 2:
+        raise ValueError(f"expected a data matrix of shape (n_samples >= 2, n_features >= 2), got {arr.shape}")
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"expected real numeric data, got dtype {arr.dtype}")
+    return arr
+
+
+def _shuffle_mode(shuffle: str, arr: Any) -> str:
+    if shuffle not in ("auto", "rows", "blocks", "none"):
+        raise ValueError(f"shuffle must be 'auto', 'rows', 'blocks' or 'none', got {shuffle!r}")
+    if shuffle == "auto":
+        return "blocks" if isinstance(arr, (np.memmap, NpyRows)) else "rows"
+    return shuffle
+
+
+def _batches(arr: Any, batch_size: int, mode: str, rng: np.random.Generator) -> Any:
+    """Yield the mini-batches of one pass as core-readable float arrays (one batch in memory at a time)."""
+    n = arr.shape[0]
+    starts = np.arange(0, n, batch_size)
+    if mode == "blocks":
+        starts = rng.permutation(starts)
+    order = rng.permutation(n) if mode == "rows" else None
+    for start in starts:
+        if order is None:
+            rows = arr[start:start + batch_size]
+        else:
+            rows = arr[np.sort(order[start:start + batch_size])]
+        yield as_sample_matrix(rows, arr.shape[1])
