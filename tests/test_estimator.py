@@ -438,3 +438,14 @@ def test_checkpoint_without_the_schedule_parameters_loads_as_the_thesis_algorith
     restored = OnlineFactorAnalysis.load(path)
     assert restored.get_params() == thesis.get_params()
     np.testing.assert_array_equal(restored.partial_fit(X[200:]).components_, thesis.partial_fit(X[200:]).components_)
+
+
+@pytest.mark.parametrize("params", [{}, {"n_components": 50}, {"n_components": 2, "batch_size": 40, "max_iter": 2}])
+def test_default_and_resolved_estimators_load_back(params: dict[str, Any], tmp_path: Any) -> None:
+    # n_components=None (and K >= D, fitted with D - 1 factors) are valid stored hyper-parameters.
+    X = np.random.default_rng(0).standard_normal((200, 6))
+    fitted = OnlineFactorAnalysis(random_state=0, **params).fit(X)
+    fitted.save(tmp_path / "fa.npz")
+    loaded = OnlineFactorAnalysis.load(tmp_path / "fa.npz")
+    assert loaded.get_params() == fitted.get_params()
+    np.testing.assert_array_equal(loaded.components_, fitted.components_)

@@ -678,16 +678,22 @@ def _check_loaded(estimator: OnlineFactorAnalysis, shown_path: str) -> None:
     """Validate a loaded estimator's hyper-parameters (and their agreement with its model) without building
     a model; ValueError naming the file."""
     try:
-        n_components = check_int(estimator.n_components, "n_components", 1)
-        model_class = estimator._model_class()
+        if estimator.n_components is not None:
+            check_int(estimator.n_components, "n_components", 1)
+        model_class: type[StreamingModel] = estimator._model_class()
         estimator._model_options()
+        estimator._check_pass_options()
         check_positive_float(estimator.lr, "lr")
         check_positive_float(estimator.noise_floor, "noise_floor")
-        resolve_warmup(estimator.n_warmup, n_components)
+        resolve_warmup(estimator.n_warmup, 1)
         dtype = _state_dtype(estimator.dtype)
+        if estimator.batch_size > 1:  # mini-batch EM: its own model class, float64 state
+            model_class, dtype = MiniBatchEM, "float64"
         model = getattr(estimator, "_model", None)
         if model is not None and (
-            type(model) is not model_class or model.n_components != n_components or model.dtype != dtype
+            type(model) is not model_class
+            or model.n_components != _resolve_n_components(estimator.n_components, model.n_features)
+            or getattr(model, "dtype", "float64") != dtype
         ):
             raise ValueError("the stored hyper-parameters do not match the stored model")
     except (TypeError, ValueError) as err:
