@@ -116,9 +116,9 @@ class OnlineFactorAnalysis(EstimatorBase):
     rho : float, default=0.01
         ρ in (0, 1] of the "constant" schedule.
     noise_floor : float, default=1e-10
-        Lower bound on every noise variance ψ_d (absolute, squared data units). A constant feature gets
-        ψ_d = ``noise_floor`` and a zero loading row; when the floor is not active the result equals
-        the thesis algorithm.
+        Lower bound on every noise variance ψ_d, relative to σ̂² (the mean over features of the running
+        squared deviations), so it has no units. A constant feature gets ψ_d at the floor and a zero
+        loading row.
     dtype : {"float64", "float32"}, default="float64"
         Storage of the D-sized state (float32 halves memory; inputs must then stay below 1e18).
     random_state : int, RandomState, Generator or None, default=None
