@@ -84,6 +84,24 @@ def draw(
     return out
 
 
+#: (n_seen, mean, loadings, noise_variance) as an engine's ``snapshot()`` returns them.
+CachedSnapshot = tuple[int, FloatArray, FloatArray, FloatArray]
+
+
+def refreshed_snapshot(engine: Any, cached: CachedSnapshot | None) -> CachedSnapshot:
+    """``cached`` if it still describes ``engine`` (same sample count), else a new read-only snapshot.
+
+    The engine computes the three arrays under one lock, so a concurrent update cannot mix two states;
+    the cache spares repeated accessors from recomputing the D×K loadings.
+    """
+    if cached is not None and cached[0] == engine.n_seen:
+        return cached
+    n_seen, mean, loadings, psi = engine.snapshot()
+    for arr in (mean, loadings, psi):
+        arr.setflags(write=False)
+    return (n_seen, mean, loadings, psi)
+
+
 class FactorGaussianMixin:
     """Gaussian helpers for any class exposing ``mean``, ``loadings`` and ``noise_variance``."""
 

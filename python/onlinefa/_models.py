@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core as _engine
-from ._gaussian import FactorGaussianMixin
+from ._gaussian import CachedSnapshot, FactorGaussianMixin, refreshed_snapshot
 from ._persist import CheckpointMixin
 from ._validation import (
     as_sample_matrix,
@@ -119,7 +119,7 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
     _core_class: type[_engine.OnlineEMCore] | type[_engine.OnlineSGACore]
     _n_features: int
     _n_components: int
-    _cache: tuple[int, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]] | None = None
+    _cache: CachedSnapshot | None = None
     #: The configuration options specific to the class (beyond schedule, scaling and noise floor).
     _own_settings: tuple[str, ...] = ()
     _settings: dict[str, Any]
@@ -185,13 +185,8 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
             initialisation.
         """
         self._require_fitted()
-        cached = self._cache
-        if cached is None or cached[0] != self._core.n_seen:
-            n_seen, mean, loadings, psi = self._core.snapshot()
-            for arr in (mean, loadings, psi):
-                arr.setflags(write=False)
-            cached = (n_seen, mean, loadings, psi)
-            self._cache = cached
+        cached = refreshed_snapshot(self._core, self._cache)
+        self._cache = cached
         return cached[1], cached[2], cached[3]
 
     def _require_fitted(self) -> None:

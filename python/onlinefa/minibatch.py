@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core as _engine
-from ._gaussian import FactorGaussianMixin
+from ._gaussian import CachedSnapshot, FactorGaussianMixin, refreshed_snapshot
 from ._persist import CheckpointMixin
 from ._gaussian import log_prob as _log_prob
 from ._models import DEFAULT_NOISE_FLOOR, NotFittedError, _schedule_args
@@ -123,7 +123,7 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
             noise_floor=check_positive_float(noise_floor, "noise_floor"), whiten=bool(whiten),
             **_schedule_args(schedule, tau0, kappa, rho), **moments,
         )
-        self._cache: tuple[int, FloatArray, FloatArray, FloatArray] | None = None
+        self._cache: CachedSnapshot | None = None
 
     def _engine_state(self) -> dict[str, Any]:
         return {**self._core.get_state(), "batch_size": self._batch_size}
@@ -204,13 +204,8 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         """
         if not self._core.is_fitted:
             raise NotFittedError(f"{type(self).__name__} has not seen a mini-batch yet.")
-        cached = self._cache
-        if cached is None or cached[0] != self._core.n_seen:
-            n_seen, mean, loadings, psi = self._core.snapshot()
-            for arr in (mean, loadings, psi):
-                arr.setflags(write=False)
-            cached = (n_seen, mean, loadings, psi)
-            self._cache = cached
+        cached = refreshed_snapshot(self._core, self._cache)
+        self._cache = cached
         return cached[1], cached[2], cached[3]
 
     def _params(self) -> tuple[FloatArray, FloatArray, FloatArray]:
