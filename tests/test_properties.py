@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import onlinefa
@@ -26,7 +26,11 @@ FLOAT64_EPS = float(np.finfo(np.float64).eps)
 # Measured on the implementation over 5000 random configurations of each algorithm drawn like the
 # ones below (data scale 10^±0.5, EM warm-up K+1…K+4, SGA lr 1e-4…3e-2, ≤ 30 samples after warm-up):
 #   mean (both):                 worst 6.7e-7  (≈ 6 eps: the running mean is a contraction)
-#   SGA loadings / noise:        worst 4.5e-7
+#   SGA loadings / noise:        worst 4.5e-7 with the thesis's unit start; with the default data-scaled
+#                                start 3.9e-6 / 1.4e-6 over 1500 configurations, and 1.5e-5 in one rarer
+#                                case (ψ starts at each feature's d̄² over a warm-up of as few as 2 samples,
+#                                so a feature that barely moved starts near the floor and, as in EM, the
+#                                E-step's Ψ⁻¹ weighting amplifies float32 rounding)
 #   EM loadings / noise:         worst 3.8e-5 / 2.1e-5
 # EM's M-step F = Ā H̄⁻¹ solves with an H̄ estimated from a handful of samples, and line 15 is a
 # Schur complement (ψ = d̄² − diag(Ā H̄⁻¹ Āᵀ), a difference of nearly equal numbers), so float32
@@ -40,8 +44,8 @@ FLOAT32_RTOL = {
     ("OnlineEM", "loadings"): 1e-3,
     ("OnlineEM", "noise_variance"): 1e-3,
     ("OnlineSGA", "mean"): 1e-5,
-    ("OnlineSGA", "loadings"): 1e-5,
-    ("OnlineSGA", "noise_variance"): 1e-5,
+    ("OnlineSGA", "loadings"): 1e-3,
+    ("OnlineSGA", "noise_variance"): 1e-3,
 }
 
 PROPERTY_SETTINGS = settings(max_examples=100, deadline=None)
@@ -200,6 +204,8 @@ def test_em_float32_state_matches_float64(
 
 @PROPERTY_SETTINGS
 @given(case=stream_cases(max_scale_exponent=0.5, constant_feature=False, min_warmup_above_k=None))
+@example(case=StreamCase(n_features=6, n_components=1, n_warmup=2, lr=0.01, n_samples=17, seed=1346278,
+                         scale=3.1622776601683795, constant_feature=None))  # the 1.5e-5 case above
 def test_sga_float32_state_matches_float64(
     case: StreamCase, fa_stream: StreamFactory, rel_err: RelErr
 ) -> None:
