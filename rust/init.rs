@@ -35,6 +35,29 @@ pub fn fill_standard_normal(mut out: ArrayViewMut2<f64>, seed: u64) {
     }
 }
 
+/// Rows `row0 … row0 + out.nrows() − 1` of the standard-normal matrix [`fill_standard_normal`] draws for
+/// `seed` (same number of columns): the part of the initial draw held by one shard of a model whose rows
+/// are split across processes. Each row block is regenerated from its start and its leading rows skipped.
+pub fn fill_standard_normal_rows(mut out: ArrayViewMut2<f64>, seed: u64, row0: usize) {
+    let cols = out.ncols();
+    let mut done = 0;
+    while done < out.nrows() {
+        let row = row0 + done;
+        let block = row / RNG_BLOCK_ROWS;
+        let skip = row - block * RNG_BLOCK_ROWS;
+        let take = (RNG_BLOCK_ROWS - skip).min(out.nrows() - done);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(block as u64);
+        for _ in 0..skip * cols {
+            let _: f64 = rng.sample(StandardNormal);
+        }
+        for v in out.slice_mut(ndarray::s![done..done + take, ..]).iter_mut() {
+            *v = rng.sample(StandardNormal);
+        }
+        done += take;
+    }
+}
+
 /// A fresh seed from the operating system (used when the caller gives none).
 pub fn entropy_seed() -> u64 {
     rand::rng().random()
@@ -77,6 +100,21 @@ mod tests {
         }
         assert_eq!(q, orthonormal_loadings(10_000, 7, 42).expect("qr"));
         assert_ne!(q, orthonormal_loadings(10_000, 7, 43).expect("qr"));
+    }
+
+    #[test]
+    fn rows_of_the_standard_normal_matrix_match_the_whole_draw() {
+        let mut whole = Array2::zeros((2 * RNG_BLOCK_ROWS + 50, 3));
+        fill_standard_normal(whole.view_mut(), 5);
+        for (lo, hi) in [
+            (0, 7),
+            (7, RNG_BLOCK_ROWS + 3),
+            (RNG_BLOCK_ROWS - 1, 2 * RNG_BLOCK_ROWS + 50),
+        ] {
+            let mut part = Array2::zeros((hi - lo, 3));
+            fill_standard_normal_rows(part.view_mut(), 5, lo);
+            assert_eq!(part, whole.slice(ndarray::s![lo..hi, ..]));
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod gfa;
 pub mod init;
 pub mod linalg;
 pub mod minibatch;
+pub mod noise;
 pub mod online_em;
 pub mod online_sga;
 mod pass;
@@ -27,6 +28,8 @@ pub mod vifa;
 
 #[cfg(feature = "python")]
 mod python;
+#[cfg(feature = "python")]
+mod python_sharded;
 
 pub use error::{FaError, Result};
 pub use online_em::{EmConfig, OnlineEm, StepSums};

@@ -292,6 +292,11 @@ impl<T: Real> OnlineEm<T> {
         self.finish(t, rho, mean_rho, sums, self.n_features)
     }
 
+    /// Validate a batch `x` (n×D) as [`Self::update`] does, without applying it.
+    pub fn check_batch<X: Real>(&self, x: ArrayView2<X>) -> Result<()> {
+        validate_batch::<T, X>(&x, self.n_features)
+    }
+
     /// First half of one step, for models whose rows are split across processes: apply the previous sample's
     /// pending row-local step to the rows this model holds and return their part of the cross-row sums of
     /// the E-step (4.23) for sample `x` (this model's D entries). Sums from every part of the rows add up to

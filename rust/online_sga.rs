@@ -8,7 +8,7 @@ use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::error::{invalid, try_filled, FaError, Result};
 use crate::linalg::SpdFactor;
-use crate::online_em::{check_floor_fits, checked_init, validate_dims};
+use crate::online_em::{check_floor_fits, checked_init, validate_dims, StepSums};
 use crate::pass::{
     accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block, Scratch, Sums,
     BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
@@ -166,6 +166,53 @@ impl<T: Real> OnlineSga<T> {
 
     /// One sample: the fused pass (pending gradient step + running mean + E-step sums), then (4.23).
     fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
+        self.pass(x, scratch, sums);
+        self.finish(sums, self.n_features)
+    }
+
+    /// Validate a batch `x` (n×D) as [`Self::update`] does, without applying it.
+    pub fn check_batch<X: Real>(&self, x: ArrayView2<X>) -> Result<()> {
+        validate_batch::<T, X>(&x, self.n_features)
+    }
+
+    /// First half of one step, for models whose rows are split across processes: apply the pending gradient
+    /// step and the running mean to the rows this model holds and return their part of the E-step sums
+    /// (4.23) for sample `x` (this model's D entries). The parts of every process add up to the sums of the
+    /// whole model; [`OnlineSga::apply`] finishes the step from them.
+    pub fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
+        validate_batch::<T, X>(&x.view().insert_axis(ndarray::Axis(0)), self.n_features)?;
+        let mut scratch = Scratch::new(self.n_features, self.n_components);
+        let mut sums = Sums::zeros(self.n_components);
+        self.pass(x, &mut scratch, &mut sums);
+        self.pending = None;
+        Ok(StepSums {
+            s: sums.s,
+            u: sums.u,
+            dsq_sum: sums.dsq,
+        })
+    }
+
+    /// Second half of one step: (4.23) from `sums` (the sum of every part's [`OnlineSga::local_sums`] for
+    /// the same sample), with `n_features_total` the D of the whole model (for σ̂² = Σ d̄² / D).
+    pub fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
+        let k = self.n_components;
+        if sums.s.dim() != (k, k) || sums.u.len() != k || n_features_total < self.n_features {
+            return Err(FaError::Shape {
+                what: "sums",
+                expected: format!("S ({k}, {k}), u ({k},), n_features_total >= {}", self.n_features),
+                got: vec![sums.s.nrows(), sums.s.ncols(), sums.u.len(), n_features_total],
+            });
+        }
+        let inner = Sums {
+            s: sums.s.clone(),
+            u: sums.u.clone(),
+            dsq: sums.dsq_sum,
+        };
+        self.finish(&inner, n_features_total)
+    }
+
+    /// The fused pass of sample n_seen + 1 over every row: pending gradient step, running mean, E-step sums.
+    fn pass<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) {
         let t = self.n_seen + 1;
         let active = t > self.config.n_warmup;
         let data = self.config.scaling == Scaling::Data;
@@ -200,10 +247,20 @@ impl<T: Real> OnlineSga<T> {
         reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| {
             sga_task(rows, &x, &ctx, blk, part)
         });
-        let track_dsq = ctx.track_dsq;
-        self.pending = if active { Some(estep(sums, k)?) } else { None };
+    }
+
+    /// (4.23) for sample n_seen + 1 from the sums of its pass (all rows of the model: `n_total` of them).
+    fn finish(&mut self, sums: &Sums, n_total: usize) -> Result<()> {
+        let t = self.n_seen + 1;
+        let active = t > self.config.n_warmup;
+        let track_dsq = self.config.scaling == Scaling::Data && !active;
+        self.pending = if active {
+            Some(estep(sums, self.n_components)?)
+        } else {
+            None
+        };
         if track_dsq {
-            self.scale_sq = sums.dsq / self.n_features as f64;
+            self.scale_sq = sums.dsq / n_total as f64;
         }
         self.n_seen = t;
         Ok(())
@@ -481,6 +538,32 @@ mod tests {
     use super::*;
     use crate::init::{fill_standard_normal, orthonormal_loadings};
     use ndarray::Axis;
+
+    #[test]
+    fn local_sums_then_apply_equals_update() {
+        for scaling in [Scaling::Unit, Scaling::Data] {
+            let (d, k) = (40, 3);
+            let f0 = orthonormal_loadings(d, k, 21).expect("init");
+            let mut x = Array2::zeros((60, d));
+            fill_standard_normal(x.view_mut(), 22);
+            let cfg = SgaConfig {
+                n_warmup: 10,
+                lr: 0.01,
+                scaling,
+                ..SgaConfig::default()
+            };
+            let mut whole = OnlineSga::<f64>::new(d, k, f0.view(), cfg).expect("new");
+            let mut split = whole.clone();
+            whole.update(x.view()).expect("update");
+            for row in x.rows() {
+                let sums = split.local_sums(row).expect("sums");
+                split.apply(&sums, d).expect("apply");
+            }
+            assert_eq!(whole.loadings(), split.loadings());
+            assert_eq!(whole.noise_variance(), split.noise_variance());
+            assert_eq!(whole.mean(), split.mean());
+        }
+    }
 
     #[test]
     fn batch_equals_row_by_row_and_psi_stays_positive() {

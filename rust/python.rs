@@ -33,7 +33,7 @@ pyo3::create_exception!(
 
 /// The one conversion of core errors: numerical breakdown → `NumericalBreakdownError` (an
 /// `ArithmeticError`), allocation failure → `MemoryError`, everything else (invalid input) → `ValueError`.
-fn to_py_err(err: FaError) -> PyErr {
+pub(crate) fn to_py_err(err: FaError) -> PyErr {
     match err {
         FaError::NotPositiveDefinite(_) => NumericalBreakdownError::new_err(err.to_string()),
         FaError::Allocation { .. } => PyMemoryError::new_err(err.to_string()),
@@ -41,7 +41,7 @@ fn to_py_err(err: FaError) -> PyErr {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
     m.lock().map_err(|failure| match failure {
         LockFailure::Poisoned => PyRuntimeError::new_err("model state is poisoned by an earlier internal panic"),
         LockFailure::HeldAtFork => PyRuntimeError::new_err(
@@ -57,7 +57,7 @@ fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
 /// aligned to the item. rust-numpy would divide such strides by the item size, rounding down, and read
 /// the wrong addresses. The Python wrappers copy such arrays before they reach the engines
 /// (`onlinefa._validation.core_readable`); this is the engines' own guard.
-fn check_layout<T: Element, D: Dimension>(arr: &Bound<'_, PyArray<T, D>>, what: &str) -> PyResult<()> {
+pub(crate) fn check_layout<T: Element, D: Dimension>(arr: &Bound<'_, PyArray<T, D>>, what: &str) -> PyResult<()> {
     if addressable(arr) {
         Ok(())
     } else {
@@ -83,7 +83,7 @@ fn addressable<T: Element, D: Dimension>(arr: &Bound<'_, PyArray<T, D>>) -> bool
 
 /// An owned copy of an array of any layout (for inputs that are copied anyway: initial values, saved
 /// states): read in place when a view can describe it, else through a C-contiguous copy made by NumPy.
-fn owned_copy<T: Element + Copy, D: Dimension>(arr: &Bound<'_, PyArray<T, D>>) -> PyResult<Array<T, D>> {
+pub(crate) fn owned_copy<T: Element + Copy, D: Dimension>(arr: &Bound<'_, PyArray<T, D>>) -> PyResult<Array<T, D>> {
     if addressable(arr) {
         return Ok(arr.readonly().as_array().to_owned());
     }
@@ -92,7 +92,7 @@ fn owned_copy<T: Element + Copy, D: Dimension>(arr: &Bound<'_, PyArray<T, D>>) -
 }
 
 /// The ndarray view of a borrowed NumPy array, after [`check_layout`].
-fn checked_view<'a, T: Element, D: Dimension>(
+pub(crate) fn checked_view<'a, T: Element, D: Dimension>(
     arr: &'a PyReadonlyArray<'_, T, D>,
     what: &str,
 ) -> PyResult<ArrayView<'a, T, D>> {
@@ -174,7 +174,7 @@ fn dict_to_state(dict: &Bound<'_, PyDict>) -> PyResult<StateMap> {
 }
 
 /// A model with f32 or f64 state.
-enum Typed<A, B> {
+pub(crate) enum Typed<A, B> {
     F32(A),
     F64(B),
 }
@@ -354,6 +354,57 @@ macro_rules! model_methods {
                 query_draw_into(py, &self.inner, h, out)
             }
 
+            /// Validate a batch X (n×D float32/float64) as `update` does, applying nothing.
+            fn check_batch(&self, py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
+                crate::python_sharded::with_matrix(py, x, "X", |view| {
+                    with_model!(&*lock(&self.inner)?, m => match view {
+                        crate::python_sharded::AnyView2::F64(v) => m.check_batch(v),
+                        crate::python_sharded::AnyView2::F32(v) => m.check_batch(v),
+                    })
+                    .map_err(to_py_err)
+                })
+            }
+
+            /// First half of one step of a model split across processes: (S (K×K), u (K), Σ d̄²) of these
+            /// rows for sample x (this part's D entries, float32/float64).
+            #[allow(clippy::type_complexity)]
+            fn local_sums<'py>(
+                &self,
+                py: Python<'py>,
+                x: &Bound<'py, PyAny>,
+            ) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>, f64)> {
+                let sums = crate::python_sharded::with_vector(py, x, "x", |view| {
+                    let mut guard = lock(&self.inner)?;
+                    with_model!(&mut *guard, m => match view {
+                        crate::python_sharded::AnyView1::F64(v) => m.local_sums(v),
+                        crate::python_sharded::AnyView1::F32(v) => m.local_sums(v),
+                    })
+                    .map_err(to_py_err)
+                })?;
+                Ok((sums.s.into_pyarray(py), sums.u.into_pyarray(py), sums.dsq_sum))
+            }
+
+            /// Second half: finish the step from the sums of every part (`n_features_total` rows in all).
+            fn apply_sums(
+                &self,
+                py: Python<'_>,
+                s: PyReadonlyArray2<'_, f64>,
+                u: PyReadonlyArray1<'_, f64>,
+                dsq_sum: f64,
+                n_features_total: usize,
+            ) -> PyResult<()> {
+                let sums = crate::online_em::StepSums { s: owned_copy(&s)?, u: owned_copy(&u)?, dsq_sum };
+                py.detach(|| {
+                    let mut guard = lock(&self.inner)?;
+                    with_model!(&mut *guard, m => m.apply(&sums, n_features_total)).map_err(to_py_err)
+                })
+            }
+
+            /// The additive query sums of these rows for X (n×D float64), flat (see `crate::query::QuerySums`).
+            fn query_sums<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                crate::python_sharded::query_sums(py, &self.inner, x)
+            }
+
             /// (n_seen, mean, loadings, noise_variance) read under one lock: one consistent state.
             #[allow(clippy::type_complexity)]
             fn snapshot<'py>(
@@ -501,6 +552,10 @@ mod _core {
     use super::{orthonormal_init, OnlineEMCore, OnlineSGACore, VIFACore};
     #[pymodule_export]
     use super::{vbfa_log_likelihood, OnlineVBFACore, VBFACore};
+    #[pymodule_export]
+    use crate::python_sharded::{
+        fill_sample_noise, latent_mean_from_sums, log_prob_from_sums, snapshot_max_elements, standard_normal_rows,
+    };
 }
 
 // ---- VIFA binding ----
@@ -617,6 +672,65 @@ impl VIFACore {
     /// One optimiser step from the (L, D) gradients of the full-data NLL at the pending draws.
     fn step(&self, py: Python<'_>, grads: &Bound<'_, PyAny>) -> PyResult<()> {
         vifa_step_any(self, py, grads)
+    }
+
+    /// Phase 1 of a step split across processes: validate grads (L×D) and return these rows' part of the
+    /// squared gradient norms (None without clipping). Changes nothing.
+    fn local_gradient_norms(&self, py: Python<'_>, grads: &Bound<'_, PyAny>) -> PyResult<Option<[f64; 3]>> {
+        crate::python_sharded::with_matrix(py, grads, "grad", |view| {
+            with_model!(&*lock(&self.inner)?, m => match view {
+                crate::python_sharded::AnyView2::F64(v) => m.local_gradient_norms(v),
+                crate::python_sharded::AnyView2::F32(v) => m.local_gradient_norms(v),
+            })
+            .map_err(to_py_err)
+        })
+    }
+
+    /// Phase 2: apply the step to these rows with the whole model's squared norms; returns (this part of
+    /// B = Fᵀ Ψ⁻¹ F, all finite).
+    fn local_step<'py>(
+        &self,
+        py: Python<'py>,
+        grads: &Bound<'py, PyAny>,
+        sq_norms: Option<[f64; 3]>,
+    ) -> PyResult<(Bound<'py, PyArray2<f64>>, bool)> {
+        let (gram, finite) = crate::python_sharded::with_matrix(py, grads, "grad", |view| {
+            let mut guard = lock(&self.inner)?;
+            with_model!(&mut *guard, m => match view {
+                crate::python_sharded::AnyView2::F64(v) => m.local_step(v, sq_norms),
+                crate::python_sharded::AnyView2::F32(v) => m.local_step(v, sq_norms),
+            })
+            .map_err(to_py_err)
+        })?;
+        Ok((gram.into_pyarray(py), finite))
+    }
+
+    /// Phase 3: (I + B)⁻¹ from the whole model's B (K×K); error if the step diverged on any part.
+    fn finish_step(&self, py: Python<'_>, gram: PyReadonlyArray2<'_, f64>, finite: bool) -> PyResult<()> {
+        let gram = owned_copy(&gram)?;
+        py.detach(|| {
+            let mut guard = lock(&self.inner)?;
+            with_model!(&mut *guard, m => m.finish_step(gram.view(), finite)).map_err(to_py_err)
+        })
+    }
+
+    /// Index of this model's first row in a vector split across processes (its noise is that of those rows).
+    #[getter]
+    fn row_offset(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.row_offset())))
+    }
+
+    #[setter]
+    fn set_row_offset(&self, py: Python<'_>, row_offset: usize) -> PyResult<()> {
+        py.detach(|| {
+            with_model!(&mut *lock(&self.inner)?, m => m.set_row_offset(row_offset));
+            Ok(())
+        })
+    }
+
+    /// The additive query sums of these rows for X (n×D float64), flat (see `crate::query::QuerySums`).
+    fn query_sums<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        crate::python_sharded::query_sums(py, &self.inner, x)
     }
 
     /// (h, z) of the pending draws: (n_pending, K) and (n_pending, D).

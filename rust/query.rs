@@ -142,15 +142,51 @@ fn check_block(lo: usize, f: &[f64], psi: &[f64], k: usize) -> Result<()> {
 }
 
 /// Sums over rows for the queries on x (n×D): M − I = Σ_d F_d F_dᵀ/ψ_d (K×K), Σ_d log ψ_d,
-/// quad_n = Σ_d r_nd²/ψ_d and proj_n = Σ_d r_nd F_d/ψ_d (n×K), r = x − c.
-struct QuerySums {
-    gram: Array2<f64>,
-    log_det_psi: f64,
-    quad: Array1<f64>,
-    proj: Array2<f64>,
+/// quad_n = Σ_d r_nd²/ψ_d and proj_n = Σ_d r_nd F_d/ψ_d (n×K), r = x − c. Sums over disjoint sets of
+/// rows (the shards of a model split across processes) add.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuerySums {
+    pub gram: Array2<f64>,
+    pub log_det_psi: f64,
+    pub quad: Array1<f64>,
+    pub proj: Array2<f64>,
 }
 
-fn query_sums<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Result<QuerySums> {
+impl QuerySums {
+    /// Flat form [gram (K², row-major), Σ log ψ, quad (n), proj (n·K, row-major)], for an all-reduce.
+    pub fn to_flat(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.gram.len() + 1 + self.quad.len() + self.proj.len());
+        out.extend(self.gram.iter());
+        out.push(self.log_det_psi);
+        out.extend(self.quad.iter());
+        out.extend(self.proj.iter());
+        out
+    }
+
+    /// Inverse of [`QuerySums::to_flat`] for n samples and K factors.
+    pub fn from_flat(flat: &[f64], n: usize, k: usize) -> Result<Self> {
+        let want = k * k + 1 + n + n * k;
+        if flat.len() != want {
+            return Err(FaError::Shape {
+                what: "query sums",
+                expected: format!("({want},) for n = {n}, K = {k}"),
+                got: vec![flat.len()],
+            });
+        }
+        let (gram, rest) = flat.split_at(k * k);
+        let (quad, proj) = rest[1..].split_at(n);
+        let shape_err = |e: ndarray::ShapeError| FaError::InvalidState(e.to_string());
+        Ok(QuerySums {
+            gram: Array2::from_shape_vec((k, k), gram.to_vec()).map_err(shape_err)?,
+            log_det_psi: rest[0],
+            quad: Array1::from(quad.to_vec()),
+            proj: Array2::from_shape_vec((n, k), proj.to_vec()).map_err(shape_err)?,
+        })
+    }
+}
+
+/// The query sums of the model's rows for the rows of x (n×D).
+pub fn query_sums<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Result<QuerySums> {
     let (d, k) = model.dims();
     let n = x.nrows();
     if x.ncols() != d {
@@ -202,12 +238,16 @@ fn precision_factor(gram: &Array2<f64>) -> Result<SpdFactor> {
 /// Log density of each row of x (n×D) under N(c, F Fᵀ + diag ψ), shape (n):
 /// −½ (D log 2π + log|M| + Σ log ψ + rᵀΨ⁻¹r − ‖L⁻¹ Fᵀ Ψ⁻¹ r‖²), M = L Lᵀ.
 pub fn log_prob<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Result<Array1<f64>> {
-    let sums = query_sums(model, x)?;
+    log_prob_from_sums(&query_sums(model, x)?, x.ncols())
+}
+
+/// [`log_prob`] from the query sums over all `n_features` rows of the model.
+pub fn log_prob_from_sums(sums: &QuerySums, n_features: usize) -> Result<Array1<f64>> {
     let factor = precision_factor(&sums.gram)?;
     let l_inv = crate::linalg::lower_triangular_inverse(factor.lower().view())?;
     let log_det = factor.log_det() + sums.log_det_psi;
-    let constant = x.ncols() as f64 * (2.0 * std::f64::consts::PI).ln() + log_det;
-    Ok(Array1::from_shape_fn(x.nrows(), |j| {
+    let constant = n_features as f64 * (2.0 * std::f64::consts::PI).ln() + log_det;
+    Ok(Array1::from_shape_fn(sums.quad.len(), |j| {
         let projected = l_inv.dot(&sums.proj.row(j));
         -0.5 * (constant + sums.quad[j] - projected.dot(&projected))
     }))
@@ -215,7 +255,11 @@ pub fn log_prob<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Resu
 
 /// E[h | x] = M⁻¹ Fᵀ Ψ⁻¹ (x − c) for each row of x (n×D), shape (n, K).
 pub fn latent_mean<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Result<Array2<f64>> {
-    let sums = query_sums(model, x)?;
+    latent_mean_from_sums(query_sums(model, x)?)
+}
+
+/// [`latent_mean`] from the query sums over all rows of the model.
+pub fn latent_mean_from_sums(sums: QuerySums) -> Result<Array2<f64>> {
     let factor = precision_factor(&sums.gram)?;
     let mut out = sums.proj;
     for mut row in out.axis_iter_mut(Axis(0)) {

@@ -30,13 +30,11 @@
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 use rayon::prelude::*;
 
 use crate::error::{invalid, FaError, Result};
 use crate::linalg::SpdFactor;
+use crate::noise;
 use crate::pass::{block_times, use_parallel, validate_batch};
 use crate::scalar::{stored, Real};
 
@@ -50,8 +48,6 @@ const _: () = assert!(
 );
 /// Salt that separates the draw key from the key of the seeded initial loadings (`init.rs`).
 const DRAW_SALT: u64 = 0x5649_4641_5f64_7261;
-/// log₂ of the 32-bit-word stride between the noise blocks of one draw's stream.
-const NOISE_BLOCK_WORDS_LOG2: u32 = 32;
 
 /// Adam's first-moment decay β₁ (PyTorch/Kingma & Ba default).
 pub const ADAM_BETA1: f64 = 0.9;
@@ -229,6 +225,9 @@ pub struct Vifa<T: Real> {
     pub(crate) moments: Option<Moments<T>>,
     /// (I + B)⁻¹ with B = Fᵀ Ψ⁻¹ F of the current parameters (K×K); None once the parameters diverged.
     pub(crate) m_inv: Option<Array2<f64>>,
+    /// Index of this model's first row in the whole vector when the rows are split across processes (0
+    /// otherwise): the noise z of row r is that of global feature `row_offset + r`.
+    pub(crate) row_offset: usize,
 }
 
 /// The hint carried by the error of a diverged model.
@@ -317,6 +316,7 @@ impl<T: Real> Vifa<T> {
             params: Params { c, f, beta },
             moments,
             m_inv: None,
+            row_offset: 0,
         };
         model.m_inv = Some(model.recompute_m_inv()?);
         Ok(model)
@@ -450,7 +450,7 @@ impl<T: Real> Vifa<T> {
             for (b, o_blk) in o.chunks_mut(BLOCK_ROWS).enumerate() {
                 let row0 = lo + b * BLOCK_ROWS;
                 let nb = o_blk.len();
-                fill_noise(self.seed, draw, row0, &mut z[..nb]);
+                fill_noise(self.seed, draw, self.row_offset + row0, &mut z[..nb]);
                 for (i, (t, z)) in o_blk.iter_mut().zip(z.iter()).enumerate() {
                     let r = row0 + i;
                     let f_row = &self.params.f[r * k..(r + 1) * k];
@@ -476,7 +476,7 @@ impl<T: Real> Vifa<T> {
                 .as_slice_mut()
                 .expect("rows of a standard-layout array are contiguous");
             for (b, blk) in slice.chunks_mut(BLOCK_ROWS).enumerate() {
-                fill_noise(self.seed, first + l as u64, b * BLOCK_ROWS, blk);
+                fill_noise(self.seed, first + l as u64, self.row_offset + b * BLOCK_ROWS, blk);
             }
         }
         (h, z)
@@ -487,28 +487,44 @@ impl<T: Real> Vifa<T> {
     /// validation error nothing changes. If the step makes a parameter non-finite the model is marked
     /// diverged and this and every later call return an error.
     pub fn step<X: Real>(&mut self, grads: ArrayView2<X>) -> Result<()> {
+        let sq_norms = self.local_gradient_norms(grads.view())?;
+        let (gram, finite) = self.local_step(grads, sq_norms)?;
+        self.finish_step(gram.view(), finite)
+    }
+
+    /// First phase of a step for a model whose rows are split across processes (and of [`Vifa::step`]):
+    /// validate `grads` (L×D, this model's rows) and, when gradient clipping is on, return this model's
+    /// part of ‖∇_c‖², ‖∇_F‖², ‖∇_β‖² (sums over rows: the parts of every process add up to the norms of
+    /// the whole model). Changes nothing.
+    pub fn local_gradient_norms<X: Real>(&self, grads: ArrayView2<X>) -> Result<Option<[f64; 3]>> {
         self.m_inv()?;
         self.check_grads(&grads)?;
-        let k = self.n_components;
-        let first = self.first_pending();
-        let mut h = Array2::zeros((self.n_pending, k));
-        for (l, mut row) in h.rows_mut().into_iter().enumerate() {
-            row.assign(&latent_draw(self.seed, first + l as u64, k));
+        if self.config.clip_grad_norm.is_none() {
+            return Ok(None);
         }
+        let h = self.pending_latents();
         let m_inv = self.m_inv()?.clone();
-        let ctx = GradCtx {
-            k,
-            seed: self.seed,
-            first_draw: first,
-            h: h.view(),
-            grads,
-            m_inv: m_inv.view(),
-            alpha: self.config.prior_precision,
+        Ok(Some(self.gradient_norms(&self.grad_ctx(h.view(), grads, m_inv.view()))))
+    }
+
+    /// Second phase: apply the optimiser step to this model's rows with the clipping norms `sq_norms` of
+    /// the whole model (from [`Vifa::local_gradient_norms`], summed over every part; None without
+    /// clipping) and return this part of B = Fᵀ Ψ⁻¹ F of the new parameters (K×K) and whether they are all
+    /// finite. Until [`Vifa::finish_step`] receives the sum of every part's B, the model answers no query.
+    pub fn local_step<X: Real>(
+        &mut self,
+        grads: ArrayView2<X>,
+        sq_norms: Option<[f64; 3]>,
+    ) -> Result<(Array2<f64>, bool)> {
+        let m_inv = self.m_inv()?.clone();
+        self.check_grads(&grads)?;
+        let scale = match (self.config.clip_grad_norm, sq_norms) {
+            (Some(max), Some(sq)) => clip_scales(sq, max),
+            (None, _) => [1.0; 3],
+            (Some(_), None) => return Err(invalid("sq_norms", "gradient clipping needs the gradient norms")),
         };
-        let scale = match self.config.clip_grad_norm {
-            Some(max) => clip_scales(self.gradient_norms(&ctx), max),
-            None => [1.0; 3],
-        };
+        let h = self.pending_latents();
+        let ctx = self.grad_ctx(h.view(), grads, m_inv.view());
         let t = self.n_steps + 1;
         let rule = UpdateRule {
             lr: self.config.lr.as_array(),
@@ -519,12 +535,67 @@ impl<T: Real> Vifa<T> {
         let (gram, finite) = self.update_pass(&ctx, &rule);
         self.n_steps = t;
         self.n_pending = 0;
-        self.m_inv = if finite {
-            precision_inverse(k, vec![gram]).ok()
+        self.m_inv = None;
+        Ok((gram, finite))
+    }
+
+    /// Last phase: (I + B)⁻¹ from B = Fᵀ Ψ⁻¹ F of the whole model (K×K) and whether every part's new
+    /// parameters are finite; error (the model is then diverged) if they are not.
+    pub fn finish_step(&mut self, gram: ArrayView2<f64>, finite: bool) -> Result<()> {
+        let k = self.n_components;
+        if gram.dim() != (k, k) {
+            return Err(FaError::Shape {
+                what: "gram",
+                expected: format!("({k}, {k})"),
+                got: gram.shape().to_vec(),
+            });
+        }
+        self.m_inv = if finite && gram.iter().all(|v| v.is_finite()) {
+            precision_inverse(k, vec![gram.to_owned()]).ok()
         } else {
             None
         };
         self.m_inv().map(|_| ())
+    }
+
+    /// h of the pending draws (L×K).
+    fn pending_latents(&self) -> Array2<f64> {
+        let k = self.n_components;
+        let first = self.first_pending();
+        let mut h = Array2::zeros((self.n_pending, k));
+        for (l, mut row) in h.rows_mut().into_iter().enumerate() {
+            row.assign(&latent_draw(self.seed, first + l as u64, k));
+        }
+        h
+    }
+
+    fn grad_ctx<'a, X: Real>(
+        &self,
+        h: ArrayView2<'a, f64>,
+        grads: ArrayView2<'a, X>,
+        m_inv: ArrayView2<'a, f64>,
+    ) -> GradCtx<'a, X> {
+        GradCtx {
+            k: self.n_components,
+            seed: self.seed,
+            first_draw: self.first_pending(),
+            h,
+            grads,
+            m_inv,
+            alpha: self.config.prior_precision,
+            row_offset: self.row_offset,
+        }
+    }
+
+    /// Place this model's rows at `row_offset` in a vector split across processes (its noise then equals
+    /// that of the whole model's rows there).
+    pub fn set_row_offset(&mut self, row_offset: usize) {
+        self.row_offset = row_offset;
+    }
+
+    /// Index of this model's first row in the whole vector.
+    pub fn row_offset(&self) -> usize {
+        self.row_offset
     }
 
     fn check_grads<X: Real>(&self, grads: &ArrayView2<X>) -> Result<()> {
@@ -624,28 +695,19 @@ fn precision_inverse(k: usize, partials: Vec<Array2<f64>>) -> Result<Array2<f64>
     Ok(SpdFactor::new(precision.view(), DIVERGED)?.inverse())
 }
 
-/// A ChaCha8 generator on stream `draw` of the draw key of `seed`.
-fn draw_rng(seed: u64, draw: u64) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ DRAW_SALT);
-    rng.set_stream(draw);
-    rng
+/// The key of the training draws of `seed` (counter-based noise, `crate::noise`).
+fn draw_key(seed: u64) -> u64 {
+    seed ^ DRAW_SALT
 }
 
-/// h of draw `draw` (K standard normals from the start of its stream).
+/// h of draw `draw` (K standard normals).
 fn latent_draw(seed: u64, draw: u64, k: usize) -> Array1<f64> {
-    let mut rng = draw_rng(seed, draw);
-    (0..k).map(|_| rng.sample::<f64, _>(StandardNormal)).collect()
+    noise::latent_draw(draw_key(seed), draw, k)
 }
 
-/// z of draw `draw` for the rows starting at `row0` (a multiple of the block size), `out.len()` rows.
+/// z of draw `draw` for the global features starting at `row0`, `out.len()` values.
 fn fill_noise(seed: u64, draw: u64, row0: usize, out: &mut [f64]) {
-    debug_assert!(row0 % BLOCK_ROWS == 0 && out.len() <= BLOCK_ROWS);
-    let block = (row0 / BLOCK_ROWS) as u128;
-    let mut rng = draw_rng(seed, draw);
-    rng.set_word_pos((block + 1) << NOISE_BLOCK_WORDS_LOG2);
-    for v in out.iter_mut() {
-        *v = rng.sample(StandardNormal);
-    }
+    noise::fill_noise(draw_key(seed), draw, row0, out)
 }
 
 /// Everything the gradient of one block needs besides its rows.
@@ -660,6 +722,8 @@ struct GradCtx<'a, X> {
     /// (I + B)⁻¹ (K×K).
     m_inv: ArrayView2<'a, f64>,
     alpha: f64,
+    /// Global index of row 0 (for the noise).
+    row_offset: usize,
 }
 
 /// Learning rates, clipping factors and Adam bias corrections (1 − β₁ᵗ, 1 − β₂ᵗ) of one step.
@@ -827,7 +891,12 @@ fn likelihood_terms<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: usize, nb:
     s.gz[..nb].fill(0.0);
     s.gh[..nb * k].fill(0.0);
     for l in 0..n_draws {
-        fill_noise(ctx.seed, ctx.first_draw + l as u64, row0, &mut s.z[..nb]);
+        fill_noise(
+            ctx.seed,
+            ctx.first_draw + l as u64,
+            ctx.row_offset + row0,
+            &mut s.z[..nb],
+        );
         let h = ctx.h.row(l);
         let g_block = ctx.grads.row(l).slice_move(s![row0..row0 + nb]);
         let per_row = s.g_mean[..nb]
@@ -1263,6 +1332,9 @@ mod checkpoint {
             w.put("n_pending", StateValue::Int(self.n_pending as u64));
             w.put("n_steps", StateValue::Int(self.n_steps));
             w.put("diverged", StateValue::Bool(self.m_inv.is_none()));
+            if self.row_offset != 0 {
+                w.put("row_offset", StateValue::Int(self.row_offset as u64));
+            }
             write_params(&mut w, "", &self.params, d, k);
             if let Some(m) = &self.moments {
                 write_params(&mut w, "adam_m_", &m.first, d, k);
@@ -1320,6 +1392,7 @@ mod checkpoint {
                 params: read_params(&r, "", d, k)?,
                 moments,
                 m_inv: None,
+                row_offset: if r.has("row_offset") { r.usize("row_offset")? } else { 0 },
             };
             if model
                 .params

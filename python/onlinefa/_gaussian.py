@@ -17,7 +17,8 @@ from typing import Any
 
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from ._validation import as_sample_matrix, check_finite_samples, check_int
+from . import _core
+from ._validation import as_sample_matrix, check_finite_samples, check_int, check_seed
 
 #: Largest D for which :meth:`FactorGaussianMixin.covariance` builds the dense D×D matrix without
 #: ``force=True`` (5000² float64 numbers are 200 MB).
@@ -72,14 +73,34 @@ def latent_mean(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_var
     return out
 
 
+def sample_seed(seed: object) -> int:
+    """``seed`` as an int in [0, 2**64) (None: fresh entropy from the operating system)."""
+    checked = check_seed(seed)
+    if checked is None:
+        return int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0])
+    return checked
+
+
+def sample_noise(
+    n_samples: int, n_components: int, n_features: int, seed: int, *, row0: int = 0, dtype: Any = np.float64
+) -> tuple[FloatArray, NDArray[Any]]:
+    """The noise of :meth:`FactorGaussianMixin.sample`: h (n×K) and z for features row0 … row0 + D − 1 (n×D).
+
+    Counter-based (draw j, feature d ↦ a fixed value for the seed), so the features of a vector split
+    across processes get the values the whole vector would get.
+    """
+    latent = np.empty((n_samples, n_components), dtype=np.float64)
+    noise = np.empty((n_samples, n_features), dtype=dtype)
+    _core.fill_sample_noise(seed, row0, latent, noise)
+    return latent, noise
+
+
 def draw(
     n_samples: int, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray, seed: int | None
 ) -> FloatArray:
     """``n_samples`` draws θ = mean + F h + ψ^{1/2} ⊙ z (4.50), h ~ N(0, I_K), z ~ N(0, I_D)."""
-    rng = np.random.default_rng(seed)
     n_features, n_components = loadings.shape
-    h = rng.standard_normal((n_samples, n_components))
-    z = rng.standard_normal((n_samples, n_features))
+    h, z = sample_noise(n_samples, n_components, n_features, sample_seed(seed))
     out: FloatArray = mean + h @ loadings.T + z * np.sqrt(noise_variance)
     return out
 
@@ -213,10 +234,11 @@ class FactorGaussianMixin:
         n_samples : int, default=1
             Number of draws (>= 0).
         seed : int or None, default=None
-            Seed of a :func:`numpy.random.default_rng` generator; the same seed gives the same draws.
+            Seed in [0, 2**64) (None: fresh entropy). The same seed gives the same draws; the noise is
+            counter-based (draw j and feature d give a fixed value for the seed), so a model whose features
+            are split across processes draws exactly the same vectors (:mod:`onlinefa.distributed`).
         dtype : {float64, float32}, default=float64
-            dtype of the result. float32 halves its memory; its standard-normal draws come from NumPy's
-            float32 generator, so they differ from the float64 draws of the same seed.
+            dtype of the result. float32 halves its memory; the draws are the float64 draws rounded.
 
         Returns
         -------
@@ -229,17 +251,13 @@ class FactorGaussianMixin:
         out_dtype = np.dtype(dtype)
         if out_dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        seed_int = sample_seed(seed)
         engine = self._query_engine()
         if engine is None:
             mean, loadings, noise_variance = self._params()
-            return draw(n, mean, loadings, noise_variance, seed).astype(out_dtype, copy=False)
-        rng = np.random.default_rng(seed)
-        latent = rng.standard_normal((n, self._query_dims()[1]))
-        out = np.empty((n, self._query_dims()[0]), dtype=out_dtype)
-        if out_dtype == np.float32:
-            rng.standard_normal(dtype=np.float32, out=out)
-        else:
-            rng.standard_normal(out=out)
+            return draw(n, mean, loadings, noise_variance, seed_int).astype(out_dtype, copy=False)
+        n_features, n_components = self._query_dims()
+        latent, out = sample_noise(n, n_components, n_features, seed_int, dtype=out_dtype)
         engine.draw_into(latent, out)
         return out
 

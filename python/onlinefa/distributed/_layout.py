@@ -1,0 +1,93 @@
+"""Agreeing on a sharded model across ranks: row ranges, identical options, one seed, the initial loadings."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .. import _core
+from ._comm import Communicator, exchange
+
+#: Seeds drawn for ``seed=None`` are below 2**53, so they travel exactly through a float64 sum.
+_SEED_LIMIT = 2**53
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where this rank's rows sit in the whole vector.
+
+    Attributes
+    ----------
+    rank, world_size : int
+        This process and the number of processes.
+    sizes : tuple of int
+        Number of rows (features) of every rank, in rank order; rows are split contiguously in rank order.
+    """
+
+    rank: int
+    world_size: int
+    sizes: tuple[int, ...]
+
+    @property
+    def n_features_total(self) -> int:
+        """D of the whole model."""
+        return int(sum(self.sizes))
+
+    @property
+    def row_range(self) -> tuple[int, int]:
+        """This rank's rows [start, stop) in the whole vector."""
+        start = int(sum(self.sizes[: self.rank]))
+        return start, start + self.sizes[self.rank]
+
+
+def fingerprint(settings: dict[str, Any]) -> float:
+    """A number that differs (with overwhelming probability) when two ranks' settings differ."""
+    text = repr(sorted((key, repr(value)) for key, value in settings.items()))
+    return float(int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "little"))
+
+
+def handshake(
+    comm: Communicator, n_local: int, failure: BaseException | None, settings: dict[str, Any], seed: int | None
+) -> tuple[ShardLayout, int]:
+    """One collective: every rank's row count, options and seed. Returns the layout and the shared seed.
+
+    Raises on every rank if any rank's arguments were invalid (``failure``) or if the ranks' settings
+    differ (ValueError naming the ranks that disagree with rank 0).
+    """
+    w = comm.world_size
+    payload = np.zeros(2 * w + 1)
+    payload[comm.rank] = fingerprint(settings)
+    payload[w + comm.rank] = 0.0 if seed is None else 1.0
+    if comm.rank == 0 and seed is None:
+        payload[2 * w] = float(int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0]) % _SEED_LIMIT)
+    total, sizes = exchange(comm, failure, payload, 2 * w + 1, rows=n_local, what="the model's construction")
+    prints = total[:w]
+    differing = [r for r in range(w) if prints[r] != prints[0]]
+    if differing:
+        raise ValueError(
+            f"rank {comm.rank}: the options (n_components, dtype, seed, hyper-parameters) of rank(s) {differing} "
+            "differ from rank 0's; every rank must build the model with the same arguments"
+        )
+    layout = ShardLayout(comm.rank, w, tuple(int(n) for n in sizes))
+    return layout, int(total[2 * w]) if seed is None else seed
+
+
+def orthonormal_rows(comm: Communicator, layout: ShardLayout, n_components: int, seed: int) -> NDArray[np.float64]:
+    """This rank's rows of the seeded orthonormal initial loadings of the whole model (thesis §4.4).
+
+    The same standard-normal D×K matrix as the single-process model draws with ``seed``, orthonormalised by
+    CholeskyQR2 with the K×K Gram matrix summed over ranks (two small collectives).
+    """
+    start, stop = layout.row_range
+    a = _core.standard_normal_rows(seed, start, stop - start, n_components)
+    for round_ in range(2):
+        gram = comm.sum((a.T @ a).ravel(), f"the Gram matrix of the initial loadings (round {round_ + 1})").reshape(
+            n_components, n_components
+        )
+        lower = np.linalg.cholesky(gram)
+        a = np.linalg.solve(lower, a.T).T
+    return np.ascontiguousarray(a)

@@ -1,0 +1,259 @@
+"""What every sharded model shares: input conversion, the collective queries, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
+
+from .. import _core
+from .._gaussian import sample_noise, sample_seed
+from .._validation import as_numpy, as_sample_matrix, check_int
+from ._comm import Communicator, exchange
+from ._layout import ShardLayout
+
+FloatArray = NDArray[np.float64]
+
+#: Version of the manifest written by ``save``.
+MANIFEST_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+def host_array(X: object) -> object:
+    """A torch tensor on any device moved to host memory once (a CPU tensor is left as it is, zero-copy)."""
+    device = getattr(X, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu" and hasattr(X, "cpu"):
+        return X.cpu()
+    return X
+
+
+def local_matrix(X: ArrayLike, n_local: int) -> NDArray[Any]:
+    """This rank's slice of a batch as an (n, D_local) float array the core reads in place."""
+    return as_sample_matrix(host_array(X), n_local)  # type: ignore[arg-type]
+
+
+def rank_file(rank: int, world_size: int) -> str:
+    """File name of one rank's checkpoint inside a sharded checkpoint directory."""
+    return f"rank-{rank:05d}-of-{world_size:05d}.npz"
+
+
+class ShardedGaussianMixin:
+    """Collective queries of a Gaussian N(c, F Fᵀ + Ψ) whose D rows are split across ranks."""
+
+    _comm: Communicator
+    _layout: ShardLayout
+    _n_components: int
+
+    def _local_engine(self) -> Any:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._comm.rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self._comm.world_size
+
+    @property
+    def layout(self) -> ShardLayout:
+        """Row ranges of every rank."""
+        return self._layout
+
+    @property
+    def row_range(self) -> tuple[int, int]:
+        """This rank's rows [start, stop) of the whole vector."""
+        return self._layout.row_range
+
+    @property
+    def n_features_total(self) -> int:
+        """D of the whole model (the sum of every rank's ``n_features``)."""
+        return self._layout.n_features_total
+
+    def _query_sums(self, X: ArrayLike, what: str) -> tuple[FloatArray, int]:
+        failure: BaseException | None = None
+        local: FloatArray | None = None
+        n = 0
+        try:
+            x = np.ascontiguousarray(local_matrix(X, self._layout.sizes[self.rank]), dtype=np.float64)
+            n = x.shape[0]
+            local = self._local_engine().query_sums(x)
+        except Exception as err:
+            failure = err
+        k = self._n_components
+        sizes = np.zeros(self.world_size, dtype=np.int64)
+        sizes[self.rank] = n
+        # The payload length depends on n: agree on it first when it could differ (one tiny collective).
+        _, rows = exchange(self._comm, failure, None, 0, rows=n, what=what)
+        if np.any(rows != rows[0]):
+            raise ValueError(f"rank {self.rank}: {what}: the ranks passed different numbers of samples {rows.tolist()}")
+        total, _ = exchange(self._comm, None, local, k * k + 1 + n + n * k, rows=n, what=what)
+        return total, n
+
+    def log_prob(self, X: ArrayLike) -> FloatArray:
+        """Log density of whole vectors, given this rank's slice of each (collective: every rank calls it).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or (n_features,)
+            This rank's features of each sample (NumPy, or a torch tensor on any device).
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            log N(x; c, F Fᵀ + Ψ) of the whole vectors, identical on every rank.
+        """
+        total, n = self._query_sums(X, "log_prob")
+        out: FloatArray = _core.log_prob_from_sums(total, n, self._n_components, self.n_features_total)
+        return out
+
+    def transform(self, X: ArrayLike) -> FloatArray:
+        """Posterior latent means E[h | x] = M⁻¹ Fᵀ Ψ⁻¹ (x − c) of whole vectors (collective).
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_components), identical on every rank.
+        """
+        total, n = self._query_sums(X, "transform")
+        out: FloatArray = _core.latent_mean_from_sums(total, n, self._n_components)
+        return out
+
+    def sample(self, n_samples: int = 1, seed: int | None = None, *, dtype: DTypeLike = np.float64) -> NDArray[Any]:
+        """This rank's features of ``n_samples`` draws from the whole model (collective).
+
+        Concatenated over ranks in rank order, the draws equal the single-process model's
+        ``sample(n_samples, seed)`` exactly: the latent h comes from the seed and the noise of feature d from
+        a counter-based generator keyed by d's index in the whole vector. With ``seed=None`` rank 0 draws a
+        seed and sends it to the others, so every rank draws from the same vectors.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features)
+            This rank's slice of the draws.
+        """
+        failure: BaseException | None = None
+        chosen, n, out_dtype, engine = 0, 0, np.dtype(np.float64), None
+        try:
+            n = check_int(n_samples, "n_samples", 0)
+            out_dtype = np.dtype(dtype)
+            if out_dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+                raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+            chosen = sample_seed(seed) if seed is not None else 0
+            engine = self._local_engine()
+        except Exception as err:
+            failure = err
+        payload = np.zeros(4)
+        if self.rank == 0 and seed is None:
+            fresh = sample_seed(None)
+            payload[:2] = (fresh >> 32, fresh & 0xFFFFFFFF)
+        total, _ = exchange(self._comm, failure, payload, 4, what="sample")
+        if seed is None:
+            chosen = (int(total[0]) << 32) | int(total[1])
+        start, stop = self.row_range
+        assert engine is not None  # every rank succeeded above
+        latent, out = sample_noise(n, self._n_components, stop - start, chosen, row0=start, dtype=out_dtype)
+        engine.draw_into(latent, out)
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+    def _save_local(self, path: Path) -> None:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write a sharded checkpoint (collective): directory ``path`` gets one file per rank and a manifest.
+
+        The manifest names the class, the world size, every rank's row range and the SHA-256 of every
+        rank's file; rank 0 writes it (atomically) once every rank has written its own file.
+        """
+        directory = Path(path)
+        failure: BaseException | None = None
+        digest = np.zeros(4)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            file = directory / rank_file(self.rank, self.world_size)
+            self._save_local(file)
+            digest[:] = _digest_words(file)
+        except Exception as err:
+            failure = err
+        w = self.world_size
+        payload = np.zeros(4 * w)
+        payload[4 * self.rank: 4 * self.rank + 4] = digest
+        total, _ = exchange(self._comm, failure, payload, 4 * w, what="save")
+        failure = None
+        if self.rank == 0:
+            try:
+                _write_manifest(directory, type(self).__name__, self._layout, total.reshape(w, 4))
+            except Exception as err:
+                failure = err
+        exchange(self._comm, failure, None, 0, what="save (manifest)")
+
+
+def _digest_words(file: Path) -> list[float]:
+    import hashlib
+
+    digest = hashlib.sha256(file.read_bytes()).digest()
+    return [float(int.from_bytes(digest[i: i + 6], "little")) for i in range(0, 24, 6)]
+
+
+def _write_manifest(directory: Path, kind: str, layout: ShardLayout, digests: FloatArray) -> None:
+    bounds = np.concatenate([[0], np.cumsum(layout.sizes)]).tolist()
+    manifest = {
+        "format": "onlinefa-sharded-checkpoint",
+        "version": MANIFEST_VERSION,
+        "class": kind,
+        "world_size": layout.world_size,
+        "row_ranges": [[int(bounds[r]), int(bounds[r + 1])] for r in range(layout.world_size)],
+        "files": [rank_file(r, layout.world_size) for r in range(layout.world_size)],
+        "digests": [[int(v) for v in row] for row in digests],
+    }
+    tmp = directory / f".{MANIFEST_NAME}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, directory / MANIFEST_NAME)
+
+
+def read_manifest(directory: Path, kind: str, rank: int, world_size: int) -> tuple[Path, tuple[int, ...]]:
+    """Check a sharded checkpoint's manifest against this class, world size and this rank's file.
+
+    Returns this rank's file and every rank's row count.
+    """
+    manifest_path = directory / MANIFEST_NAME
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{os.fspath(manifest_path)!r} is not a readable sharded-checkpoint manifest: {err}") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != "onlinefa-sharded-checkpoint":
+        raise ValueError(f"{os.fspath(manifest_path)!r} is not an onlinefa sharded-checkpoint manifest")
+    if manifest.get("version") != MANIFEST_VERSION:
+        raise ValueError(f"{os.fspath(manifest_path)!r} has unknown format version {manifest.get('version')!r}")
+    if manifest.get("class") != kind:
+        raise ValueError(f"{os.fspath(directory)!r} holds a {manifest.get('class')}, not a {kind}")
+    if manifest.get("world_size") != world_size:
+        raise ValueError(
+            f"{os.fspath(directory)!r} was written by {manifest.get('world_size')} ranks and is loaded by "
+            f"{world_size}; load it with the same number of ranks (re-sharding is not supported)"
+        )
+    file = directory / str(manifest["files"][rank])
+    words = _digest_words(file) if file.is_file() else None
+    if words is None or [int(v) for v in words] != [int(v) for v in manifest["digests"][rank]]:
+        raise ValueError(
+            f"{os.fspath(file)!r} is missing or is not the file rank {rank} wrote (its SHA-256 differs from the "
+            "manifest's): was it replaced or moved between ranks?"
+        )
+    sizes = tuple(int(stop) - int(start) for start, stop in manifest["row_ranges"])
+    return file, sizes
+
+
+def as_local_gradients(grad: ArrayLike, n_rows: int, n_local: int) -> NDArray[Any]:
+    """VIFA gradients of this rank's rows as an (L, D_local) float array."""
+    arr = as_numpy(host_array(grad))
+    if arr.ndim == 1 and n_rows == 1:
+        arr = arr.reshape(1, -1)
+    if arr.shape != (n_rows, n_local):
+        raise ValueError(f"expected gradients of shape ({n_rows}, {n_local}), got {arr.shape}")
+    return as_sample_matrix(arr, n_local)

@@ -1,0 +1,281 @@
+"""ShardedOnlineEM and ShardedOnlineSGA: the streaming models with their D rows split across ranks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from .. import _core
+from .._models import OnlineEM, OnlineSGA, _StreamingModel
+from .._validation import check_init, check_int, check_seed
+from ._comm import AllReduce, Communicator, exchange
+from ._layout import ShardLayout, handshake, orthonormal_rows
+from ._shared import ShardedGaussianMixin, local_matrix, read_manifest
+
+FloatArray = NDArray[np.float64]
+
+
+def _construct(comm: Communicator, local_class: type[_StreamingModel], n_features: int, n_components: int,
+               init: ArrayLike | None, seed: int | None, options: dict[str, Any],
+               ) -> tuple[ShardLayout, _StreamingModel]:
+    """Agree on the layout and options, draw this rank's initial rows, build the local model."""
+    failure: BaseException | None = None
+    n_local, k, init_rows = 0, 0, None
+    try:
+        n_local = check_int(n_features, "n_features", 1)
+        k = check_int(n_components, "n_components", 1)
+        seed = check_seed(seed)
+        if n_local <= k:
+            raise ValueError(f"this rank's shard has n_features = {n_local} rows; each shard needs more than K = {k}")
+        init_rows = None if init is None else check_init(init, n_local, k)
+    except Exception as err:
+        failure = err
+    settings = {"class": local_class.__name__, "n_components": n_components, "init": init is None,
+                "seed": seed, **options}
+    layout, seed = handshake(comm, n_local, failure, settings, seed)
+    if init_rows is None:
+        init_rows = orthonormal_rows(comm, layout, k, seed)
+    failure, model = None, None
+    try:
+        model = local_class(n_local, k, init=init_rows, **options)
+    except Exception as err:
+        failure = err
+    exchange(comm, failure, None, 0, what="building the local models")
+    assert model is not None
+    return layout, model
+
+
+class _ShardedStreaming(ShardedGaussianMixin):
+    """A streaming model whose rows are split across ranks; one collective per sample."""
+
+    _local_class: type[_StreamingModel]
+    #: Whether ``local_sums`` leaves the model unchanged (then a batch needs no separate agreement).
+    _sums_keep_state: bool
+    _local: _StreamingModel
+
+    def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
+                 rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
+                 seed: int | None = None, **options: Any) -> None:
+        self._comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
+        self._n_components = int(n_components)
+        self._layout, self._local = _construct(
+            self._comm, self._local_class, n_features, n_components, init, seed, options
+        )
+
+    def _local_engine(self) -> Any:
+        self._local._require_fitted()
+        return self._local._core
+
+    # -- updates ----------------------------------------------------------------------------------------
+    def update(self, X: ArrayLike) -> "_ShardedStreaming":
+        """Apply one sample or a batch, given this rank's features of each (collective).
+
+        Every rank must call it with the same number of samples. One collective per sample carries the K×K
+        and K sums of the E-step (4.23); every rank then applies the same step, so the concatenated model
+        is the single-process model's (to rounding in the order of the sums over rows).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or (n_features,)
+            This rank's slice of each sample: NumPy, or a torch tensor on any device (moved to host once;
+            a contiguous CPU tensor is read in place).
+
+        Raises
+        ------
+        ValueError, TypeError
+            Invalid input on any rank (every rank raises; no rank applies anything).
+        NumericalBreakdownError
+            A numerical breakdown; every rank raises and keeps the same state (as the single-process model).
+        ShardCommunicationError
+            A collective failed (a peer died or the process group's timeout passed).
+        """
+        core = self._local._core
+        failure: BaseException | None = None
+        x: NDArray[Any] | None = None
+        try:
+            x = local_matrix(X, self._local.n_features)
+            core.check_batch(x)
+        except Exception as err:
+            failure = err
+        n_rows = 0 if x is None else x.shape[0]
+        backup = self._backup()
+        self._local._cache = None
+        if not self._sums_keep_state:
+            _, rows = exchange(self._comm, failure, None, 0, rows=n_rows, what="update")
+            self._check_rows(rows)
+        k = self._n_components
+        for i in range(max(n_rows, 1)):
+            sums = None
+            if failure is None and x is not None and i < n_rows:
+                try:
+                    s, u, dsq = core.local_sums(x[i])
+                    sums = np.concatenate([s.ravel(), u, [dsq]])
+                except Exception as err:
+                    failure = err
+            try:
+                total, rows = exchange(self._comm, failure, sums, k * k + k + 1, rows=n_rows, what="update")
+                if i == 0:
+                    self._check_rows(rows)
+                if n_rows == 0:
+                    return self
+                core.apply_sums(total[: k * k].reshape(k, k), total[k * k: k * k + k], float(total[-1]),
+                                self.n_features_total)
+            except (ValueError, TypeError, ArithmeticError, MemoryError):
+                self._restore(backup)
+                raise
+        return self
+
+    def _check_rows(self, rows: NDArray[np.int64]) -> None:
+        if np.any(rows != rows[0]):
+            raise ValueError(
+                f"rank {self.rank}: every rank must pass the same number of samples; got {rows.tolist()} by rank"
+            )
+
+    def _backup(self) -> dict[str, Any] | None:
+        """The state to restore after a failed batch: kept when the whole model's D·K is small (as the
+        single-process model does), so that every rank makes the same choice."""
+        if self.n_features_total * self._n_components <= _core.snapshot_max_elements():
+            state: dict[str, Any] = self._local._core.get_state()
+            return state
+        return None
+
+    def _restore(self, backup: dict[str, Any] | None) -> None:
+        """Put back the state from before the batch, if it was kept; otherwise the samples before the failing
+        one stay applied (as in the single-process model)."""
+        if backup is not None:
+            self._local._restore(backup)
+
+    # -- local accessors -------------------------------------------------------------------------------
+    @property
+    def n_features(self) -> int:
+        """This rank's number of rows (features)."""
+        return self._local.n_features
+
+    @property
+    def n_components(self) -> int:
+        """K."""
+        return self._n_components
+
+    @property
+    def n_seen(self) -> int:
+        """Samples applied so far (the same on every rank)."""
+        return self._local.n_seen
+
+    @property
+    def n_warmup(self) -> int:
+        """Warm-up length."""
+        return self._local.n_warmup
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether warm-up is over."""
+        return self._local.is_fitted
+
+    @property
+    def dtype(self) -> str:
+        """Storage dtype of the state."""
+        return self._local.dtype
+
+    @property
+    def local_model(self) -> _StreamingModel:
+        """The single-process model of this rank's rows (its K×K state is the whole model's). Read from it,
+        but update only through this object."""
+        return self._local
+
+    @property
+    def mean(self) -> FloatArray:
+        """This rank's rows of the running mean c = θ̄."""
+        return self._local.mean
+
+    @property
+    def loadings(self) -> FloatArray:
+        """This rank's rows of F, shape (n_features, K)."""
+        return self._local.loadings
+
+    @property
+    def noise_variance(self) -> FloatArray:
+        """This rank's entries of ψ."""
+        return self._local.noise_variance
+
+    def _save_local(self, path: Path) -> None:
+        self._local.save(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, group: Any = None, allreduce: AllReduce | None = None,
+             rank: int | None = None, world_size: int | None = None) -> Any:
+        """Read a checkpoint written by :meth:`save` with the same number of ranks (collective).
+
+        Each rank reads the file of its own rank; the manifest's SHA-256 detects a file of another rank or
+        another save. Updates then continue bit-identically.
+        """
+        comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
+        failure: BaseException | None = None
+        local, sizes, n_local = None, (), 0
+        try:
+            file, sizes = read_manifest(Path(path), cls.__name__, comm.rank, comm.world_size)
+            local = cls._local_class.load(file)
+            n_local = local.n_features
+            if n_local != sizes[comm.rank]:
+                raise ValueError(f"{os.fspath(file)!r} holds {n_local} rows; the manifest gives rank {comm.rank} {sizes[comm.rank]}")
+        except Exception as err:
+            failure = err
+        exchange(comm, failure, None, 0, rows=n_local, what=f"loading {os.fspath(path)!r}")
+        model = cls.__new__(cls)
+        model._comm = comm
+        assert local is not None
+        model._local = local
+        model._n_components = local.n_components
+        model._layout = ShardLayout(comm.rank, comm.world_size, tuple(sizes))
+        return model
+
+    def __repr__(self) -> str:
+        start, stop = self.row_range
+        return (f"{type(self).__name__}(rank={self.rank}/{self.world_size}, rows={start}:{stop} of "
+                f"{self.n_features_total}, local={self._local!r})")
+
+
+class ShardedOnlineEM(_ShardedStreaming):
+    """:class:`onlinefa.OnlineEM` with its D rows split across processes (exact; one collective per sample).
+
+    Parameters
+    ----------
+    n_features : int
+        This rank's number of rows (features); shards may be uneven, each needs more than K rows. Rows are
+        split contiguously in rank order.
+    n_components : int
+        K, the same on every rank.
+    group : torch.distributed.ProcessGroup, optional
+        Process group of the default communicator (default: the world group).
+    allreduce : callable, optional
+        A sum of a small 1-D float64 NumPy array over ranks (identical bits on every rank), to use MPI or
+        another engine instead of torch; needs ``rank`` and ``world_size``.
+    rank, world_size : int, optional
+        With ``allreduce``.
+    init : array-like of shape (n_features, K), optional
+        This rank's rows of the initial loadings.
+    seed : int, optional
+        Without ``init``: the ranks together draw the single-process model's initial loadings for this seed
+        (None: rank 0 draws one for all).
+    **options
+        The other keyword arguments of :class:`onlinefa.OnlineEM` (``n_warmup``, ``whiten``, ``schedule``,
+        ``dtype``, ...), identical on every rank (checked at construction).
+    """
+
+    _local_class = OnlineEM
+    _sums_keep_state = True
+
+
+class ShardedOnlineSGA(_ShardedStreaming):
+    """:class:`onlinefa.OnlineSGA` with its D rows split across processes (exact).
+
+    Same parameters as :class:`ShardedOnlineEM`, with the options of :class:`onlinefa.OnlineSGA`. Its pass
+    updates the running mean in place, so a batch first agrees that every rank's input is valid (one tiny
+    collective per call), then takes one collective per sample.
+    """
+
+    _local_class = OnlineSGA
+    _sums_keep_state = False
