@@ -16,6 +16,7 @@ communicator does.
 from ._comm import Communicator, ShardCommunicationError
 from ._layout import ShardLayout
 from ._streaming import ShardedOnlineEM, ShardedOnlineSGA
+from ._torch import local_parameter_vector, shard_range
 from ._vifa import ShardedVIFA
 
 __all__ = [
@@ -25,4 +26,6 @@ __all__ = [
     "ShardedOnlineEM",
     "ShardedOnlineSGA",
     "ShardedVIFA",
+    "local_parameter_vector",
+    "shard_range",
 ]
