@@ -138,7 +138,8 @@ class ShardedGaussianMixin:
             This rank's slice of the draws.
         """
         failure: BaseException | None = None
-        chosen, n, out_dtype, engine = 0, 0, np.dtype(np.float64), None
+        chosen, n, engine = 0, 0, None
+        out_dtype: np.dtype[Any] = np.dtype(np.float64)
         try:
             n = check_int(n_samples, "n_samples", 0)
             out_dtype = np.dtype(dtype)

@@ -19,7 +19,7 @@ from ._shared import ShardedGaussianMixin, local_matrix, read_manifest
 FloatArray = NDArray[np.float64]
 
 
-def _construct(comm: Communicator, local_class: type[_StreamingModel], n_features: int, n_components: int,
+def _construct(comm: Communicator, local_class: type[OnlineEM] | type[OnlineSGA], n_features: int, n_components: int,
                init: ArrayLike | None, seed: int | None, options: dict[str, Any],
                ) -> tuple[ShardLayout, _StreamingModel]:
     """Agree on the layout and options, draw this rank's initial rows, build the local model."""
@@ -52,7 +52,7 @@ def _construct(comm: Communicator, local_class: type[_StreamingModel], n_feature
 class _ShardedStreaming(ShardedGaussianMixin):
     """A streaming model whose rows are split across ranks; one collective per sample."""
 
-    _local_class: type[_StreamingModel]
+    _local_class: type[OnlineEM] | type[OnlineSGA]
     #: Whether ``local_sums`` leaves the model unchanged (then a batch needs no separate agreement).
     _sums_keep_state: bool
     _local: _StreamingModel
@@ -214,7 +214,8 @@ class _ShardedStreaming(ShardedGaussianMixin):
         """
         comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
         failure: BaseException | None = None
-        local, sizes, n_local = None, (), 0
+        local, n_local = None, 0
+        sizes: tuple[int, ...] = ()
         try:
             file, sizes = read_manifest(Path(path), cls.__name__, comm.rank, comm.world_size)
             local = cls._local_class.load(file)

@@ -129,6 +129,7 @@ class ShardedVIFA(ShardedGaussianMixin):
         k = self._n_components
         failure, payload = None, np.zeros(k * k + 1)
         try:
+            assert g is not None  # every rank's gradients passed the check above
             gram, finite = core.local_step(g, [float(v) for v in total] if clip else None)
             payload[: k * k] = gram.ravel()
             payload[k * k] = 0.0 if finite else 1.0
@@ -188,7 +189,8 @@ class ShardedVIFA(ShardedGaussianMixin):
         """Read a checkpoint written by :meth:`save` with the same number of ranks (collective)."""
         comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
         failure: BaseException | None = None
-        local, sizes, n_local = None, (), 0
+        local, n_local = None, 0
+        sizes: tuple[int, ...] = ()
         try:
             file, sizes = read_manifest(Path(path), cls.__name__, comm.rank, comm.world_size)
             local = VIFA.load(file)
