@@ -311,3 +311,16 @@ def test_importing_onlinefa_distributed_does_not_import_torch() -> None:
     code = "import sys, onlinefa.distributed; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_shard_range_splits_evenly_and_covers_every_row() -> None:
+    from onlinefa.distributed import shard_range
+
+    for n, world in [(10, 3), (7, 7), (100, 4)]:
+        ranges = [shard_range(n, r, world) for r in range(world)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        sizes = [b - a for a, b in ranges]
+        assert max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError):
+        shard_range(2, 0, 3)

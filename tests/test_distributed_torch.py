@@ -188,3 +188,44 @@ def test_fsdp2_shards_feed_the_posterior_without_a_gather(tmp_path: Path) -> Non
     for key, want in (("mean", single.mean), ("f", single.loadings), ("psi", single.noise_variance)):
         got = np.concatenate([p[key] for p in parts])
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-10, key
+
+
+def ddp_worker(rank: int, world: int, tmp: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from onlinefa.distributed import ShardedOnlineEM, shard_range
+
+    _init(rank, world, tmp)
+    torch.manual_seed(0)
+    net = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(),
+                                                      torch.nn.Linear(6, 1)).double())
+    optimiser = torch.optim.SGD(net.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(2 + rank)  # each rank its own data, as in data-parallel training
+    inputs, targets = torch.randn(64, 4, generator=gen).double(), torch.randn(64, 1, generator=gen).double()
+    n_params = sum(p.numel() for p in net.parameters())
+    start, stop = shard_range(n_params, rank, world)
+    posterior = ShardedOnlineEM(stop - start, 2, seed=4)
+    flats = []
+    for step in range(40):
+        batch = slice((step * 8) % 64, (step * 8) % 64 + 8)
+        optimiser.zero_grad()
+        torch.nn.functional.mse_loss(net(inputs[batch]), targets[batch]).backward()
+        optimiser.step()
+        with torch.no_grad():
+            flat = torch.cat([p.reshape(-1) for p in net.parameters()])
+        posterior.update(flat[start:stop])
+        flats.append(flat.numpy().copy())
+    np.savez(f"{tmp}/rank{rank}.npz", mean=posterior.mean, f=posterior.loadings, psi=posterior.noise_variance,
+             flat=np.array(flats))
+    dist.destroy_process_group()
+
+
+def test_ddp_ranks_split_the_replicated_parameters(tmp_path: Path) -> None:
+    world = 2
+    _run(ddp_worker, world, tmp_path)
+    parts = [np.load(tmp_path / f"rank{r}.npz") for r in range(world)]
+    assert np.array_equal(parts[0]["flat"], parts[1]["flat"])  # DDP keeps the replicas identical
+    single = onlinefa.OnlineEM(parts[0]["flat"].shape[1], 2, seed=4).update(parts[0]["flat"])
+    for key, want in (("mean", single.mean), ("f", single.loadings), ("psi", single.noise_variance)):
+        got = np.concatenate([p[key] for p in parts])
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-10, key

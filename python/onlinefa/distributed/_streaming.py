@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
+from .._core import NumericalBreakdownError
 from .._models import OnlineEM, OnlineSGA, _StreamingModel
 from .._validation import check_init, check_int, check_seed
 from ._comm import AllReduce, Communicator, exchange
@@ -114,6 +115,10 @@ class _ShardedStreaming(ShardedGaussianMixin):
                 try:
                     s, u, dsq = core.local_sums(x[i])
                     sums = np.concatenate([s.ravel(), u, [dsq]])
+                    if not np.all(np.isfinite(sums)):
+                        raise NumericalBreakdownError(
+                            f"the E-step sums of sample {i} over this rank's rows are not finite"
+                        )
                 except Exception as err:
                     failure = err
             try:
