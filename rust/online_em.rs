@@ -84,6 +84,20 @@ pub struct StepSums {
     pub dsq_sum: f64,
 }
 
+impl StepSums {
+    /// Check the shapes against a part of `n_features` rows of a K-factor model of `n_features_total` rows.
+    pub(crate) fn check(&self, k: usize, n_features: usize, n_features_total: usize) -> Result<()> {
+        if self.s.dim() != (k, k) || self.u.len() != k || n_features_total < n_features {
+            return Err(FaError::Shape {
+                what: "sums",
+                expected: format!("S ({k}, {k}), u ({k},), n_features_total >= {n_features}"),
+                got: vec![self.s.nrows(), self.s.ncols(), self.u.len(), n_features_total],
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Online EM factor analysis with state stored in `T` (f32 or f64).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OnlineEm<T: Real> {
@@ -328,14 +342,7 @@ impl<T: Real> OnlineEm<T> {
     /// [`OnlineEm::local_sums`] for the same sample), with `n_features_total` the D of the whole model (for the
     /// data's scale σ̂² = Σ d̄² / D). Every part must apply the same sums; the K×K state then stays identical.
     pub fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
-        let k = self.n_components;
-        if sums.s.dim() != (k, k) || sums.u.len() != k || n_features_total < self.n_features {
-            return Err(FaError::Shape {
-                what: "sums",
-                expected: format!("S ({k}, {k}), u ({k},), n_features_total >= {}", self.n_features),
-                got: vec![sums.s.nrows(), sums.s.ncols(), sums.u.len(), n_features_total],
-            });
-        }
+        sums.check(self.n_components, self.n_features, n_features_total)?;
         let t = self.n_seen + 1;
         let rho = self.config.step_size.rho(t);
         let inner = Sums {

@@ -195,14 +195,7 @@ impl<T: Real> OnlineSga<T> {
     /// Second half of one step: (4.23) from `sums` (the sum of every part's [`OnlineSga::local_sums`] for
     /// the same sample), with `n_features_total` the D of the whole model (for σ̂² = Σ d̄² / D).
     pub fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
-        let k = self.n_components;
-        if sums.s.dim() != (k, k) || sums.u.len() != k || n_features_total < self.n_features {
-            return Err(FaError::Shape {
-                what: "sums",
-                expected: format!("S ({k}, {k}), u ({k},), n_features_total >= {}", self.n_features),
-                got: vec![sums.s.nrows(), sums.s.ncols(), sums.u.len(), n_features_total],
-            });
-        }
+        sums.check(self.n_components, self.n_features, n_features_total)?;
         let inner = Sums {
             s: sums.s.clone(),
             u: sums.u.clone(),

@@ -47,6 +47,9 @@ class ShardedGaussianMixin:
     _comm: Communicator
     _layout: ShardLayout
     _n_components: int
+    _local: Any
+    #: The single-process class of each rank's model.
+    _local_class: Any
 
     def _local_engine(self) -> Any:  # pragma: no cover - provided by subclasses
         raise NotImplementedError
@@ -75,6 +78,41 @@ class ShardedGaussianMixin:
     def n_features_total(self) -> int:
         """D of the whole model (the sum of every rank's ``n_features``)."""
         return self._layout.n_features_total
+
+    @property
+    def n_features(self) -> int:
+        """This rank's number of rows (features)."""
+        n: int = self._local.n_features
+        return n
+
+    @property
+    def n_components(self) -> int:
+        """K."""
+        return self._n_components
+
+    @property
+    def local_model(self) -> Any:
+        """The single-process model of this rank's rows (its K×K state is the whole model's). Read from it,
+        but change it only through this object."""
+        return self._local
+
+    @property
+    def mean(self) -> FloatArray:
+        """This rank's entries of the mean c."""
+        out: FloatArray = self._local.mean
+        return out
+
+    @property
+    def loadings(self) -> FloatArray:
+        """This rank's rows of F, shape (n_features, K)."""
+        out: FloatArray = self._local.loadings
+        return out
+
+    @property
+    def noise_variance(self) -> FloatArray:
+        """This rank's entries of ψ."""
+        out: FloatArray = self._local.noise_variance
+        return out
 
     def _query_sums(self, X: ArrayLike, what: str) -> tuple[FloatArray, int]:
         failure: BaseException | None = None
@@ -163,8 +201,14 @@ class ShardedGaussianMixin:
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------------------
-    def _save_local(self, path: Path) -> None:  # pragma: no cover - provided by subclasses
-        raise NotImplementedError
+    def _check_loaded(self, file: Path) -> None:
+        """Checks of a loaded rank file beyond its row count (local; raise to refuse it)."""
+
+    def _after_load(self) -> None:
+        """Collective work after every rank has loaded its file."""
+
+    def _save_local(self, path: Path) -> None:
+        self._local.save(path)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write a sharded checkpoint (collective): directory ``path`` gets one file per rank and a manifest.
@@ -193,6 +237,40 @@ class ShardedGaussianMixin:
             except Exception as err:
                 failure = err
         exchange(self._comm, failure, None, 0, what="save (manifest)")
+
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, group: Any = None, allreduce: Any = None,
+             rank: int | None = None, world_size: int | None = None) -> Any:
+        """Read a checkpoint written by :meth:`save` with the same number of ranks (collective).
+
+        Each rank reads the file of its own rank; the manifest's SHA-256 detects a file of another rank or
+        another save. Updates then continue bit-identically.
+        """
+        comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
+        failure: BaseException | None = None
+        model = cls.__new__(cls)
+        model._comm, n_local = comm, 0
+        try:
+            file, sizes = read_manifest(Path(path), cls.__name__, comm.rank, comm.world_size)
+            model._local = cls._local_class.load(file)
+            model._n_components = model._local.n_components
+            model._layout = ShardLayout(comm.rank, comm.world_size, sizes)
+            n_local = model._local.n_features
+            if n_local != sizes[comm.rank]:
+                raise ValueError(f"{os.fspath(file)!r} holds {n_local} rows; the manifest gives rank {comm.rank} "
+                                 f"{sizes[comm.rank]}")
+        except Exception as err:
+            failure = err
+        exchange(comm, failure, None, 0, rows=n_local, what=f"loading {os.fspath(path)!r}")
+        failure = None
+        try:
+            model._check_loaded(file)
+        except Exception as err:
+            failure = err
+        exchange(comm, failure, None, 0, what=f"loading {os.fspath(path)!r}")
+        model._after_load()
+        return model
 
 
 def _digest_words(file: Path) -> list[float]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,18 +9,18 @@ from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
 from .._core import NumericalBreakdownError
-from .._models import OnlineEM, OnlineSGA, _StreamingModel
+from .._models import OnlineEM, OnlineSGA
 from .._validation import check_init, check_int, check_seed
 from ._comm import AllReduce, Communicator, exchange
 from ._layout import ShardLayout, handshake, orthonormal_rows
-from ._shared import ShardedGaussianMixin, local_matrix, read_manifest
+from ._shared import ShardedGaussianMixin, local_matrix
 
 FloatArray = NDArray[np.float64]
 
 
 def _construct(comm: Communicator, local_class: type[OnlineEM] | type[OnlineSGA], n_features: int, n_components: int,
                init: ArrayLike | None, seed: int | None, options: dict[str, Any],
-               ) -> tuple[ShardLayout, _StreamingModel]:
+               ) -> tuple[ShardLayout, OnlineEM | OnlineSGA]:
     """Agree on the layout and options, draw this rank's initial rows, build the local model."""
     failure: BaseException | None = None
     n_local, k, init_rows = 0, 0, None
@@ -56,7 +54,7 @@ class _ShardedStreaming(ShardedGaussianMixin):
     _local_class: type[OnlineEM] | type[OnlineSGA]
     #: Whether ``local_sums`` leaves the model unchanged (then a batch needs no separate agreement).
     _sums_keep_state: bool
-    _local: _StreamingModel
+    _local: OnlineEM | OnlineSGA
 
     def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
                  rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
@@ -156,16 +154,6 @@ class _ShardedStreaming(ShardedGaussianMixin):
 
     # -- local accessors -------------------------------------------------------------------------------
     @property
-    def n_features(self) -> int:
-        """This rank's number of rows (features)."""
-        return self._local.n_features
-
-    @property
-    def n_components(self) -> int:
-        """K."""
-        return self._n_components
-
-    @property
     def n_seen(self) -> int:
         """Samples applied so far (the same on every rank)."""
         return self._local.n_seen
@@ -184,59 +172,6 @@ class _ShardedStreaming(ShardedGaussianMixin):
     def dtype(self) -> str:
         """Storage dtype of the state."""
         return self._local.dtype
-
-    @property
-    def local_model(self) -> _StreamingModel:
-        """The single-process model of this rank's rows (its K×K state is the whole model's). Read from it,
-        but update only through this object."""
-        return self._local
-
-    @property
-    def mean(self) -> FloatArray:
-        """This rank's rows of the running mean c = θ̄."""
-        return self._local.mean
-
-    @property
-    def loadings(self) -> FloatArray:
-        """This rank's rows of F, shape (n_features, K)."""
-        return self._local.loadings
-
-    @property
-    def noise_variance(self) -> FloatArray:
-        """This rank's entries of ψ."""
-        return self._local.noise_variance
-
-    def _save_local(self, path: Path) -> None:
-        self._local.save(path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str], *, group: Any = None, allreduce: AllReduce | None = None,
-             rank: int | None = None, world_size: int | None = None) -> Any:
-        """Read a checkpoint written by :meth:`save` with the same number of ranks (collective).
-
-        Each rank reads the file of its own rank; the manifest's SHA-256 detects a file of another rank or
-        another save. Updates then continue bit-identically.
-        """
-        comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
-        failure: BaseException | None = None
-        local, n_local = None, 0
-        sizes: tuple[int, ...] = ()
-        try:
-            file, sizes = read_manifest(Path(path), cls.__name__, comm.rank, comm.world_size)
-            local = cls._local_class.load(file)
-            n_local = local.n_features
-            if n_local != sizes[comm.rank]:
-                raise ValueError(f"{os.fspath(file)!r} holds {n_local} rows; the manifest gives rank {comm.rank} {sizes[comm.rank]}")
-        except Exception as err:
-            failure = err
-        exchange(comm, failure, None, 0, rows=n_local, what=f"loading {os.fspath(path)!r}")
-        model = cls.__new__(cls)
-        model._comm = comm
-        assert local is not None
-        model._local = local
-        model._n_components = local.n_components
-        model._layout = ShardLayout(comm.rank, comm.world_size, tuple(sizes))
-        return model
 
     def __repr__(self) -> str:
         start, stop = self.row_range

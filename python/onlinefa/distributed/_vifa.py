@@ -12,8 +12,8 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 from .._validation import check_init, check_int, check_seed
 from ..vifa import VIFA
 from ._comm import AllReduce, Communicator, exchange
-from ._layout import ShardLayout, handshake, orthonormal_rows
-from ._shared import ShardedGaussianMixin, as_local_gradients, read_manifest
+from ._layout import handshake, orthonormal_rows
+from ._shared import ShardedGaussianMixin, as_local_gradients
 
 FloatArray = NDArray[np.float64]
 
@@ -46,6 +46,9 @@ class ShardedVIFA(ShardedGaussianMixin):
         ``lr_loadings``, ``lr_log_noise``, ``optimizer``, ``n_grad_samples``, ``clip_grad_norm``, ``dtype``),
         identical on every rank.
     """
+
+    _local_class = VIFA
+    _local: VIFA
 
     def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
                  rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
@@ -141,16 +144,6 @@ class ShardedVIFA(ShardedGaussianMixin):
 
     # -- local accessors ---------------------------------------------------------------------------------
     @property
-    def n_features(self) -> int:
-        """This rank's number of rows."""
-        return self._local.n_features
-
-    @property
-    def n_components(self) -> int:
-        """K."""
-        return self._n_components
-
-    @property
     def n_steps(self) -> int:
         """Optimiser steps applied (the same on every rank)."""
         return self._local.n_steps
@@ -160,50 +153,9 @@ class ShardedVIFA(ShardedGaussianMixin):
         """L, draws per step."""
         return self._local.n_grad_samples
 
-    @property
-    def local_model(self) -> VIFA:
-        """The single-process VIFA of this rank's rows (read from it; step only through this object)."""
-        return self._local
+    def _check_loaded(self, file: Path) -> None:
+        if self._local._core.row_offset != self.row_range[0]:
+            raise ValueError(f"{os.fspath(file)!r} does not hold rank {self.rank}'s rows of the manifest")
 
-    @property
-    def mean(self) -> FloatArray:
-        """This rank's entries of c."""
-        return self._local.mean
-
-    @property
-    def loadings(self) -> FloatArray:
-        """This rank's rows of F."""
-        return self._local.loadings
-
-    @property
-    def noise_variance(self) -> FloatArray:
-        """This rank's entries of ψ."""
-        return self._local.noise_variance
-
-    def _save_local(self, path: Path) -> None:
-        self._local.save(path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str], *, group: Any = None, allreduce: AllReduce | None = None,
-             rank: int | None = None, world_size: int | None = None) -> "ShardedVIFA":
-        """Read a checkpoint written by :meth:`save` with the same number of ranks (collective)."""
-        comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
-        failure: BaseException | None = None
-        local, n_local = None, 0
-        sizes: tuple[int, ...] = ()
-        try:
-            file, sizes = read_manifest(Path(path), cls.__name__, comm.rank, comm.world_size)
-            local = VIFA.load(file)
-            n_local = local.n_features
-            start = int(sum(sizes[: comm.rank]))
-            if n_local != sizes[comm.rank] or local._core.row_offset != start:
-                raise ValueError(f"{os.fspath(file)!r} does not hold rank {comm.rank}'s rows of the manifest")
-        except Exception as err:
-            failure = err
-        exchange(comm, failure, None, 0, rows=n_local, what=f"loading {os.fspath(path)!r}")
-        model = cls.__new__(cls)
-        assert local is not None
-        model._comm, model._local, model._n_components = comm, local, local.n_components
-        model._layout = ShardLayout(comm.rank, comm.world_size, tuple(sizes))
-        model._sync_precision()
-        return model
+    def _after_load(self) -> None:
+        self._sync_precision()
