@@ -2,8 +2,9 @@
 
 use thiserror::Error;
 
-/// Everything that can go wrong in onlinefa's core. Every variant is a user-facing condition:
-/// the Python binding maps them all to `ValueError` with this message.
+/// Everything that can go wrong in onlinefa's core. Every variant is a user-facing condition; the Python
+/// binding maps a numerical breakdown to `NumericalBreakdownError` (an `ArithmeticError`), an allocation
+/// failure to `MemoryError`, a call out of order to `RuntimeError` and everything else to `ValueError`.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum FaError {
     /// A hyper-parameter is out of its valid range (checked at construction).
@@ -43,6 +44,9 @@ pub enum FaError {
         /// Number of elements requested.
         len: usize,
     },
+    /// A method was called out of order (e.g. a VIFA step before its draws); nothing changed.
+    #[error("{0}")]
+    CallOrder(String),
     /// A serialized state is inconsistent (wrong lengths, non-finite values, unknown version).
     #[error("invalid state: {0}")]
     InvalidState(String),

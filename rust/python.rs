@@ -37,6 +37,7 @@ pub(crate) fn to_py_err(err: FaError) -> PyErr {
     match err {
         FaError::NotPositiveDefinite(_) => NumericalBreakdownError::new_err(err.to_string()),
         FaError::Allocation { .. } => PyMemoryError::new_err(err.to_string()),
+        FaError::CallOrder(_) => PyRuntimeError::new_err(err.to_string()),
         _ => PyValueError::new_err(err.to_string()),
     }
 }

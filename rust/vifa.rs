@@ -421,13 +421,11 @@ impl<T: Real> Vifa<T> {
     pub fn sample(&mut self) -> Result<Array1<f64>> {
         self.m_inv()?;
         if self.n_pending >= self.config.n_grad_samples {
-            return Err(invalid(
-                "sample",
-                format!(
-                    "{} draw(s) are already waiting for step() (n_grad_samples = {}); call step() first",
-                    self.n_pending, self.config.n_grad_samples
-                ),
-            ));
+            return Err(FaError::CallOrder(format!(
+                "{} draw(s) are already waiting for step() (n_grad_samples = {}); call step() with their \
+                 gradients first",
+                self.n_pending, self.config.n_grad_samples
+            )));
         }
         let theta = self.theta(self.n_draws);
         self.n_draws += 1;
@@ -601,13 +599,11 @@ impl<T: Real> Vifa<T> {
     fn check_grads<X: Real>(&self, grads: &ArrayView2<X>) -> Result<()> {
         let l = self.config.n_grad_samples;
         if self.n_pending < l {
-            return Err(invalid(
-                "step",
-                format!(
-                    "needs n_grad_samples = {l} draw(s) from sample() first; {} pending",
-                    self.n_pending
-                ),
-            ));
+            return Err(FaError::CallOrder(format!(
+                "step() needs gradients at n_grad_samples = {l} draw(s) from sample(); {} pending — call \
+                 sample() first",
+                self.n_pending
+            )));
         }
         if grads.dim() != (l, self.n_features) {
             let expected = if l == 1 {

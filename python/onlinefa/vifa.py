@@ -236,12 +236,6 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
             A training draw while ``n_grad_samples`` draws are already waiting for :meth:`step`.
         """
         if n_samples is None and seed is None:
-            pending = self._core.n_pending
-            if pending >= self.n_grad_samples:
-                raise RuntimeError(
-                    f"{pending} draw(s) are already waiting for step() (n_grad_samples = "
-                    f"{self.n_grad_samples}); call step() with their gradients first"
-                )
             return self._core.sample()
         return super().sample(1 if n_samples is None else n_samples, seed, dtype=dtype)
 
@@ -271,14 +265,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         TypeError
             Non-numeric or complex input.
         """
-        n_rows = self.n_grad_samples
-        pending = self._core.n_pending
-        if pending < n_rows:
-            raise RuntimeError(
-                f"step() needs gradients at n_grad_samples = {n_rows} draw(s) from sample(); "
-                f"{pending} pending — call sample() first"
-            )
-        self._core.step(_as_gradients(grad, n_rows, self._n_features))
+        self._core.step(_as_gradients(grad, self.n_grad_samples, self._n_features))
         return self
 
     def fit(self, nll_gradient: Callable[[FloatArray], ArrayLike], n_steps: int) -> Self:

@@ -120,9 +120,6 @@ class ShardedVIFA(ShardedGaussianMixin):
         failure: BaseException | None = None
         norms, g = None, None
         try:
-            pending = core.n_pending
-            if pending < self._local.n_grad_samples:
-                raise RuntimeError(f"step() needs {self._local.n_grad_samples} draw(s) from sample(); {pending} pending")
             g = as_local_gradients(grad, self._local.n_grad_samples, self._local.n_features)
             norms = core.local_gradient_norms(g)
         except Exception as err:
