@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
+from ._persist import param_entries, prefixed
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from ._validation import MAX_ABS_VALUE, check_int, check_positive_float, core_readable
 
@@ -255,13 +256,7 @@ class _VBFAEstimator(EstimatorBase):
         raise NotImplementedError  # pragma: no cover - provided by subclasses
 
     def _checkpoint_state(self) -> dict[str, Any]:
-        params = self.get_params()
-        if not (params["random_state"] is None or isinstance(params["random_state"], (int, np.integer))):
-            raise TypeError(
-                "save() stores random_state only when it is None or an int; set an int seed, or pickle "
-                "the estimator instead"
-            )
-        state: dict[str, Any] = {f"param.{name}": value for name, value in params.items()}
+        state = param_entries(self.get_params())
         engine = self.__dict__.get("_engine")
         if engine is not None:
             state.update({f"engine.{key}": value for key, value in engine.get_state().items()})
@@ -312,8 +307,7 @@ class _VBFAEstimator(EstimatorBase):
 
         shown = os.fspath(path)
         state = load_state(path, cls.__name__)
-        params = {key[len("param."):]: value for key, value in state.items() if key.startswith("param.")}
-        engine_state = {key[len("engine."):]: value for key, value in state.items() if key.startswith("engine.")}
+        params, engine_state = prefixed(state, "param."), prefixed(state, "engine.")
         try:
             if set(params) != set(cls._get_param_names()):
                 raise ValueError(f"the stored hyper-parameters do not match {cls.__name__}")
