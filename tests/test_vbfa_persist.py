@@ -292,3 +292,15 @@ def test_engine_states_are_not_interchangeable() -> None:
         _core.VBFACore.from_state({**batch_state, "observed": np.full_like(batch_state["observed"], 0.5)})
     with pytest.raises(ValueError, match="n_seen|n_batches"):
         _core.OnlineVBFACore.from_state({**online_state, "n_batches": online_state["n_seen"] + 1})
+
+
+def test_cli_info_describes_vb_fa_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from onlinefa.cli import main
+
+    X = factor_rows(40)
+    for model in (VBFA(2, max_iter=3, random_state=0).fit(X), OnlineVBFA(2, random_state=0).fit(X)):
+        path = tmp_path / f"{type(model).__name__}.ckpt"
+        model.save(path)
+        assert main(["info", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert f"{type(model).__name__}\n" in out and "param.n_components" in out and "engine.noise_rate" in out
