@@ -1087,6 +1087,19 @@ impl VBFACore {
         let view = checked_view(&x, "X")?;
         Ok(self.with(py, |m| m.latent_means(view))?.into_pyarray(py))
     }
+
+    /// Everything needed to resume exactly, as a dict of arrays and scalars (see "VB-FA checkpoints").
+    fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        vbfa_get_state(py, &self.inner)
+    }
+
+    /// Rebuild an engine from `get_state()`'s output (validated; ValueError if inconsistent).
+    #[staticmethod]
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
+        Ok(VBFACore {
+            inner: Mutex::new(vbfa_from_state(py, state)?),
+        })
+    }
 }
 
 /// Engine of `onlinefa.OnlineVBFA` (online VB-FA on complete mini-batches).
@@ -1203,6 +1216,19 @@ impl OnlineVBFACore {
         let view = checked_view(&x, "X")?;
         Ok(self.with(py, |m| m.latent_means(view))?.into_pyarray(py))
     }
+
+    /// Everything needed to resume exactly, as a dict of arrays and scalars (see "VB-FA checkpoints").
+    fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        vbfa_get_state(py, &self.inner)
+    }
+
+    /// Rebuild an engine from `get_state()`'s output (validated; ValueError if inconsistent).
+    #[staticmethod]
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
+        Ok(OnlineVBFACore {
+            inner: Mutex::new(vbfa_from_state(py, state)?),
+        })
+    }
 }
 
 /// log N(x_O | c_O, F_O F_Oᵀ + diag ψ_O) of every row (NaN = missing, marginalised out).
@@ -1224,6 +1250,23 @@ fn vbfa_log_likelihood<'py>(
         .detach(|| crate::vbfa::plugin_log_likelihood(x, c, f, psi))
         .map_err(to_py_err)?;
     Ok(out.into_pyarray(py))
+}
+
+// ---- VB-FA checkpoints ----
+// `get_state`/`from_state` of VBFACore and OnlineVBFACore: the core's `Checkpoint` map (crate::vbfa's
+// checkpoint module lists every entry and the checks `from_state` applies) through the shared dict
+// conversion, with the GIL released while the state is copied or validated.
+
+/// The model's checkpoint map as a dict of NumPy arrays and Python scalars, read under its lock.
+fn vbfa_get_state<'py, M: Checkpoint + Send>(py: Python<'py>, inner: &Mutex<M>) -> PyResult<Bound<'py, PyDict>> {
+    let state = py.detach(|| Ok::<_, PyErr>(lock(inner)?.to_state()))?;
+    state_to_dict(py, state)
+}
+
+/// A model rebuilt from a `vbfa_get_state` dict; ValueError naming the first invalid entry.
+fn vbfa_from_state<M: Checkpoint + Send>(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<M> {
+    let map = dict_to_state(state)?;
+    py.detach(|| M::from_state(&map)).map_err(to_py_err)
 }
 // ---- end of VBFA binding ----
 

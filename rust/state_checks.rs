@@ -11,6 +11,9 @@
 //!   definiteness itself is not required: whitening and float32 rounding legitimately leave B̄ with
 //!   negative eigenvalues, and a breakdown of the next E-step is reported by the update as usual;
 //! - means within the accepted input range, variances ψ within [0, `MAX_STATE`].
+//!
+//! VB-FA (crate::vbfa's checkpoint module) adds [`positive`] (Gamma shapes and rates, variances) and
+//! [`positive_definite`] (the covariances Σ_{h_n}, Σ_{f_d} whose log-determinants enter the bound).
 
 use ndarray::ArrayView2;
 
@@ -100,6 +103,25 @@ pub fn positive_diagonal(key: &str, m: ArrayView2<f64>) -> Result<()> {
     }
 }
 
+/// Every value > 0 (a Gamma shape or rate, a variance, a precision; the state reader already checked
+/// finiteness).
+pub fn positive(key: &str, values: &[f64]) -> Result<()> {
+    match values.iter().find(|v| !(**v > 0.0)) {
+        Some(v) => Err(bad(key, format!("must be > 0, holds {v:e}"))),
+        None => Ok(()),
+    }
+}
+
+/// Symmetric and positive definite (a covariance the algorithm factorises or takes the log-determinant
+/// of): bounded and symmetric as [`bounded_symmetric`], and its Cholesky factorisation succeeds.
+pub fn positive_definite(key: &str, m: ArrayView2<f64>) -> Result<()> {
+    bounded_symmetric(key, m)?;
+    match crate::linalg::SpdFactor::new(m, "restored covariance") {
+        Ok(_) => Ok(()),
+        Err(_) => Err(bad(key, "must be positive definite")),
+    }
+}
+
 /// Every value of a restored online EM state that Algorithm 2 relies on (see the module docs).
 pub fn online_em<T: Real>(em: &OnlineEm<T>) -> Result<()> {
     sample_count("n_seen", em.n_seen)?;
@@ -146,6 +168,8 @@ mod tests {
         assert!(within::<f64>("x", &[0.0, 1.0], 0.0, 1.0).is_ok());
         assert!(bounded_symmetric("b", array![[1.0, 0.5], [0.5, -1.0]].view()).is_ok());
         assert!(positive_diagonal("s", array![[1.0, 2.0], [2.0, 0.25]].view()).is_ok());
+        assert!(positive("p", &[1e-300, 1.0]).is_ok());
+        assert!(positive_definite("s", array![[2.0, 1.0], [1.0, 2.0]].view()).is_ok());
     }
 
     #[test]
@@ -159,5 +183,9 @@ mod tests {
         assert!(bounded_symmetric("b", array![[-1e300, 0.0], [0.0, -1e300]].view()).is_err());
         assert!(positive_diagonal("b", array![[-1e300, 0.0], [0.0, 1.0]].view()).is_err());
         assert!(positive_diagonal("b", array![[1.0, 0.0], [0.0, 0.0]].view()).is_err());
+        assert!(positive("p", &[1.0, 0.0]).is_err());
+        assert!(positive("p", &[-1.0]).is_err());
+        // Positive diagonal, symmetric, but indefinite (eigenvalues 3 and -1).
+        assert!(positive_definite("s", array![[1.0, 2.0], [2.0, 1.0]].view()).is_err());
     }
 }

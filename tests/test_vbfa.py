@@ -412,11 +412,3 @@ def test_params_follow_scikit_learn_conventions(cls: Any) -> None:
     assert model.transformations is True and model.n_components == 5
     with pytest.raises(ValueError, match="Invalid parameter"):
         model.set_params(n_component=3)
-
-
-def test_pickling_a_fitted_model_fails_with_a_clear_message() -> None:
-    import pickle
-
-    model = onlinefa.VBFA(2, random_state=0).fit(np.random.default_rng(0).standard_normal((40, 6)))
-    with pytest.raises(TypeError, match="cannot be pickled"):
-        pickle.dumps(model)

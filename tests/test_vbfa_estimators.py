@@ -20,19 +20,14 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 import onlinefa
 from onlinefa import VBFA, OnlineVBFA
 
-PICKLE_REASON = (
-    "the variational posterior lives in the Rust core, which has no serialised form yet: a fitted VB-FA "
-    "model refuses pickle/deepcopy with a TypeError (unfitted instances and clone() work)"
-)
-
 CHECKED_ESTIMATORS = [VBFA(), VBFA(2, max_iter=50, random_state=0), OnlineVBFA(), OnlineVBFA(2, random_state=0)]
 
 
-def expected_failures(estimator: Any) -> dict[str, str]:
-    return {"check_estimators_pickle": PICKLE_REASON}
+def no_expected_failures(estimator: Any) -> dict[str, str]:
+    return {}
 
 
-@parametrize_with_checks(CHECKED_ESTIMATORS, expected_failed_checks=expected_failures)
+@parametrize_with_checks(CHECKED_ESTIMATORS, expected_failed_checks=no_expected_failures)
 def test_scikit_learn_estimator_checks(estimator: Any, check: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCIPY_ARRAY_API", "1")
     check(estimator)

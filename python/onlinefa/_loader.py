@@ -16,7 +16,7 @@ def load(path: str | os.PathLike[str]) -> Any:
 
     Returns
     -------
-    OnlineEM, OnlineSGA, MiniBatchEM, VIFA or OnlineFactorAnalysis
+    OnlineEM, OnlineSGA, MiniBatchEM, VIFA, OnlineFactorAnalysis, VBFA or OnlineVBFA
         The model the file holds, restored exactly (updates continue bit-identically).
 
     Raises
@@ -35,9 +35,17 @@ def load(path: str | os.PathLike[str]) -> Any:
         return OnlineFactorAnalysis.load(path)
     from ._models import OnlineEM, OnlineSGA
     from .minibatch import MiniBatchEM
+    from .vbfa import VBFA, OnlineVBFA
     from .vifa import VIFA
 
-    classes: dict[str, Any] = {"OnlineEM": OnlineEM, "OnlineSGA": OnlineSGA, "VIFA": VIFA, "MiniBatchEM": MiniBatchEM}
+    classes: dict[str, Any] = {
+        "OnlineEM": OnlineEM,
+        "OnlineSGA": OnlineSGA,
+        "VIFA": VIFA,
+        "MiniBatchEM": MiniBatchEM,
+        "VBFA": VBFA,
+        "OnlineVBFA": OnlineVBFA,
+    }
     if kind not in classes:
         raise ValueError(f"{os.fspath(path)!r} holds a model of class {kind!r}, which this onlinefa cannot load")
     return classes[kind].load(path)

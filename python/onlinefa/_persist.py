@@ -1,9 +1,12 @@
-"""Pickling and ``save``/``load`` shared by every model whose Rust engine exports ``get_state()``."""
+"""Pickling and ``save``/``load`` shared by every model whose Rust engine exports ``get_state()``, and the
+hyper-parameter entries of estimator checkpoints."""
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -63,3 +66,25 @@ class CheckpointMixin:
         except ValueError as err:
             raise ValueError(f"{os.fspath(path)!r} is not a valid {cls.__name__} checkpoint: {err}") from err
         return model
+
+
+def param_entries(params: dict[str, Any]) -> dict[str, Any]:
+    """An estimator's hyper-parameters as checkpoint entries ``param.<name>``.
+
+    Raises
+    ------
+    TypeError
+        ``random_state`` is neither None nor an int (a RandomState/Generator cannot be stored portably).
+    """
+    random_state = params.get("random_state")
+    if not (random_state is None or isinstance(random_state, (int, np.integer))):
+        raise TypeError(
+            "save() stores random_state only when it is None or an int; set an int seed, or pickle "
+            "the estimator instead"
+        )
+    return {f"param.{name}": value for name, value in params.items()}
+
+
+def prefixed(state: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The entries of ``state`` whose names start with ``prefix``, with the prefix removed."""
+    return {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}

@@ -1,7 +1,8 @@
 """Checkpoint files: a documented, versioned, portable ``.npz`` format, written atomically.
 
-Every model (``OnlineEM``, ``OnlineSGA``, ``VIFA``, ``OnlineFactorAnalysis``) checkpoints through the
-two functions of this module: the model turns itself into a *state* — a flat ``dict`` mapping names to
+Every model (``OnlineEM``, ``OnlineSGA``, ``VIFA``, ``MiniBatchEM``, ``OnlineFactorAnalysis``, ``VBFA``,
+``OnlineVBFA``) checkpoints through the two functions of this module: the model turns itself into a
+*state* — a flat ``dict`` mapping names to
 NumPy arrays and Python scalars, everything needed to continue bit-identically — and
 :func:`save_state` / :func:`load_state` move that dict to and from disk.
 

@@ -20,6 +20,7 @@ from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
 from ._gaussian import latent_mean
 from .minibatch import MINIBATCH_KAPPA, MINIBATCH_TAU0, MiniBatchEM, data_moments, fit_passes
 from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float
+from ._persist import param_entries, prefixed
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .rotation import canonical_loadings, canonical_rotation
 
@@ -609,13 +610,7 @@ class OnlineFactorAnalysis(EstimatorBase):
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def _checkpoint_state(self) -> dict[str, Any]:
-        params = self.get_params()
-        if not (params["random_state"] is None or isinstance(params["random_state"], (int, np.integer))):
-            raise TypeError(
-                "save() stores random_state only when it is None or an int; set an int seed, or pickle "
-                "the estimator instead"
-            )
-        state: dict[str, Any] = {f"param.{name}": value for name, value in params.items()}
+        state = param_entries(self.get_params())
         model = self.__dict__.get("_model")
         if model is not None:
             state["model.class"] = type(model).__name__
@@ -662,7 +657,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         from .checkpoint import load_state
 
         state = load_state(path, _CHECKPOINT_KIND)
-        params = {key[len("param."):]: value for key, value in state.items() if key.startswith("param.")}
+        params = prefixed(state, "param.")
         if set(params) | set(_LEGACY_PARAMS) == set(cls._get_param_names()):
             params = {**_LEGACY_PARAMS, **params}
         if set(params) != set(cls._get_param_names()):

@@ -16,9 +16,10 @@ scikit-learn.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -27,6 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
+from ._persist import param_entries, prefixed
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from ._validation import MAX_ABS_VALUE, check_int, check_positive_float, core_readable
 
@@ -38,6 +40,18 @@ TranslationName = Literal["mean", "exact"]
 StepName = Literal["latents", "bias", "loadings", "noise", "ard", "translate", "rotate"]
 ScheduleName = Literal["harmonic", "power", "constant"]
 
+#: Fitted attributes of VBFA copied from the engine (rebuilt from it when unpickled).
+_DERIVED_ATTRIBUTES = (
+    "mean_",
+    "components_",
+    "noise_variance_",
+    "alpha_",
+    "n_iter_",
+    "elbo_",
+    "fit_time_",
+    "converged_",
+    "n_features_in_",
+)
 _STEPS = ("latents", "bias", "loadings", "noise", "ard", "translate", "rotate")
 #: K fitted when ``n_components=None`` (capped at D).
 DEFAULT_N_COMPONENTS = 10
@@ -205,14 +219,127 @@ class _VBFAEstimator(EstimatorBase):
                 "arguments before using this estimator."
             )
 
+    # -- pickling and checkpoints ----------------------------------------------------------------------
+    def _install(self, engine: Any) -> None:  # pragma: no cover - provided by subclasses
+        """Make ``engine`` the fitted model (and set any attribute derived from it)."""
+        raise NotImplementedError
+
     def __getstate__(self) -> dict[str, Any]:
-        if self.__sklearn_is_fitted__():
-            raise TypeError(
-                f"a fitted {type(self).__name__} cannot be pickled or deep-copied: its variational posterior "
-                "lives in the Rust core, which has no serialised form yet. Keep components_, mean_, "
-                "noise_variance_ (and alpha_), or refit; clone() and unfitted instances work."
-            )
-        return cast(dict[str, Any], super().__getstate__())
+        """Pickle/deepcopy state: the hyper-parameters and the engine's exact state map (no derived copies).
+
+        Unpickling runs code; never unpickle a model from an untrusted source (use :meth:`save`/:meth:`load`).
+        """
+        base = getattr(super(), "__getstate__", None)
+        state = dict(base() if base is not None else self.__dict__)
+        engine = state.pop("_engine", None)
+        for name in _DERIVED_ATTRIBUTES:
+            state.pop(name, None)
+        if engine is not None:
+            state["_engine_state"] = engine.get_state()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`__getstate__`; the engine state is validated by the core (ValueError)."""
+        state = dict(state)
+        engine_state = state.pop("_engine_state", None)
+        engine = None if engine_state is None else self._engine_class().from_state(engine_state)
+        base = getattr(super(), "__setstate__", None)
+        if base is not None:
+            base(state)
+        else:
+            self.__dict__.update(state)
+        if engine is not None:
+            self._install(engine)
+
+    @classmethod
+    def _engine_class(cls) -> Any:
+        raise NotImplementedError  # pragma: no cover - provided by subclasses
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        state = param_entries(self.get_params())
+        engine = self.__dict__.get("_engine")
+        if engine is not None:
+            state.update({f"engine.{key}": value for key, value in engine.get_state().items()})
+        return state
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write an exact checkpoint (hyper-parameters and the whole variational posterior), atomically.
+
+        See :mod:`onlinefa.checkpoint` for the file format; :meth:`load` (or :func:`onlinefa.load`) then
+        restores a model whose queries and further updates are bit-identical.
+
+        Parameters
+        ----------
+        path : str or path-like
+            Destination file, used as given.
+
+        Raises
+        ------
+        TypeError
+            A hyper-parameter the portable format cannot store (a RandomState or Generator object).
+        """
+        from .checkpoint import save_state
+
+        save_state(path, type(self).__name__, self._checkpoint_state())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Self:
+        """Read a checkpoint written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or path-like
+            Checkpoint file.
+
+        Returns
+        -------
+        VBFA or OnlineVBFA
+            The estimator, fitted exactly as saved (or unfitted if it was).
+
+        Raises
+        ------
+        ValueError
+            The file is truncated, corrupted, of an unknown format version, holds another model, or holds
+            a value the algorithm cannot continue from (a negative precision, a wrong shape, NaN, ...);
+            the message names the file.
+        """
+        from .checkpoint import load_state
+
+        shown = os.fspath(path)
+        state = load_state(path, cls.__name__)
+        params, engine_state = prefixed(state, "param."), prefixed(state, "engine.")
+        try:
+            if set(params) != set(cls._get_param_names()):
+                raise ValueError(f"the stored hyper-parameters do not match {cls.__name__}")
+            estimator = cls(**params)
+            if engine_state:
+                engine = cls._engine_class().from_state(engine_state)
+                estimator._check_engine_settings(engine_state)
+                estimator._install(engine)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{shown!r} is not a valid {cls.__name__} checkpoint: {err}") from err
+        return estimator
+
+    def _check_engine_settings(self, engine_state: dict[str, Any]) -> None:
+        """ValueError unless the stored hyper-parameters are valid and describe the stored engine."""
+        options = self._check_common_params()
+        n_features = int(engine_state["n_features"])
+        expected = {
+            "n_components": self._resolved_n_components(n_features),
+            "prior": options["prior"],
+            "transform": options["transform"],
+            "transform_start": options["transform_start"],
+            "translation": options["translation"],
+            "init_noise_ratio": options["init_noise_ratio"],
+            **self._engine_settings(),
+        }
+        differing = sorted(key for key, value in expected.items() if engine_state.get(key) != value)
+        if differing:
+            raise ValueError(f"the stored hyper-parameters do not match the stored model ({', '.join(differing)})")
+
+    def _engine_settings(self) -> dict[str, Any]:
+        """Settings of the engine beyond the common ones, as its state map stores them."""
+        return {}
 
     def score_samples(self, X: ArrayLike) -> FloatArray:
         """Log density of each row under N(c̄, F̄ F̄ᵀ + diag ψ) (posterior means plugged in).
@@ -485,14 +612,18 @@ class VBFA(_VBFAEstimator):
         x = self._data(X)
         return _core.VBFACore(x, self._resolved_n_components(x.shape[1]), **options)
 
+    @classmethod
+    def _engine_class(cls) -> type[_core.VBFACore]:
+        return _core.VBFACore
+
     def _fitted_engine(self) -> _core.VBFACore:
         """The engine, or NotFittedError before :meth:`fit`/:meth:`initialize`."""
         self._check_is_fitted()
         engine: _core.VBFACore = self._engine
         return engine
 
-    def _install(self, engine: _core.VBFACore) -> None:
-        """Make ``engine`` the fitted model and copy the fitted attributes from it."""
+    def _install(self, engine: Any) -> None:
+        """Make ``engine`` (a ``VBFACore``) the fitted model and copy the fitted attributes from it."""
         elbo, seconds = engine.history()
         mean = engine.bias_mean()
         fitted = {
@@ -749,6 +880,25 @@ class OnlineVBFA(_VBFAEstimator):
             rho=_check_real(self.rho, "rho"),
             n_effective=n_effective,
         )
+
+    @classmethod
+    def _engine_class(cls) -> type[_core.OnlineVBFACore]:
+        return _core.OnlineVBFACore
+
+    def _install(self, engine: Any) -> None:
+        """Make ``engine`` (an ``OnlineVBFACore``) the fitted model (every fitted attribute is read from it)."""
+        self._engine = engine
+
+    def _engine_settings(self) -> dict[str, Any]:
+        schedule = _check_choice(self.schedule, "schedule", ("harmonic", "power", "constant"))
+        settings: dict[str, Any] = {"schedule": schedule}
+        if schedule == "power":
+            settings.update(tau0=_check_real(self.tau0, "tau0"), kappa=_check_real(self.kappa, "kappa"))
+        elif schedule == "constant":
+            settings["rho"] = _check_real(self.rho, "rho")
+        n_effective = self.n_effective
+        settings["n_effective"] = None if n_effective is None else check_positive_float(n_effective, "n_effective")
+        return settings
 
     def _fitted_engine(self) -> _core.OnlineVBFACore:
         """The engine, or NotFittedError before the first successful :meth:`partial_fit`/:meth:`fit`."""

@@ -35,19 +35,19 @@ pub struct SweepRecord {
 /// Batch variational Bayesian factor analysis of one data matrix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VbfaBatch {
-    config: VbfaConfig,
+    pub(super) config: VbfaConfig,
     /// Data (N×D) with 0 where missing.
-    x: Array2<f64>,
-    missing: MissingPattern,
-    h_mean: Array2<f64>,
-    h_cov: LatentCovs,
-    globals: Globals,
-    f_cov: Array3<f64>,
-    f_log_det: Array1<f64>,
-    stats: ColumnStats,
-    n_sweeps: u64,
-    history: Vec<SweepRecord>,
-    converged: bool,
+    pub(super) x: Array2<f64>,
+    pub(super) missing: MissingPattern,
+    pub(super) h_mean: Array2<f64>,
+    pub(super) h_cov: LatentCovs,
+    pub(super) globals: Globals,
+    pub(super) f_cov: Array3<f64>,
+    pub(super) f_log_det: Array1<f64>,
+    pub(super) stats: ColumnStats,
+    pub(super) n_sweeps: u64,
+    pub(super) history: Vec<SweepRecord>,
+    pub(super) converged: bool,
 }
 
 /// Check a data matrix (NaN = missing; ±Inf or |x| > 1e100 rejected; every column observed at least once).

@@ -14,6 +14,7 @@
 //! expected sufficient statistics, global q rebuilt from them) in O(D·K + K²) memory.
 
 mod batch;
+mod checkpoint;
 pub(crate) mod dense;
 pub(crate) mod elbo;
 mod online;

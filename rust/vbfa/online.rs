@@ -41,17 +41,17 @@ pub struct OnlineConfig {
 
 /// The K×K sums over d that stand for q(F)'s covariances.
 #[derive(Debug, Clone, PartialEq)]
-struct LoadingSums {
+pub(super) struct LoadingSums {
     /// T = Σ_d ⟨τ_d⟩ (f̄_d f̄_dᵀ + Σ_{f_d}).
-    weighted_gram: Array2<f64>,
+    pub(super) weighted_gram: Array2<f64>,
     /// W = Σ_d (f̄_d f̄_dᵀ + Σ_{f_d}).
-    gram: Array2<f64>,
+    pub(super) gram: Array2<f64>,
     /// V = Σ_d ⟨τ_d⟩ Σ_{f_d}.
-    weighted_cov: Array2<f64>,
+    pub(super) weighted_cov: Array2<f64>,
 }
 
 impl LoadingSums {
-    fn zeros(k: usize) -> Self {
+    pub(super) fn zeros(k: usize) -> Self {
         LoadingSums {
             weighted_gram: Array2::zeros((k, k)),
             gram: Array2::zeros((k, k)),
@@ -82,21 +82,21 @@ impl LoadingSums {
 
 /// Everything that exists once the first mini-batch has been seen.
 #[derive(Debug, Clone, PartialEq)]
-struct OnlineState {
+pub(super) struct OnlineState {
     /// Per-sample averages of the sufficient statistics.
-    averages: ColumnStats,
-    globals: Globals,
-    sums: LoadingSums,
+    pub(super) averages: ColumnStats,
+    pub(super) globals: Globals,
+    pub(super) sums: LoadingSums,
 }
 
 /// Online variational Bayesian factor analysis.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VbfaOnline {
-    config: OnlineConfig,
-    n_features: usize,
-    n_seen: u64,
-    n_batches: u64,
-    state: Option<OnlineState>,
+    pub(super) config: OnlineConfig,
+    pub(super) n_features: usize,
+    pub(super) n_seen: u64,
+    pub(super) n_batches: u64,
+    pub(super) state: Option<OnlineState>,
 }
 
 /// One column's rebuilt q(f_d) and q(τ_d).
