@@ -1135,13 +1135,16 @@ mod tests {
         let before = vi.clone();
         assert!(matches!(
             vi.step(Array2::<f64>::zeros((2, d)).view()),
-            Err(FaError::InvalidParameter { .. })
+            Err(FaError::CallOrder(_))
         ));
         assert_eq!(vi, before);
         vi.sample().expect("sample");
         vi.sample().expect("sample");
         let pending = vi.clone();
-        assert!(vi.sample().is_err(), "a third draw with n_grad_samples = 2 is an error");
+        assert!(
+            matches!(vi.sample(), Err(FaError::CallOrder(_))),
+            "a third draw with n_grad_samples = 2 is a call-order error"
+        );
         assert!(matches!(
             vi.step(Array2::<f64>::zeros((1, d)).view()),
             Err(FaError::Shape { .. })
