@@ -1493,6 +1493,24 @@ impl GFACore {
         let view = checked_view(&x, "X")?;
         Ok(self.with(py, |m| m.latent_means(view))?.into_pyarray(py))
     }
+
+    /// Everything needed to predict and continue exactly (q, statistics, data, history), as a dict.
+    fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = self.with(py, |m| Ok(m.to_state()))?;
+        state_to_dict(py, state)
+    }
+
+    /// Rebuild an engine from `get_state()`'s output (validated; ValueError if inconsistent).
+    #[staticmethod]
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let map = dict_to_state(state)?;
+        let model = py
+            .detach(|| crate::gfa::GfaBatch::from_state(&map))
+            .map_err(to_py_err)?;
+        Ok(GFACore {
+            inner: Mutex::new(model),
+        })
+    }
 }
 // ---- end of GFA binding ----
 

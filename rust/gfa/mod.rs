@@ -24,6 +24,7 @@ mod lbfgs;
 mod lowrank;
 mod predict;
 mod rotation;
+mod state;
 #[cfg(test)]
 mod tests;
 
