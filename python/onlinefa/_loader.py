@@ -34,9 +34,10 @@ def load(path: str | os.PathLike[str]) -> Any:
 
         return OnlineFactorAnalysis.load(path)
     if kind in ("GFA", "OnlineGFA"):
-        from . import gfa
+        from .gfa import GFA
+        from .online_gfa import OnlineGFA
 
-        return getattr(gfa, kind).load(path)
+        return (GFA if kind == "GFA" else OnlineGFA).load(path)
     from ._models import OnlineEM, OnlineSGA
     from .minibatch import MiniBatchEM
     from .vbfa import VBFA, OnlineVBFA
