@@ -45,7 +45,7 @@ def test_one_batch_with_the_harmonic_step_is_one_batch_sweep() -> None:
 def test_stream_converges_to_the_batch_fit(seed: int) -> None:
     # 3 passes over N = 3000 rows in batches of 100 with rho_t = t^-0.7 and N_eff = N. Measured: E[tau_m]
     # within 0.5% of the batch fit's on these seeds; the bound 2% is 4x that, and a single pass with the
-    # harmonic step (statistics of the first, poorly fitted batches kept forever) is 4.7-13% off, so a
+    # harmonic step (statistics of the first, poorly fitted batches kept forever) is 5-14% off, so a
     # broken step or rebuild cannot pass. Sampling error of tau_m itself is ~1% (>= 30000 residuals).
     x, _, pattern, taus = synthetic(seed, n=3000)
     batch = onlinefa.GFA(6, SIZES, random_state=0).fit(x)
