@@ -1600,6 +1600,24 @@ impl OnlineGFACore {
         Ok(globals.map(|g| GFACore { inner: Mutex::new(g) }))
     }
 
+    /// Everything needed to continue exactly (settings, counters, globals, running averages), as a dict.
+    fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = py.detach(|| Ok::<_, PyErr>(lock(&self.inner)?.to_state()))?;
+        state_to_dict(py, state)
+    }
+
+    /// Rebuild an engine from `get_state()`'s output (validated; ValueError if inconsistent).
+    #[staticmethod]
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let map = dict_to_state(state)?;
+        let model = py
+            .detach(|| crate::gfa::GfaOnline::from_state(&map))
+            .map_err(to_py_err)?;
+        Ok(OnlineGFACore {
+            inner: Mutex::new(model),
+        })
+    }
+
     /// Running average of ⟨h hᵀ⟩ over the samples seen (K×K), or None before the first mini-batch.
     fn latent_second_moment<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray2<f64>>>> {
         let m = py.detach(|| Ok::<_, PyErr>(lock(&self.inner)?.latent_second_moment()))?;

@@ -19,13 +19,7 @@ CHECKED = [
 ]
 
 
-def expected_failures(estimator: Any) -> dict[str, str]:
-    if isinstance(estimator, OnlineGFA):
-        return {"check_estimators_pickle": "the stream state of OnlineGFA has no serialised form yet"}
-    return {}
-
-
-@parametrize_with_checks(CHECKED, expected_failed_checks=expected_failures)
+@parametrize_with_checks(CHECKED)
 def test_scikit_learn_estimator_checks(estimator: Any, check: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCIPY_ARRAY_API", "1")
     check(estimator)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import onlinefa
+from onlinefa import _core
 from test_gfa import synthetic
 
 SIZES = [10, 15, 20]
@@ -95,12 +96,35 @@ def test_bad_hyper_parameters_are_refused_before_any_state() -> None:
         assert not est.__sklearn_is_fitted__()
 
 
-def test_no_bound_and_no_pickle_for_a_stream() -> None:
+def test_no_lower_bound_for_a_stream() -> None:
     x, _, _, _ = synthetic(0, n=100)
     est = onlinefa.OnlineGFA(3, SIZES).fit(x)
     with pytest.raises(TypeError, match="lower bound"):
         est.lower_bound()
-    with pytest.raises(TypeError, match="cannot be pickled"):
-        pickle.dumps(est)
+
+
+def test_pickle_save_and_load_continue_the_stream_bit_identically(tmp_path: Any) -> None:
+    x, _, _, _ = synthetic(5, n=300)
+    est = onlinefa.OnlineGFA(4, ["a"] * 10 + ["b"] * 15 + ["c"] * 20, random_state=2, schedule="power")
+    stream(est, x[:200], passes=1)
+    path = tmp_path / "online.npz"
+    est.save(path)
+    copies = [pickle.loads(pickle.dumps(est)), onlinefa.OnlineGFA.load(path), onlinefa.load(path)]
+    for model in [est, *copies]:
+        model.partial_fit(x[200:])
+    for model in copies:
+        assert isinstance(model, onlinefa.OnlineGFA) and model.get_params() == est.get_params()
+        assert model.group_labels_ == ["a", "b", "c"]
+        for a, b in zip(snapshot(model), snapshot(est), strict=True):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(model.predict_group(x[:5], "b"), est.predict_group(x[:5], "b"))
     unfitted = pickle.loads(pickle.dumps(onlinefa.OnlineGFA(3, SIZES)))
     assert unfitted.get_params() == onlinefa.OnlineGFA(3, SIZES).get_params()
+
+
+def test_inconsistent_stream_state_is_refused() -> None:
+    x, _, _, _ = synthetic(0, n=100)
+    state = onlinefa.OnlineGFA(3, SIZES).fit(x)._online.get_state()
+    for key, value in (("n_batches", 0), ("schedule", "weekly"), ("n_effective", -3.0), ("avg_total_gram", np.ones((2, 2)))):
+        with pytest.raises(ValueError):
+            _core.OnlineGFACore.from_state({**state, key: value})

@@ -24,19 +24,22 @@ def _plain(value: object) -> object:
 class GFAPersistMixin:
     """Exact pickles and checkpoints of a GFA estimator.
 
-    The engine (``_engine``) travels as its state map (:meth:`GFACore.get_state`), which the core
-    validates on the way back; every other attribute is kept as it is. Subclasses provide ``_core_class``
-    (the engine class) and ``_refresh(engine)`` (the fitted attributes from an engine).
+    The engine (the attribute named by ``_state_attribute``) travels as its state map (``get_state()``),
+    which the core validates on the way back; the query engine ``_engine`` is rebuilt from it and every
+    other attribute is kept as it is. Subclasses provide ``_core_class`` (the engine class) and
+    ``_adopt(engine)`` (install a restored engine and the fitted attributes it determines).
     """
 
     _core_class: Any
+    _state_attribute = "_engine"
 
-    def _refresh(self, engine: Any) -> None:  # pragma: no cover - provided by subclasses
+    def _adopt(self, engine: Any) -> None:  # pragma: no cover - provided by subclasses
         raise NotImplementedError
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(cast(dict[str, Any], super().__getstate__()))
-        engine = state.pop("_engine", None)
+        engine = state.pop(self._state_attribute, None)
+        state.pop("_engine", None)
         if engine is not None:
             state["_engine_state"] = engine.get_state()
         return state
@@ -51,7 +54,7 @@ class GFAPersistMixin:
         else:
             self.__dict__.update(state)
         if engine is not None:
-            self._engine = engine
+            self._adopt(engine)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write an exact checkpoint (hyper-parameters, variational posterior, fit history), atomically.
@@ -76,7 +79,7 @@ class GFAPersistMixin:
         if not (params["random_state"] is None or isinstance(params["random_state"], (int, np.integer))):
             raise TypeError("save() stores random_state only when it is None or an int; pickle the estimator instead")
         state: dict[str, Any] = {"params": json.dumps(params, default=_plain, sort_keys=True)}
-        engine = self.__dict__.get("_engine")
+        engine = self.__dict__.get(self._state_attribute)
         if engine is not None:
             state["group_labels"] = json.dumps(self.__dict__["group_labels_"], default=_plain)
             state.update({_ENGINE + key: value for key, value in engine.get_state().items()})
@@ -122,6 +125,5 @@ class GFAPersistMixin:
         if not isinstance(labels, list) or len(labels) != int(index.max()) + 1:
             raise ValueError("the group labels do not match the groups of the model")
         estimator.__dict__.update(group_index_=index, group_labels_=labels, n_features_in_=int(index.size))
-        estimator._engine = engine
-        estimator._refresh(engine)
+        estimator._adopt(engine)
         return estimator

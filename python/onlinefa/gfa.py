@@ -215,7 +215,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
         self.init_noise_ratio = init_noise_ratio
         self.random_state = random_state
 
-    _core_class = _core.GFACore
+    _core_class: Any = _core.GFACore
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()  # type: ignore[misc]
@@ -308,6 +308,10 @@ class GFA(GFAPersistMixin, EstimatorBase):
                 raise ValueError(f"observed must be a boolean array of shape {arr.shape}, got {mask.dtype} {mask.shape}")
             arr[~mask] = np.nan
         return core_readable(np.ascontiguousarray(arr))
+
+    def _adopt(self, engine: _core.GFACore) -> None:
+        self._engine = engine
+        self._refresh(engine)
 
     def _refresh(self, engine: _core.GFACore) -> None:
         elbo, ks, seconds = engine.history()

@@ -71,7 +71,8 @@ class OnlineGFA(GFA):
     -----
     Rows must be complete (use :class:`GFA` for missing values). The first mini-batch sets the initial
     factors and must hold at least ``n_components`` rows. Every batch is applied atomically: bad input or a
-    numerical breakdown raises and leaves the model exactly as it was.
+    numerical breakdown raises and leaves the model exactly as it was. Pickles, :meth:`save` and
+    ``onlinefa.load`` restore the stream state exactly: further batches continue bit-identically.
     """
 
     def __init__(
@@ -108,6 +109,9 @@ class OnlineGFA(GFA):
         self.batch_size = batch_size
         self.init_noise_ratio = init_noise_ratio
         self.random_state = random_state
+
+    _core_class = _core.OnlineGFACore
+    _state_attribute = "_online"
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -226,6 +230,10 @@ class OnlineGFA(GFA):
         self._online = online
         self._snapshot(online)
 
+    def _adopt(self, engine: Any) -> None:
+        self._online = engine
+        self._snapshot(engine)
+
     def _snapshot(self, online: _core.OnlineGFACore) -> None:
         engine = online.snapshot()
         assert engine is not None
@@ -289,26 +297,3 @@ class OnlineGFA(GFA):
             Always.
         """
         raise TypeError("OnlineGFA keeps no data, so its lower bound cannot be computed; use GFA")
-
-    def __getstate__(self) -> dict[str, Any]:
-        if self.__dict__.get("_online") is not None:
-            raise TypeError(
-                "a fitted OnlineGFA cannot be pickled yet (its stream state has no serialised form); keep "
-                "components_, mean_, noise_variance_ and activity_, or refit; clone() and unfitted instances work"
-            )
-        return super().__getstate__()
-
-    def save(self, path: Any) -> None:
-        """Not available for a fitted model yet (see ``__getstate__``).
-
-        Parameters
-        ----------
-        path : str or path-like
-
-        Raises
-        ------
-        TypeError
-            The model is fitted.
-        """
-        self.__getstate__()
-        super().save(path)

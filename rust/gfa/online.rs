@@ -18,9 +18,11 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::batch::GfaBatch;
+use super::state::{len_of, read_config, read_indices, read_stats, write_config, write_stats};
 use super::{GfaConfig, Groups};
 use crate::error::{invalid, FaError, Result};
 use crate::schedule::StepSize;
+use crate::state::{expect_kind, Checkpoint, StateMap, StateReader, StateValue, StateWriter};
 use crate::vbfa::stats::{is_bad_entry, ColumnStats, LatentCovs, MissingPattern};
 use crate::vbfa::usable_variances;
 
@@ -220,6 +222,96 @@ impl GfaOnline {
     }
 }
 
+fn write_schedule(w: &mut StateWriter, step: StepSize) {
+    let (kind, tau0, kappa, rho) = match step {
+        StepSize::Harmonic => ("harmonic", 0.0, 0.9, 0.01),
+        StepSize::Power { tau0, kappa } => ("power", tau0, kappa, 0.01),
+        StepSize::Constant(rho) => ("constant", 0.0, 0.9, rho),
+    };
+    w.put("schedule", StateValue::Text(kind.into()));
+    for (key, value) in [("tau0", tau0), ("kappa", kappa), ("rho", rho)] {
+        w.put(key, StateValue::Float(value));
+    }
+}
+
+fn read_schedule(r: &StateReader<'_>) -> Result<StepSize> {
+    Ok(match r.text("schedule")? {
+        "harmonic" => StepSize::Harmonic,
+        "power" => StepSize::Power {
+            tau0: r.float("tau0")?,
+            kappa: r.float("kappa")?,
+        },
+        "constant" => StepSize::Constant(r.float("rho")?),
+        other => return Err(FaError::InvalidState(format!("entry `schedule` is unknown: {other:?}"))),
+    })
+}
+
+/// Checkpoints: the settings, the counters and, once fitted, the data-free global model (as the batch
+/// model writes it) plus the running averages under `avg_`; `from_state` re-validates the settings as
+/// `new` does and the globals and averages as the batch model's checkpoint does. `n_effective` = 0
+/// stands for None.
+impl Checkpoint for GfaOnline {
+    const KIND: &'static str = "OnlineGFA";
+
+    fn to_state(&self) -> StateMap {
+        let mut w = StateWriter::new(Self::KIND);
+        match &self.state {
+            Some(state) => {
+                state.globals.write_model(&mut w);
+                write_stats(&mut w, "avg_", &state.averages);
+            }
+            None => write_config(&mut w, &self.config.model),
+        }
+        let labels: Vec<f64> = (0..self.groups.n_features())
+            .map(|d| self.groups.of(d) as f64)
+            .collect();
+        w.array("groups", vec![labels.len()], &labels);
+        write_schedule(&mut w, self.config.step_size);
+        w.put("n_effective", StateValue::Float(self.config.n_effective.unwrap_or(0.0)));
+        w.put("n_seen", StateValue::Int(self.n_seen));
+        w.put("n_batches", StateValue::Int(self.n_batches));
+        w.put("fitted", StateValue::Bool(self.state.is_some()));
+        w.0
+    }
+
+    fn from_state(state: &StateMap) -> Result<Self> {
+        expect_kind(state, Self::KIND)?;
+        let r = StateReader(state);
+        let d = len_of(state, "groups")?;
+        let groups = Groups::from_labels(&read_indices(&r, "groups", d, d)?)
+            .map_err(|e| FaError::InvalidState(e.to_string()))?;
+        let n_effective = Some(r.float("n_effective")?).filter(|&n| n != 0.0);
+        let config = GfaOnlineConfig {
+            model: read_config(&r)?,
+            step_size: read_schedule(&r)?,
+            n_effective,
+        };
+        let mut model = GfaOnline::new(groups, config).map_err(|e| FaError::InvalidState(e.to_string()))?;
+        model.n_seen = r.int("n_seen")?;
+        model.n_batches = r.int("n_batches")?;
+        crate::state_checks::sample_count("n_seen", model.n_seen)?;
+        let fitted = r.bool("fitted")?;
+        if fitted != (model.n_batches > 0) || model.n_batches > model.n_seen {
+            return Err(FaError::InvalidState(
+                "entries `fitted`, `n_batches` and `n_seen` disagree (fitted iff n_batches >= 1, n_batches <= n_seen)"
+                    .into(),
+            ));
+        }
+        if fitted {
+            let globals = GfaBatch::read_model(state, true)?;
+            if globals.groups != model.groups {
+                return Err(FaError::InvalidState(
+                    "the model's groups disagree with `groups`".into(),
+                ));
+            }
+            let dims = globals.f_mean.dim();
+            let averages = read_stats(&r, "avg_", dims, false, None)?;
+            model.state = Some(OnlineState { globals, averages });
+        }
+        Ok(model)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,5 +378,29 @@ mod tests {
         assert!(online.partial_fit(x.slice(s![30.., ..5])).is_err());
         assert!(online.partial_fit(x.slice(s![30..30, ..])).is_err());
         assert_eq!(online, before);
+    }
+
+    #[test]
+    fn checkpoint_round_trip_continues_identically() {
+        let (x, groups) = data(90);
+        let mut online = model(groups);
+        let empty = GfaOnline::from_state(&online.to_state()).expect("unfitted");
+        assert_eq!(empty, online);
+        online.partial_fit(x.slice(s![..30, ..])).expect("batch");
+        online.partial_fit(x.slice(s![30..60, ..])).expect("batch");
+        let mut back = GfaOnline::from_state(&online.to_state()).expect("restore");
+        assert_eq!(back, online);
+        online.partial_fit(x.slice(s![60.., ..])).expect("batch");
+        back.partial_fit(x.slice(s![60.., ..])).expect("batch");
+        assert_eq!(back, online);
+        let mut bad = online.to_state();
+        bad.insert("n_batches".into(), StateValue::Int(0));
+        assert!(GfaOnline::from_state(&bad).is_err());
+        let mut bad = online.to_state();
+        bad.insert("drop_factors".into(), StateValue::Bool(true));
+        assert!(GfaOnline::from_state(&bad).is_err());
+        let mut bad = online.to_state();
+        bad.insert("avg_n_rows".into(), StateValue::Float(-1.0));
+        assert!(GfaOnline::from_state(&bad).is_err());
     }
 }

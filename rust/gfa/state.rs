@@ -73,7 +73,7 @@ fn read_gammas(r: &StateReader<'_>, key: &str, shape: &[usize]) -> Result<Vec<Ga
 }
 
 /// Non-negative integers stored as float64 (exact below 2⁵³), each below `limit`.
-fn read_indices(r: &StateReader<'_>, key: &str, len: usize, limit: usize) -> Result<Vec<usize>> {
+pub(super) fn read_indices(r: &StateReader<'_>, key: &str, len: usize, limit: usize) -> Result<Vec<usize>> {
     r.array::<f64>(key, &[len])?
         .into_iter()
         .map(|v| {
@@ -86,14 +86,14 @@ fn read_indices(r: &StateReader<'_>, key: &str, len: usize, limit: usize) -> Res
         .collect()
 }
 
-fn len_of(state: &StateMap, key: &str) -> Result<usize> {
+pub(super) fn len_of(state: &StateMap, key: &str) -> Result<usize> {
     match state.get(key) {
         Some(StateValue::F64(shape, _)) if shape.len() == 1 => Ok(shape[0]),
         _ => Err(bad(key, "is missing or not a float64 vector")),
     }
 }
 
-fn write_config(w: &mut StateWriter, c: &GfaConfig) {
+pub(super) fn write_config(w: &mut StateWriter, c: &GfaConfig) {
     w.put("n_components", StateValue::Int(c.n_components as u64));
     let noise = match c.noise {
         NoiseModel::Group => "group",
@@ -121,7 +121,7 @@ fn write_config(w: &mut StateWriter, c: &GfaConfig) {
     }
 }
 
-fn read_config(r: &StateReader<'_>) -> Result<GfaConfig> {
+pub(super) fn read_config(r: &StateReader<'_>) -> Result<GfaConfig> {
     let noise = match r.text("noise")? {
         "group" => NoiseModel::Group,
         "feature" => NoiseModel::Feature,
@@ -165,48 +165,67 @@ fn read_data(r: &StateReader<'_>, n: usize, d: usize) -> Result<Array2<f64>> {
     Ok(x)
 }
 
-fn write_stats(w: &mut StateWriter, s: &ColumnStats) {
-    w.vector("stats_count", &s.count);
-    w.vector("stats_sum_x", &s.sum_x);
-    w.vector("stats_sum_xx", &s.sum_xx);
-    w.matrix("stats_sum_h", &s.sum_h);
-    w.matrix("stats_sum_xh", &s.sum_xh);
+/// The column statistics under `prefix` ("stats_" for the batch model's, "avg_" for online averages).
+pub(super) fn write_stats(w: &mut StateWriter, prefix: &str, s: &ColumnStats) {
+    let key = |name: &str| format!("{prefix}{name}");
+    w.vector(&key("count"), &s.count);
+    w.vector(&key("sum_x"), &s.sum_x);
+    w.vector(&key("sum_xx"), &s.sum_xx);
+    w.matrix(&key("sum_h"), &s.sum_h);
+    w.matrix(&key("sum_xh"), &s.sum_xh);
     match &s.gram {
-        LatentGram::Shared(g) => w.matrix("stats_gram", g),
-        LatentGram::PerColumn(g) => put3(w, "stats_gram", g),
+        LatentGram::Shared(g) => w.matrix(&key("gram"), g),
+        LatentGram::PerColumn(g) => put3(w, &key("gram"), g),
     }
-    w.put("stats_n_rows", StateValue::Float(s.n_rows));
-    w.vector("stats_total_h", &s.total_h);
-    w.matrix("stats_total_gram", &s.total_gram);
+    w.put(&key("n_rows"), StateValue::Float(s.n_rows));
+    w.vector(&key("total_h"), &s.total_h);
+    w.matrix(&key("total_gram"), &s.total_gram);
 }
 
-fn read_stats(r: &StateReader<'_>, n: usize, d: usize, k: usize, per_column: bool) -> Result<ColumnStats> {
+/// Statistics written by [`write_stats`]; `rows` = N for a batch model's (counts within [0, N], N rows),
+/// None for scaled or averaged ones (counts and row total only >= 0).
+pub(super) fn read_stats(
+    r: &StateReader<'_>,
+    prefix: &str,
+    (d, k): (usize, usize),
+    per_column: bool,
+    rows: Option<usize>,
+) -> Result<ColumnStats> {
+    let key = |name: &str| format!("{prefix}{name}");
     let gram = if per_column {
-        let g = read3(r, "stats_gram", [d, k, k])?;
-        check_slices("stats_gram", &g, false)?;
+        let g = read3(r, &key("gram"), [d, k, k])?;
+        check_slices(&key("gram"), &g, false)?;
         LatentGram::PerColumn(g)
     } else {
-        let g = r.matrix("stats_gram", k, k)?;
-        check_matrix("stats_gram", g.view(), false)?;
+        let g = r.matrix(&key("gram"), k, k)?;
+        check_matrix(&key("gram"), g.view(), false)?;
         LatentGram::Shared(g)
     };
     let stats = ColumnStats {
-        count: r.vector("stats_count", d)?,
-        sum_x: r.vector("stats_sum_x", d)?,
-        sum_xx: r.vector("stats_sum_xx", d)?,
-        sum_h: r.matrix("stats_sum_h", d, k)?,
-        sum_xh: r.matrix("stats_sum_xh", d, k)?,
+        count: r.vector(&key("count"), d)?,
+        sum_x: r.vector(&key("sum_x"), d)?,
+        sum_xx: r.vector(&key("sum_xx"), d)?,
+        sum_h: r.matrix(&key("sum_h"), d, k)?,
+        sum_xh: r.matrix(&key("sum_xh"), d, k)?,
         gram,
-        n_rows: r.float("stats_n_rows")?,
-        total_h: r.vector("stats_total_h", k)?,
-        total_gram: r.matrix("stats_total_gram", k, k)?,
+        n_rows: r.float(&key("n_rows"))?,
+        total_h: r.vector(&key("total_h"), k)?,
+        total_gram: r.matrix(&key("total_gram"), k, k)?,
     };
-    within("stats_count", stats.count.as_slice().unwrap_or(&[]), 0.0, n as f64)?;
-    within("stats_sum_xx", stats.sum_xx.as_slice().unwrap_or(&[]), 0.0, f64::MAX)?;
-    if stats.n_rows != n as f64 {
-        return Err(bad("stats_n_rows", format!("must equal N = {n}, got {}", stats.n_rows)));
+    let upper = rows.map_or(f64::MAX, |n| n as f64);
+    within(&key("count"), stats.count.as_slice().unwrap_or(&[]), 0.0, upper)?;
+    within(&key("sum_xx"), stats.sum_xx.as_slice().unwrap_or(&[]), 0.0, f64::MAX)?;
+    let rows_ok = match rows {
+        Some(n) => stats.n_rows == n as f64,
+        None => stats.n_rows > 0.0,
+    };
+    if !rows_ok {
+        return Err(bad(
+            &key("n_rows"),
+            format!("must be N (or > 0 for averages), got {}", stats.n_rows),
+        ));
     }
-    check_matrix("stats_total_gram", stats.total_gram.view(), false)?;
+    check_matrix(&key("total_gram"), stats.total_gram.view(), false)?;
     Ok(stats)
 }
 
@@ -278,7 +297,20 @@ impl Checkpoint for GfaBatch {
 
     fn to_state(&self) -> StateMap {
         let mut w = StateWriter::new(Self::KIND);
-        write_config(&mut w, &self.config);
+        self.write_model(&mut w);
+        w.0
+    }
+
+    fn from_state(state: &StateMap) -> Result<Self> {
+        expect_kind(state, Self::KIND)?;
+        GfaBatch::read_model(state, false)
+    }
+}
+
+impl GfaBatch {
+    /// Every entry of the model but the kind (the online model stores its data-free globals this way).
+    pub(super) fn write_model(&self, w: &mut StateWriter) {
+        write_config(w, &self.config);
         let labels: Vec<f64> = self.groups.of_feature.iter().map(|&m| m as f64).collect();
         w.array("groups", vec![labels.len()], &labels);
         let d = self.x.ncols();
@@ -288,24 +320,24 @@ impl Checkpoint for GfaBatch {
             .collect();
         w.array("missing", vec![flat.len()], &flat);
         w.matrix("h_mean", &self.h_mean);
-        write_latents(&mut w, &self.h_cov);
+        write_latents(w, &self.h_cov);
         w.vector("c_mean", &self.c_mean);
         w.vector("c_var", &self.c_var);
         w.matrix("f_mean", &self.f_mean);
-        put3(&mut w, "f_cov", &self.f_cov);
+        put3(w, "f_cov", &self.f_cov);
         w.vector("f_log_det", &self.f_log_det);
         put_gammas(
-            &mut w,
+            w,
             "alpha",
             self.alpha.shape().to_vec(),
             &self.alpha.iter().copied().collect::<Vec<_>>(),
         );
-        put_gammas(&mut w, "tau", vec![self.tau.len()], &self.tau);
+        put_gammas(w, "tau", vec![self.tau.len()], &self.tau);
         if let Some(lr) = &self.low_rank {
             let (packed, _) = lr.packed();
             w.array("low_rank", vec![packed.len()], packed);
         }
-        write_stats(&mut w, &self.stats);
+        write_stats(w, "stats_", &self.stats);
         w.vector("group_variance", &Array1::from(self.group_variance.clone()));
         w.array(
             "kept",
@@ -313,13 +345,13 @@ impl Checkpoint for GfaBatch {
             &self.kept.iter().map(|&j| j as f64).collect::<Vec<_>>(),
         );
         w.put("n_sweeps", StateValue::Int(self.n_sweeps));
-        write_history(&mut w, &self.history);
+        write_history(w, &self.history);
         w.put("converged", StateValue::Bool(self.converged));
-        w.0
     }
 
-    fn from_state(state: &StateMap) -> Result<Self> {
-        expect_kind(state, Self::KIND)?;
+    /// Rebuild from [`GfaBatch::write_model`]'s entries; `data_free`: the online model's globals (0 rows,
+    /// statistics that are scaled averages), else the data are checked as by the constructor.
+    pub(super) fn read_model(state: &StateMap, data_free: bool) -> Result<Self> {
         let r = StateReader(state);
         let config = read_config(&r)?;
         let d = len_of(state, "groups")?;
@@ -330,7 +362,12 @@ impl Checkpoint for GfaBatch {
             _ => return Err(bad("x", "is missing or not a float64 matrix")),
         };
         let x = read_data(&r, n, d)?;
-        validate(x.view(), &groups, config.n_components).map_err(|e| FaError::InvalidState(e.to_string()))?;
+        if data_free && n != 0 {
+            return Err(bad("x", format!("must have 0 rows in an online model, has {n}")));
+        }
+        if !data_free {
+            validate(x.view(), &groups, config.n_components).map_err(|e| FaError::InvalidState(e.to_string()))?;
+        }
         let missing = MissingPattern::of(x.view());
         let k = len_of(state, "kept")?;
         if k < 1 || k > config.n_components {
@@ -388,7 +425,7 @@ impl Checkpoint for GfaBatch {
                 .map_err(|e| FaError::InvalidState(e.to_string()))?,
             tau: read_gammas(&r, "tau", &[n_tau])?,
             low_rank,
-            stats: read_stats(&r, n, d, k, missing.any())?,
+            stats: read_stats(&r, "stats_", (d, k), missing.any(), (!data_free).then_some(n))?,
             x: x.mapv(|v| if v.is_nan() { 0.0 } else { v }),
             missing,
             group_variance,

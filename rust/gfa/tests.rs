@@ -228,7 +228,7 @@ mod checkpoint {
         let mut m = GfaBatch::new(x.view(), groups, config(4, NoiseModel::Group)).expect("model");
         m.fit(3, 0.0).expect("fit");
         let good = m.to_state();
-        let edits: Vec<(&str, Box<dyn Fn(&mut StateValue)>)> = vec![
+        let edits: Vec<(&str, Edit)> = vec![
             ("tau_rate", Box::new(|v| set_first(v, -1.0))),
             ("alpha_shape", Box::new(|v| set_first(v, 0.0))),
             ("f_cov", Box::new(|v| set_at(v, 1, 5.0))),
@@ -248,6 +248,9 @@ mod checkpoint {
         state.remove("c_var");
         assert!(GfaBatch::from_state(&state).is_err());
     }
+
+    /// A change to one state entry.
+    type Edit = Box<dyn Fn(&mut StateValue)>;
 
     fn set_first(v: &mut StateValue, value: f64) {
         set_at(v, 0, value);
