@@ -550,6 +550,8 @@ mod _core {
     #[pymodule_export]
     use super::NumericalBreakdownError;
     #[pymodule_export]
+    use super::OnlineGFACore;
+    #[pymodule_export]
     use super::{orthonormal_init, OnlineEMCore, OnlineSGACore, VIFACore};
     #[pymodule_export]
     use super::{vbfa_log_likelihood, OnlineVBFACore, VBFACore};
@@ -1284,6 +1286,17 @@ type GfaHistory<'py> = (
 /// Two NumPy matrices (predictive means and variances; Gamma shapes and rates).
 type GfaMatrixPair<'py> = (Bound<'py, PyArray2<f64>>, Bound<'py, PyArray2<f64>>);
 
+/// The noise model named "group" or "feature".
+fn gfa_noise(noise: &str) -> PyResult<crate::gfa::NoiseModel> {
+    match noise {
+        "group" => Ok(crate::gfa::NoiseModel::Group),
+        "feature" => Ok(crate::gfa::NoiseModel::Feature),
+        other => Err(PyValueError::new_err(format!(
+            "noise must be 'group' or 'feature', got {other:?}"
+        ))),
+    }
+}
+
 /// Engine of `onlinefa.GFA` (batch VB group factor analysis of one data matrix, NaN = missing).
 #[pyclass(frozen, module = "onlinefa._core")]
 pub struct GFACore {
@@ -1321,18 +1334,9 @@ impl GFACore {
         ard_rank: Option<usize>,
         ard_lambda: f64,
     ) -> PyResult<Self> {
-        let noise = match noise {
-            "group" => crate::gfa::NoiseModel::Group,
-            "feature" => crate::gfa::NoiseModel::Feature,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "noise must be 'group' or 'feature', got {other:?}"
-                )))
-            }
-        };
         let config = crate::gfa::GfaConfig {
             n_components,
-            noise,
+            noise: gfa_noise(noise)?,
             ard_rank,
             ard_lambda,
             hyper: crate::vbfa::Hyper::default(),
@@ -1492,6 +1496,132 @@ impl GFACore {
     fn latent_means<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
         let view = checked_view(&x, "X")?;
         Ok(self.with(py, |m| m.latent_means(view))?.into_pyarray(py))
+    }
+
+    /// Everything needed to predict and continue exactly (q, statistics, data, history), as a dict.
+    fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = self.with(py, |m| Ok(m.to_state()))?;
+        state_to_dict(py, state)
+    }
+
+    /// Rebuild an engine from `get_state()`'s output (validated; ValueError if inconsistent).
+    #[staticmethod]
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let map = dict_to_state(state)?;
+        let model = py
+            .detach(|| crate::gfa::GfaBatch::from_state(&map))
+            .map_err(to_py_err)?;
+        Ok(GFACore {
+            inner: Mutex::new(model),
+        })
+    }
+}
+
+/// Engine of `onlinefa.OnlineGFA` (stochastic VI over mini-batches of complete rows).
+#[pyclass(frozen, module = "onlinefa._core")]
+pub struct OnlineGFACore {
+    inner: Mutex<crate::gfa::GfaOnline>,
+}
+
+#[pymethods]
+impl OnlineGFACore {
+    #[new]
+    #[pyo3(signature = (groups, n_components, *, noise, rotate, rotate_start, init_noise_ratio, seed, ard_rank,
+                        ard_lambda, schedule, tau0, kappa, rho, n_effective))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        groups: Vec<usize>,
+        n_components: usize,
+        noise: &str,
+        rotate: bool,
+        rotate_start: u64,
+        init_noise_ratio: f64,
+        seed: Option<u64>,
+        ard_rank: Option<usize>,
+        ard_lambda: f64,
+        schedule: &str,
+        tau0: f64,
+        kappa: f64,
+        rho: f64,
+        n_effective: Option<f64>,
+    ) -> PyResult<Self> {
+        let model = crate::gfa::GfaConfig {
+            n_components,
+            noise: gfa_noise(noise)?,
+            ard_rank,
+            ard_lambda,
+            hyper: crate::vbfa::Hyper::default(),
+            rotate,
+            rotate_start,
+            drop_factors: false,
+            drop_tol: 1e-3,
+            init_noise_ratio,
+            seed: seed.unwrap_or_else(entropy_seed),
+        };
+        let config = crate::gfa::GfaOnlineConfig {
+            model,
+            step_size: step_size(schedule, tau0, kappa, rho)?,
+            n_effective,
+        };
+        let engine = py
+            .detach(|| crate::gfa::GfaOnline::new(crate::gfa::Groups::from_labels(&groups)?, config))
+            .map_err(to_py_err)?;
+        Ok(OnlineGFACore {
+            inner: Mutex::new(engine),
+        })
+    }
+
+    /// Process one mini-batch of complete rows (atomic: an error leaves the model as it was).
+    fn partial_fit(&self, py: Python<'_>, x: PyReadonlyArray2<'_, f64>) -> PyResult<()> {
+        let view = checked_view(&x, "X")?;
+        py.detach(|| lock(&self.inner)?.partial_fit(view).map_err(to_py_err))
+    }
+
+    #[getter]
+    fn n_seen(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| Ok(lock(&self.inner)?.n_seen()))
+    }
+
+    #[getter]
+    fn n_batches(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| Ok(lock(&self.inner)?.n_batches()))
+    }
+
+    #[getter]
+    fn n_features(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| Ok(lock(&self.inner)?.n_features()))
+    }
+
+    /// The current global factors as a data-free `GFACore` (queries, predictions), or None before the
+    /// first mini-batch.
+    fn snapshot(&self, py: Python<'_>) -> PyResult<Option<GFACore>> {
+        let globals = py.detach(|| Ok::<_, PyErr>(lock(&self.inner)?.globals().cloned()))?;
+        Ok(globals.map(|g| GFACore { inner: Mutex::new(g) }))
+    }
+
+    /// Everything needed to continue exactly (settings, counters, globals, running averages), as a dict.
+    fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = py.detach(|| Ok::<_, PyErr>(lock(&self.inner)?.to_state()))?;
+        state_to_dict(py, state)
+    }
+
+    /// Rebuild an engine from `get_state()`'s output (validated; ValueError if inconsistent).
+    #[staticmethod]
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let map = dict_to_state(state)?;
+        let model = py
+            .detach(|| crate::gfa::GfaOnline::from_state(&map))
+            .map_err(to_py_err)?;
+        Ok(OnlineGFACore {
+            inner: Mutex::new(model),
+        })
+    }
+
+    /// Running average of ⟨h hᵀ⟩ over the samples seen (K×K), or None before the first mini-batch.
+    fn latent_second_moment<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray2<f64>>>> {
+        let m = py.detach(|| Ok::<_, PyErr>(lock(&self.inner)?.latent_second_moment()))?;
+        Ok(m.map(|a| a.into_pyarray(py)))
     }
 }
 // ---- end of GFA binding ----

@@ -8,19 +8,18 @@ import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from onlinefa.gfa import GFA
+from onlinefa.online_gfa import OnlineGFA
 
 # groups=1 because the checks fit data sets of 1 to 20 features; n_components=1 because several have
 # a single sample or feature (K may not exceed min(N, D)).
-CHECKED = [GFA(1, 1, random_state=0), GFA(1, 1, noise="feature", rotate=False, random_state=0)]
+CHECKED = [
+    GFA(1, 1, random_state=0),
+    GFA(1, 1, noise="feature", rotate=False, random_state=0),
+    OnlineGFA(1, 1, random_state=0),
+]
 
 
-def expected_failures(estimator: Any) -> dict[str, str]:
-    return {
-        "check_estimators_pickle": "the posterior lives in the Rust core, which has no serialised form yet",
-    }
-
-
-@parametrize_with_checks(CHECKED, expected_failed_checks=expected_failures)
+@parametrize_with_checks(CHECKED)
 def test_scikit_learn_estimator_checks(estimator: Any, check: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCIPY_ARRAY_API", "1")
     check(estimator)

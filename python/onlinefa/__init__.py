@@ -31,11 +31,12 @@ if TYPE_CHECKING:
     from .estimator import OnlineFactorAnalysis
     from .vbfa import VBFA, OnlineVBFA
     from .gfa import GFA
+    from .online_gfa import OnlineGFA
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "GFA", "MiniBatchEM", "NotFittedError", "NumericalBreakdownError", "OnlineEM", "OnlineFactorAnalysis", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "fit_minibatch", "load",
+    "GFA", "MiniBatchEM", "NotFittedError", "NumericalBreakdownError", "OnlineEM", "OnlineFactorAnalysis", "OnlineGFA", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "fit_minibatch", "load",
 ]  # fmt: skip
 
 
@@ -54,4 +55,8 @@ def __getattr__(name: str) -> Any:
         from .gfa import GFA
 
         return GFA
+    if name == "OnlineGFA":
+        from .online_gfa import OnlineGFA
+
+        return OnlineGFA
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,6 +9,7 @@ from numpy.typing import NDArray
 
 __all__ = [
     "GFACore",
+    "OnlineGFACore",
     "MiniBatchEMCore",
     "NumericalBreakdownError",
     "OnlineEMCore",
@@ -314,6 +315,42 @@ class GFACore:
     def activity(self) -> NDArray[np.float64]: ...
     def predict(self, x: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]: ...
     def latent_means(self, x: NDArray[np.float64]) -> NDArray[np.float64]: ...
+    def get_state(self) -> dict[str, Any]: ...
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> GFACore: ...
+
+@final
+class OnlineGFACore:
+    def __new__(
+        cls,
+        groups: list[int],
+        n_components: int,
+        *,
+        noise: str,
+        rotate: bool,
+        rotate_start: int,
+        init_noise_ratio: float,
+        seed: int | None,
+        ard_rank: int | None,
+        ard_lambda: float,
+        schedule: str,
+        tau0: float,
+        kappa: float,
+        rho: float,
+        n_effective: float | None,
+    ) -> OnlineGFACore: ...
+    def partial_fit(self, x: NDArray[np.float64]) -> None: ...
+    @property
+    def n_seen(self) -> int: ...
+    @property
+    def n_batches(self) -> int: ...
+    @property
+    def n_features(self) -> int: ...
+    def snapshot(self) -> GFACore | None: ...
+    def latent_second_moment(self) -> NDArray[np.float64] | None: ...
+    def get_state(self) -> dict[str, Any]: ...
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> OnlineGFACore: ...
 
 @final
 class MiniBatchEMCore:

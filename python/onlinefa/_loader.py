@@ -16,7 +16,7 @@ def load(path: str | os.PathLike[str]) -> Any:
 
     Returns
     -------
-    OnlineEM, OnlineSGA, MiniBatchEM, VIFA, OnlineFactorAnalysis, VBFA or OnlineVBFA
+    OnlineEM, OnlineSGA, MiniBatchEM, VIFA, OnlineFactorAnalysis, VBFA, OnlineVBFA, GFA or OnlineGFA
         The model the file holds, restored exactly (updates continue bit-identically).
 
     Raises
@@ -33,6 +33,11 @@ def load(path: str | os.PathLike[str]) -> Any:
         from .estimator import OnlineFactorAnalysis
 
         return OnlineFactorAnalysis.load(path)
+    if kind in ("GFA", "OnlineGFA"):
+        from .gfa import GFA
+        from .online_gfa import OnlineGFA
+
+        return (GFA if kind == "GFA" else OnlineGFA).load(path)
     from ._models import OnlineEM, OnlineSGA
     from .minibatch import MiniBatchEM
     from .vbfa import VBFA, OnlineVBFA

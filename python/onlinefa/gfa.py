@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
+from ._gfa_persist import GFAPersistMixin
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .estimator import MAX_QUERY_MAGNITUDE
 from ._validation import check_int, check_positive_float, core_readable
@@ -113,7 +114,7 @@ def resolve_groups(groups: object, n_features: int) -> tuple[NDArray[np.int64], 
     )
 
 
-class GFA(EstimatorBase):
+class GFA(GFAPersistMixin, EstimatorBase):
     """Group factor analysis by variational Bayes with group × factor ARD.
 
     Parameters
@@ -214,6 +215,8 @@ class GFA(EstimatorBase):
         self.init_noise_ratio = init_noise_ratio
         self.random_state = random_state
 
+    _core_class: Any = _core.GFACore
+
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()  # type: ignore[misc]
         tags.input_tags.allow_nan = True
@@ -305,6 +308,10 @@ class GFA(EstimatorBase):
                 raise ValueError(f"observed must be a boolean array of shape {arr.shape}, got {mask.dtype} {mask.shape}")
             arr[~mask] = np.nan
         return core_readable(np.ascontiguousarray(arr))
+
+    def _adopt(self, engine: _core.GFACore) -> None:
+        self._engine = engine
+        self._refresh(engine)
 
     def _refresh(self, engine: _core.GFACore) -> None:
         elbo, ks, seconds = engine.history()
@@ -460,9 +467,3 @@ class GFA(EstimatorBase):
         dict of str to float
         """
         return self._fitted().bound_terms()
-
-    def __getstate__(self) -> dict[str, Any]:
-        raise TypeError(
-            f"{type(self).__name__} cannot be pickled: its variational posterior lives in the Rust core, which "
-            "has no serialised form yet. Keep components_, mean_, noise_variance_ and alpha_, or refit."
-        )

@@ -106,14 +106,14 @@ pub struct GfaBatch {
     pub(super) group_variance: Vec<f64>,
     /// Original index (0..K at the start) of every factor still in the model.
     pub(super) kept: Vec<usize>,
-    n_sweeps: u64,
-    history: Vec<GfaSweep>,
-    converged: bool,
+    pub(super) n_sweeps: u64,
+    pub(super) history: Vec<GfaSweep>,
+    pub(super) converged: bool,
 }
 
 /// Reject empty data, infinite or huge values, a group with no observed value, a feature with no
 /// observed value, and K > min(N, D).
-fn validate(x: ArrayView2<f64>, groups: &Groups, k: usize) -> Result<()> {
+pub(super) fn validate(x: ArrayView2<f64>, groups: &Groups, k: usize) -> Result<()> {
     let (n, d) = x.dim();
     if n < 1 || d < 1 {
         return Err(FaError::Shape {

@@ -123,6 +123,22 @@ impl LowRankArd {
             + 0.5 * count * (self.lambda / (2.0 * std::f64::consts::PI)).ln()
     }
 
+    /// The packed parameters (U rows, V rows, μ_u, μ_v) and R, for checkpoints.
+    pub(super) fn packed(&self) -> (&[f64], usize) {
+        (self.x.as_slice(), self.r)
+    }
+
+    /// Rebuild from [`LowRankArd::packed`]'s output; None if the length is not (M + K) R + M + K.
+    pub(super) fn from_packed(m: usize, k: usize, r: usize, lambda: f64, values: &[f64]) -> Option<Self> {
+        ((m + k) * r + m + k == values.len()).then(|| LowRankArd {
+            x: DMatrix::from_column_slice(values.len(), 1, values),
+            m,
+            k,
+            r,
+            lambda,
+        })
+    }
+
     /// Keep only the factors `keep` (rows of V and μ_v).
     pub fn select_factors(&mut self, keep: &[usize]) {
         let (u, v, mu_u, mu_v) = self.unpack(&self.x);

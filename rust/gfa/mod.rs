@@ -22,14 +22,17 @@ mod bound;
 mod dropping;
 mod lbfgs;
 mod lowrank;
+mod online;
 mod predict;
 mod rotation;
+mod state;
 #[cfg(test)]
 mod tests;
 
 pub use batch::{GfaBatch, GfaStep, GfaSweep};
 pub use bound::GfaBoundTerms;
 pub use lowrank::{full_rank_point_estimate, LowRankArd};
+pub use online::{GfaOnline, GfaOnlineConfig};
 pub use rotation::{
     group_rotation_gradient, group_rotation_objective, maximise_group_rotation, maximise_group_rotation_fixed,
 };
@@ -198,5 +201,6 @@ mod send_sync {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<super::GfaBatch>();
         assert_send_sync::<super::Groups>();
+        assert_send_sync::<super::GfaOnline>();
     }
 }

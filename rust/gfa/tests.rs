@@ -197,3 +197,69 @@ fn bad_input_is_rejected() {
         Err(FaError::BadValue { row: 1, .. })
     ));
 }
+
+mod checkpoint {
+    use super::{config, data};
+    use crate::gfa::{GfaBatch, GfaConfig, NoiseModel};
+    use crate::state::{Checkpoint, StateValue};
+
+    #[test]
+    fn round_trip_is_exact_and_continues_identically() {
+        for (noise, missing, ard_rank) in [(NoiseModel::Group, true, None), (NoiseModel::Feature, false, Some(1))] {
+            let (x, groups) = data(40, missing);
+            let cfg = GfaConfig {
+                ard_rank,
+                ..config(5, noise)
+            };
+            let mut m = GfaBatch::new(x.view(), groups, cfg).expect("model");
+            m.fit(6, 0.0).expect("fit");
+            let mut back = GfaBatch::from_state(&m.to_state()).expect("restore");
+            assert_eq!(back, m);
+            m.fit(3, 0.0).expect("fit");
+            back.fit(3, 0.0).expect("fit");
+            assert_eq!(back.loading_mean(), m.loading_mean());
+            assert_eq!(back.elbo(), m.elbo());
+        }
+    }
+
+    #[test]
+    fn inconsistent_states_are_refused() {
+        let (x, groups) = data(30, true);
+        let mut m = GfaBatch::new(x.view(), groups, config(4, NoiseModel::Group)).expect("model");
+        m.fit(3, 0.0).expect("fit");
+        let good = m.to_state();
+        let edits: Vec<(&str, Edit)> = vec![
+            ("tau_rate", Box::new(|v| set_first(v, -1.0))),
+            ("alpha_shape", Box::new(|v| set_first(v, 0.0))),
+            ("f_cov", Box::new(|v| set_at(v, 1, 5.0))),
+            ("kept", Box::new(|v| set_first(v, 9.0))),
+            ("groups", Box::new(|v| set_first(v, 0.5))),
+            ("missing", Box::new(|v| set_first(v, 1e9))),
+            ("stats_n_rows", Box::new(|v| *v = StateValue::Float(29.0))),
+            ("n_components", Box::new(|v| *v = StateValue::Int(0))),
+            ("noise", Box::new(|v| *v = StateValue::Text("none".into()))),
+        ];
+        for (key, edit) in edits {
+            let mut state = good.clone();
+            edit(state.get_mut(key).expect(key));
+            assert!(GfaBatch::from_state(&state).is_err(), "{key} accepted");
+        }
+        let mut state = good.clone();
+        state.remove("c_var");
+        assert!(GfaBatch::from_state(&state).is_err());
+    }
+
+    /// A change to one state entry.
+    type Edit = Box<dyn Fn(&mut StateValue)>;
+
+    fn set_first(v: &mut StateValue, value: f64) {
+        set_at(v, 0, value);
+    }
+
+    fn set_at(v: &mut StateValue, i: usize, value: f64) {
+        match v {
+            StateValue::F64(_, data) => data[i] = value,
+            other => panic!("not an array: {other:?}"),
+        }
+    }
+}

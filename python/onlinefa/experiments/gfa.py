@@ -12,13 +12,20 @@ scikit-learn's CCA and ridge regression (RidgeCV) on the same split. Reported: t
 per pixel and R², and for GFA the calibration of its predictive variance (mean of squared error /
 variance, 1 for calibrated).
 
-Outputs in ``--out``: ``gfa.md`` (the tables) and ``gfa_activity.png`` (heat maps of the share of each
-group's variance explained by each factor: true and recovered synthetic pattern, digit halves).
+(c) Groups = the parameter tensors of a small network: the SGD iterates of an MLP (the ``swag``
+experiment's training loop) grouped by tensor, streamed through OnlineGFA and fitted by batch GFA; which
+factors are shared across tensors (``_gfa_layers.py``). Needs PyTorch (the ``torch`` extra); without it
+this part is skipped with a message.
+
+Outputs in ``--out``: ``gfa.md`` (the tables), ``gfa_activity.png`` (heat maps of the share of each
+group's variance explained by each factor: true and recovered synthetic pattern, digit halves) and, with
+PyTorch, ``gfa_layers.png`` (the same for the network's tensors).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import time
 from pathlib import Path
@@ -49,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-components", type=int, default=8, help="initial K of the synthetic fits (default: 8)")
     parser.add_argument("--digits-components", type=int, default=32, help="initial K for the digits (default: 32)")
     parser.add_argument("--max-iter", type=int, default=5000, help="sweep limit of the synthetic fits (default: 5000)")
-    parser.add_argument("--quick", action="store_true", help="2 seeds, 300 sweeps, K = 8 and one CCA for the digits (smoke test)")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 seeds, 300 sweeps, K = 8 and one CCA for the digits, a short network run (smoke test)")  # fmt: skip
 
 
 def synthetic(seed: int, n: int = 300) -> FloatArray:
@@ -208,8 +216,16 @@ def run(args: argparse.Namespace) -> int:
     synth, synthetic_fit = run_synthetic(seeds, args.n_components, max_iter)
     digits, digits_fit = run_digits(k_digits, (10,) if args.quick else (5, 10, 20))
     text = report(synth, digits)
-    (out / "gfa.md").write_text(text)
     heat_maps(synthetic_fit, digits_fit, out / "gfa_activity.png")
+    if importlib.util.find_spec("torch") is None:
+        print("part (c), groups = network layers, skipped: PyTorch is not installed (pip install 'onlinefa[torch]')")
+    else:
+        from . import _gfa_layers as layers
+
+        names, sizes, n_iterates, fits = layers.fit_layers(pretrain=20, collect=10) if args.quick else layers.fit_layers()
+        text += "\n" + layers.report(names, sizes, n_iterates, fits)
+        layers.heat_map(names, sizes, fits, out / "gfa_layers.png")
+    (out / "gfa.md").write_text(text)
     print(text)
-    print(f"wrote {out / 'gfa.md'} and {out / 'gfa_activity.png'}")
+    print(f"wrote {out / 'gfa.md'} and the heat maps in {out}")
     return 0
