@@ -656,7 +656,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         """
         from .checkpoint import load_state
 
-        state = load_state(path, _CHECKPOINT_KIND)
+        state = load_state(path, _CHECKPOINT_KIND, adopt=True)  # arrays move into the engine, not copied
         params = prefixed(state, "param.")
         if set(params) | set(_LEGACY_PARAMS) == set(cls._get_param_names()):
             params = {**_LEGACY_PARAMS, **params}
