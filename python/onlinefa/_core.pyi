@@ -23,6 +23,7 @@ __all__ = [
     "orthonormal_init",
     "snapshot_max_elements",
     "standard_normal_rows",
+    "storage_snapshot",
     "vbfa_log_likelihood",
 ]
 
@@ -368,3 +369,8 @@ class StateArray:
     def dtype(self) -> str: ...
     @property
     def nbytes(self) -> int: ...
+
+def storage_snapshot(
+    core: OnlineEMCore | OnlineSGACore,
+) -> tuple[int, NDArray[np.float32] | NDArray[np.float64], NDArray[np.float32] | NDArray[np.float64],
+           NDArray[np.float32] | NDArray[np.float64]]: ...
