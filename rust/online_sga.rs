@@ -153,7 +153,20 @@ impl<T: Real> OnlineSga<T> {
         let mut scratch = Scratch::new(self.n_features, self.n_components);
         let mut sums = Sums::zeros(self.n_components);
         let backup = (self.n_features * self.n_components <= SNAPSHOT_MAX_ELEMENTS).then(|| self.clone());
+        // Without a backup, a row changed by another thread between the validation and the pass would be
+        // applied unchecked (a NaN mean poisons every later step): large models validate and read a private
+        // copy of each row instead (O(D) per row against the pass's O(D·K)).
+        let mut private = Vec::new();
         for row in x.rows() {
+            let row = if backup.is_none() {
+                private.clear();
+                private.extend(row.iter().copied());
+                let copy = ArrayView1::from(&private[..]);
+                validate_batch::<T, X>(&copy.insert_axis(ndarray::Axis(0)), self.n_features)?;
+                copy
+            } else {
+                row
+            };
             if let Err(err) = self.step(row, &mut scratch, &mut sums) {
                 if let Some(previous) = backup {
                     *self = previous;
