@@ -36,6 +36,9 @@ pub enum FaError {
     /// A K×K matrix that must be symmetric positive definite is not (numerical breakdown).
     #[error("numerical breakdown: {0} is not positive definite")]
     NotPositiveDefinite(&'static str),
+    /// An iterative method left every scale of the data behind (numerical breakdown).
+    #[error("numerical breakdown: {0}")]
+    Diverged(&'static str),
     /// Memory for an array of the state could not be allocated.
     #[error("cannot allocate {len} elements for {what}; reduce n_features or n_components")]
     Allocation {

@@ -153,7 +153,20 @@ impl<T: Real> OnlineSga<T> {
         let mut scratch = Scratch::new(self.n_features, self.n_components);
         let mut sums = Sums::zeros(self.n_components);
         let backup = (self.n_features * self.n_components <= SNAPSHOT_MAX_ELEMENTS).then(|| self.clone());
+        // Without a backup, a row changed by another thread between the validation and the pass would be
+        // applied unchecked (a NaN mean poisons every later step): large models validate and read a private
+        // copy of each row instead (O(D) per row against the pass's O(D·K)).
+        let mut private = Vec::new();
         for row in x.rows() {
+            let row = if backup.is_none() {
+                private.clear();
+                private.extend(row.iter().copied());
+                let copy = ArrayView1::from(&private[..]);
+                validate_batch::<T, X>(&copy.insert_axis(ndarray::Axis(0)), self.n_features)?;
+                copy
+            } else {
+                row
+            };
             if let Err(err) = self.step(row, &mut scratch, &mut sums) {
                 if let Some(previous) = backup {
                     *self = previous;
@@ -349,8 +362,38 @@ impl<T: Real> OnlineSga<T> {
     }
 }
 
-/// (4.23) from the sums: Σ = (I + C F)⁻¹, m = Σ C d, and P = Σ + m mᵀ for the gradients.
+/// Growth factor of ψ_d in one step, beyond both its previous value and the step's squared deviation d²,
+/// that no convergent run reaches (see [`overshooting_features`]).
+const MAX_PSI_OVERSHOOT: f64 = 1e6;
+
+/// Number of features whose ψ step diverged: ψ_new > 10⁶ · max(ψ_old, d²), with d the deviation the step
+/// used. The step is ψ_new = ψ_old · exp(α ∇β) with ∇β ≈ ½ (r / ψ_old − 1) and r the sample's squared
+/// residual, whose fixed point is ψ = E[r]; for data whose variance is many orders above ψ_old (badly
+/// scaled features under unit scaling with a fixed α) the exponent is in the hundreds and ψ jumps far past
+/// every scale of the data (to 10¹⁴⁹ in a fuzz), after which F and ψ never return. A convergent step moves
+/// log ψ by O(α · r/ψ), far from ln 10⁶ ≈ 13.8 beyond ln(r/ψ); data scaling bounds the step to ±1 and
+/// never meets the test. Shapes: all nb.
+fn overshooting_features<T: Real>(psi_before: &[f64], psi_after: &[f64], d: &[T]) -> usize {
+    psi_before
+        .iter()
+        .zip(psi_after)
+        .zip(d)
+        .filter(|((&old, &new), &d)| {
+            let d = d.to_f64();
+            new > MAX_PSI_OVERSHOOT * old.max(d * d)
+        })
+        .count()
+}
+
+/// (4.23) from the sums: Σ = (I + C F)⁻¹, m = Σ C d, and P = Σ + m mᵀ for the gradients. A pass that
+/// counted diverged ψ steps (`sums.dsq` > 0 while active) is refused as a breakdown (and rolled back).
 fn estep(sums: &Sums, k: usize) -> Result<Pending> {
+    if sums.dsq > 0.0 {
+        return Err(FaError::Diverged(
+            "the SGA step diverged (a noise variance grew more than 10^6-fold past the data's scale in one \
+             step); lower lr or use scaling='data'",
+        ));
+    }
     let precision = Array2::<f64>::eye(k) + &sums.s;
     let factor = SpdFactor::new_jittered(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
     let sigma = factor.inverse();
@@ -487,7 +530,11 @@ fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx, b
             }
             if ctx.pending.is_some() || ctx.start.is_some() {
                 let d_last = &rows.d_last[b0..b0 + nb];
+                let mut psi_before = [0.0; BLOCK_ROWS];
+                psi_before[..nb].copy_from_slice(&blk.psi[..nb]);
                 apply_gradient::<T>(blk, d_last, ctx.pending, ctx.lr, ctx.floor, ctx.precondition, nb);
+                // While active, `sums.dsq` is not tracked: it counts the features whose ψ step diverged.
+                sums.dsq += overshooting_features(&psi_before[..nb], &blk.psi[..nb], d_last) as f64;
                 for (dst, src) in f_rows.iter_mut().zip(blk.f.iter()) {
                     *dst = T::from_f64(*src);
                 }

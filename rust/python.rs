@@ -22,7 +22,7 @@ use crate::query::GaussianRows;
 use crate::scalar::Real;
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
-use crate::state::{Checkpoint, StateMap, StateValue};
+use crate::state::{Adoptable, Checkpoint, StateMap, StateValue};
 
 pyo3::create_exception!(
     onlinefa._core,
@@ -35,7 +35,7 @@ pyo3::create_exception!(
 /// `ArithmeticError`), allocation failure → `MemoryError`, everything else (invalid input) → `ValueError`.
 pub(crate) fn to_py_err(err: FaError) -> PyErr {
     match err {
-        FaError::NotPositiveDefinite(_) => NumericalBreakdownError::new_err(err.to_string()),
+        FaError::NotPositiveDefinite(_) | FaError::Diverged(_) => NumericalBreakdownError::new_err(err.to_string()),
         FaError::Allocation { .. } => PyMemoryError::new_err(err.to_string()),
         FaError::CallOrder(_) => PyRuntimeError::new_err(err.to_string()),
         _ => PyValueError::new_err(err.to_string()),
@@ -142,9 +142,25 @@ fn state_to_dict<'py>(py: Python<'py>, state: StateMap) -> PyResult<Bound<'py, P
             StateValue::Float(v) => dict.set_item(key, v)?,
             StateValue::Bool(v) => dict.set_item(key, v)?,
             StateValue::Text(v) => dict.set_item(key, v)?,
+            StateValue::Adopted(_) => {
+                return Err(PyValueError::new_err(format!("state entry `{key}` was not read out")));
+            }
         }
     }
     Ok(dict)
+}
+
+/// The items of `a` in C order, reusing its buffer when it is laid out so (one copy of a state entry, not two).
+fn into_vec<T: Clone, D: Dimension>(a: Array<T, D>) -> Vec<T> {
+    if a.is_standard_layout() {
+        let len = a.len();
+        let (data, offset) = a.into_raw_vec_and_offset();
+        if offset.unwrap_or(0) == 0 && data.len() == len {
+            return data;
+        }
+        return data[offset.unwrap_or(0)..][..len].to_vec();
+    }
+    a.iter().cloned().collect()
 }
 
 /// Convert a dict written by `state_to_dict` (or read back from a checkpoint file) into a map.
@@ -160,10 +176,19 @@ fn dict_to_state(dict: &Bound<'_, PyDict>) -> PyResult<StateMap> {
             StateValue::Float(value.extract()?)
         } else if value.is_instance_of::<PyString>() {
             StateValue::Text(value.extract()?)
+        } else if let Ok(a) = value.cast::<StateArray>() {
+            StateValue::Adopted(Adoptable::new(a.get().take(&key)?))
         } else if let Ok(a) = value.cast::<PyArrayDyn<f64>>() {
-            StateValue::F64(a.shape().to_vec(), owned_copy(a)?.iter().copied().collect())
+            // One copy, which the model then adopts (moves) instead of copying it again.
+            StateValue::Adopted(Adoptable::new(StateValue::F64(
+                a.shape().to_vec(),
+                into_vec(owned_copy(a)?),
+            )))
         } else if let Ok(a) = value.cast::<PyArrayDyn<f32>>() {
-            StateValue::F32(a.shape().to_vec(), owned_copy(a)?.iter().copied().collect())
+            StateValue::Adopted(Adoptable::new(StateValue::F32(
+                a.shape().to_vec(),
+                into_vec(owned_copy(a)?),
+            )))
         } else {
             return Err(PyValueError::new_err(format!(
                 "invalid state: entry `{key}` must be a float32/float64 array or a Python scalar"
@@ -286,7 +311,7 @@ macro_rules! model_methods {
             #[staticmethod]
             fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
                 let map = dict_to_state(state)?;
-                let is_f32 = matches!(map.get("mean"), Some(StateValue::F32(..)));
+                let is_f32 = map.get("mean").is_some_and(StateValue::is_f32);
                 let inner = py.detach(|| {
                     if is_f32 {
                         Checkpoint::from_state(&map).map(Typed::F32)
@@ -544,6 +569,8 @@ fn orthonormal_init<'py>(
 #[pymodule]
 mod _core {
     #[pymodule_export]
+    use super::storage_snapshot;
+    #[pymodule_export]
     use super::GFACore;
     #[pymodule_export]
     use super::MiniBatchEMCore;
@@ -551,6 +578,8 @@ mod _core {
     use super::NumericalBreakdownError;
     #[pymodule_export]
     use super::OnlineGFACore;
+    #[pymodule_export]
+    use super::StateArray;
     #[pymodule_export]
     use super::{orthonormal_init, OnlineEMCore, OnlineSGACore, VIFACore};
     #[pymodule_export]
@@ -782,7 +811,7 @@ impl VIFACore {
     #[staticmethod]
     fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
         let map = dict_to_state(state)?;
-        let is_f32 = matches!(map.get("mean"), Some(StateValue::F32(..)));
+        let is_f32 = map.get("mean").is_some_and(StateValue::is_f32);
         let inner = py.detach(|| {
             if is_f32 {
                 Checkpoint::from_state(&map).map(Typed::F32)
@@ -1748,10 +1777,16 @@ impl MiniBatchEMCore {
                 .map_err(|_| PyValueError::new_err(format!("mini-batch EM state: {key:?} has the wrong type")))
         }
         fn vector(state: &Bound<'_, PyDict>, key: &str) -> PyResult<ndarray::Array1<f64>> {
-            owned_copy(&item::<Bound<'_, PyArray1<f64>>>(state, key)?)
+            match adopted_f64(state, key)? {
+                Some(a) => into_dim(a, key),
+                None => owned_copy(&item::<Bound<'_, PyArray1<f64>>>(state, key)?),
+            }
         }
         fn matrix(state: &Bound<'_, PyDict>, key: &str) -> PyResult<Array2<f64>> {
-            owned_copy(&item::<Bound<'_, PyArray2<f64>>>(state, key)?)
+            match adopted_f64(state, key)? {
+                Some(a) => into_dim(a, key),
+                None => owned_copy(&item::<Bound<'_, PyArray2<f64>>>(state, key)?),
+            }
         }
         let schedule: String = item(state, "schedule")?;
         let config = crate::minibatch::MiniBatchConfig {
@@ -1816,5 +1851,224 @@ impl MiniBatchEMCore {
             ))
         })?;
         Ok((t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
+    }
+}
+
+// ---- checkpoint arrays read straight into the engines' memory ----
+// `onlinefa.checkpoint` streams each float array of a checkpoint into a `StateArray`; an engine's
+// `from_state` then moves the vector into the model instead of copying it, so loading peaks at about
+// 1× the state instead of 3× (Python copy, state-map copy, model copy).
+
+/// A float32/float64 array of a checkpoint, filled in chunks by `write` and moved (not copied) into the
+/// engine by the first `from_state` that reads it.
+#[pyclass(frozen, module = "onlinefa._core")]
+pub struct StateArray {
+    value: Mutex<Option<StateValue>>,
+    shape: Vec<usize>,
+    dtype: &'static str,
+}
+
+/// A zero-filled vector of `len` items; MemoryError instead of an abort when it cannot be allocated.
+fn zeroed_vec<T: Clone + Default>(len: usize) -> PyResult<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate a state array of {len} items")))?;
+    v.resize(len, T::default());
+    Ok(v)
+}
+
+/// The bytes of a float vector (every bit pattern is a valid float).
+fn float_bytes_mut<T: Real>(v: &mut [T]) -> &mut [u8] {
+    let len = std::mem::size_of_val(v);
+    // SAFETY: f32/f64 are plain old data without padding; any byte pattern is a valid value, and the
+    // returned slice borrows `v` mutably for its whole lifetime.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), len) }
+}
+
+impl StateArray {
+    /// Move the filled array out (converted from little-endian); ValueError if it was taken already.
+    fn take(&self, key: &str) -> PyResult<StateValue> {
+        let value = lock(&self.value)?.take();
+        let value = value.ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "invalid state: entry `{key}` was already used by another model"
+            ))
+        })?;
+        Ok(match value {
+            StateValue::F32(s, d) if cfg!(target_endian = "big") => StateValue::F32(
+                s,
+                d.into_iter()
+                    .map(|v| f32::from_bits(u32::from_le(v.to_bits())))
+                    .collect(),
+            ),
+            StateValue::F64(s, d) if cfg!(target_endian = "big") => StateValue::F64(
+                s,
+                d.into_iter()
+                    .map(|v| f64::from_bits(u64::from_le(v.to_bits())))
+                    .collect(),
+            ),
+            other => other,
+        })
+    }
+}
+
+#[pymethods]
+impl StateArray {
+    /// A zero-filled array of `dtype` ("float32" or "float64") and `shape`.
+    #[new]
+    fn new(dtype: &str, shape: Vec<usize>) -> PyResult<Self> {
+        let len = shape
+            .iter()
+            .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+            .ok_or_else(|| PyValueError::new_err(format!("state array shape {shape:?} is too large")))?;
+        let (value, dtype) = match dtype {
+            "float32" => (StateValue::F32(shape.clone(), zeroed_vec(len)?), "float32"),
+            "float64" => (StateValue::F64(shape.clone(), zeroed_vec(len)?), "float64"),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "state arrays are float32 or float64, got {other:?}"
+                )))
+            }
+        };
+        Ok(StateArray {
+            value: Mutex::new(Some(value)),
+            shape,
+            dtype,
+        })
+    }
+
+    /// Copy `data` (little-endian item bytes) to byte `offset` of the array.
+    fn write(&self, offset: usize, data: &[u8]) -> PyResult<()> {
+        let mut guard = lock(&self.value)?;
+        let bytes = match guard.as_mut() {
+            Some(StateValue::F32(_, v)) => float_bytes_mut(v),
+            Some(StateValue::F64(_, v)) => float_bytes_mut(v),
+            _ => return Err(PyValueError::new_err("the state array was already used")),
+        };
+        let end = offset
+            .checked_add(data.len())
+            .filter(|&end| end <= bytes.len())
+            .ok_or_else(|| PyValueError::new_err("write past the end of the state array"))?;
+        bytes[offset..end].copy_from_slice(data);
+        Ok(())
+    }
+
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.shape.clone()
+    }
+
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.dtype
+    }
+
+    /// Size of the data in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        let item = if self.dtype == "float32" { 4 } else { 8 };
+        self.shape.iter().product::<usize>() * item
+    }
+}
+
+/// The float64 array of a `StateArray` entry `key`, taken without a copy (None for any other value).
+fn adopted_f64(state: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<ndarray::ArrayD<f64>>> {
+    let Some(value) = state.get_item(key)? else {
+        return Ok(None);
+    };
+    let Ok(array) = value.cast::<StateArray>() else {
+        return Ok(None);
+    };
+    match array.get().take(key)? {
+        StateValue::F64(shape, data) => ndarray::ArrayD::from_shape_vec(shape, data)
+            .map(Some)
+            .map_err(|e| PyValueError::new_err(format!("invalid state: entry `{key}`: {e}"))),
+        _ => Err(PyValueError::new_err(format!(
+            "invalid state: entry `{key}` must be float64"
+        ))),
+    }
+}
+
+/// `a` with `D` dimensions (ValueError naming `key` otherwise).
+fn into_dim<D: Dimension>(a: ndarray::ArrayD<f64>, key: &str) -> PyResult<Array<f64, D>> {
+    a.into_dimensionality::<D>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "invalid state: entry `{key}` has the wrong number of dimensions"
+        ))
+    })
+}
+
+// ---- the fitted Gaussian in the storage dtype ----
+// The scikit-learn exports of a float32 model (`components_`, `noise_variance_`, `mean_`) are float32,
+// built from this snapshot without a float64 D×K intermediate.
+
+/// (mean, F, ψ) of `model`, each value rounded once from the float64 the queries use to the storage type
+/// `T`, gathered block by block (no float64 D×K copy). Shapes: D, D×K, D.
+fn rows_as<T: Real, G: GaussianRows + ?Sized>(model: &G) -> crate::error::Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    let (d, k) = model.dims();
+    let (mut mean, mut f, mut psi) = (Vec::new(), Vec::new(), Vec::new());
+    for (v, len) in [(&mut mean, d), (&mut f, d.saturating_mul(k)), (&mut psi, d)] {
+        v.try_reserve_exact(len).map_err(|_| FaError::Allocation {
+            what: "n_features",
+            len,
+        })?;
+    }
+    model.visit_rows(&mut |_, m, rows, p| {
+        mean.extend(m.iter().map(|&v| T::from_f64(v)));
+        f.extend(rows.iter().map(|&v| T::from_f64(v)));
+        psi.extend(p.iter().map(|&v| T::from_f64(v)));
+        Ok(())
+    })?;
+    Ok((mean, f, psi))
+}
+
+type StorageSnapshot<'py> = (u64, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// NumPy arrays of (mean, F, ψ) in the storage type, F reshaped to D×K.
+fn storage_arrays<'py, T: Element + Real>(
+    py: Python<'py>,
+    t: u64,
+    (mean, f, psi): (Vec<T>, Vec<T>, Vec<T>),
+    k: usize,
+) -> PyResult<StorageSnapshot<'py>> {
+    let rows = psi.len();
+    Ok((
+        t,
+        PyArray1::from_vec(py, mean).into_any(),
+        PyArray1::from_vec(py, f).reshape([rows, k])?.into_any(),
+        PyArray1::from_vec(py, psi).into_any(),
+    ))
+}
+
+/// (n_seen, mean, F, ψ) of an `OnlineEMCore` or `OnlineSGACore` in its storage dtype (float32 or float64),
+/// read under one lock: one consistent fitted state, the float64 `snapshot()` rounded to the storage type.
+#[pyfunction]
+fn storage_snapshot<'py>(py: Python<'py>, core: &Bound<'py, PyAny>) -> PyResult<StorageSnapshot<'py>> {
+    macro_rules! read {
+        ($inner:expr) => {{
+            let inner = $inner;
+            let k = with_model!(&*lock(inner)?, m => m.n_components());
+            let rows = py.detach(|| {
+                let guard = lock(inner)?;
+                match &*guard {
+                    Typed::F32(m) => rows_as::<f32, _>(m).map(|r| (m.n_seen(), Typed::F32(r))),
+                    Typed::F64(m) => rows_as::<f64, _>(m).map(|r| (m.n_seen(), Typed::F64(r))),
+                }
+                .map_err(to_py_err)
+            })?;
+            match rows {
+                (t, Typed::F32(r)) => storage_arrays(py, t, r, k),
+                (t, Typed::F64(r)) => storage_arrays(py, t, r, k),
+            }
+        }};
+    }
+    if let Ok(c) = core.cast::<OnlineEMCore>() {
+        read!(&c.get().inner)
+    } else if let Ok(c) = core.cast::<OnlineSGACore>() {
+        read!(&c.get().inner)
+    } else {
+        Err(PyTypeError::new_err(
+            "storage_snapshot expects an OnlineEMCore or OnlineSGACore",
+        ))
     }
 }

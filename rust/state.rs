@@ -5,6 +5,7 @@
 //! returns [`FaError::InvalidState`] for anything inconsistent — never a silently wrong model.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use ndarray::{Array1, Array2};
 
@@ -26,6 +27,61 @@ pub enum StateValue {
     Bool(bool),
     /// Short string.
     Text(String),
+    /// An array (an `F32` or `F64` value) that [`StateReader::array`] moves into the model instead of
+    /// copying: a checkpoint read from disk straight into the model's memory (peak 1× the state).
+    Adopted(Adoptable),
+}
+
+impl StateValue {
+    /// Whether this is a float32 array (held or adopted).
+    pub fn is_f32(&self) -> bool {
+        match self {
+            StateValue::F32(..) => true,
+            StateValue::Adopted(a) => a.with(|v| matches!(v, Some(StateValue::F32(..)))),
+            _ => false,
+        }
+    }
+}
+
+/// An array entry the first reader takes (moves out); a second read finds it missing.
+#[derive(Debug, Default)]
+pub struct Adoptable(Mutex<Option<Box<StateValue>>>);
+
+impl Adoptable {
+    /// Wrap an `F32` or `F64` array value.
+    pub fn new(value: StateValue) -> Self {
+        Adoptable(Mutex::new(Some(Box::new(value))))
+    }
+
+    fn with<R>(&self, f: impl FnOnce(Option<&StateValue>) -> R) -> R {
+        let guard = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(guard.as_deref())
+    }
+
+    /// Move the array out if it holds `T` (left in place otherwise).
+    fn take<T: StateReal>(&self) -> Option<(Vec<usize>, Vec<T>)> {
+        let mut guard = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let value = *guard.take()?;
+        match T::into_parts(value) {
+            Ok(parts) => Some(parts),
+            Err(other) => {
+                *guard = Some(Box::new(other));
+                None
+            }
+        }
+    }
+}
+
+impl Clone for Adoptable {
+    fn clone(&self) -> Self {
+        Adoptable(Mutex::new(self.with(|v| v.cloned().map(Box::new))))
+    }
+}
+
+impl PartialEq for Adoptable {
+    fn eq(&self, other: &Self) -> bool {
+        self.with(|a| other.with(|b| a == b))
+    }
 }
 
 /// Named state entries.
@@ -47,6 +103,8 @@ pub trait StateReal: Real {
     fn wrap(shape: Vec<usize>, data: Vec<Self>) -> StateValue;
     /// Unwrap a vector of this type (None if the entry holds another type).
     fn unwrap(value: &StateValue) -> Option<(&[usize], &[Self])>;
+    /// Take the shape and vector out of an entry of this type (the entry back if it holds another).
+    fn into_parts(value: StateValue) -> std::result::Result<(Vec<usize>, Vec<Self>), StateValue>;
 }
 
 impl StateReal for f32 {
@@ -57,6 +115,12 @@ impl StateReal for f32 {
         match value {
             StateValue::F32(s, d) => Some((s, d)),
             _ => None,
+        }
+    }
+    fn into_parts(value: StateValue) -> std::result::Result<(Vec<usize>, Vec<Self>), StateValue> {
+        match value {
+            StateValue::F32(s, d) => Ok((s, d)),
+            other => Err(other),
         }
     }
 }
@@ -71,31 +135,54 @@ impl StateReal for f64 {
             _ => None,
         }
     }
+    fn into_parts(value: StateValue) -> std::result::Result<(Vec<usize>, Vec<Self>), StateValue> {
+        match value {
+            StateValue::F64(s, d) => Ok((s, d)),
+            other => Err(other),
+        }
+    }
 }
 
 fn missing(key: &str) -> FaError {
     FaError::InvalidState(format!("entry `{key}` is missing or has the wrong type"))
 }
 
+/// Check an array entry's shape and that every value is finite.
+fn check_array<T: StateReal>(key: &str, stored: &[usize], data: &[T], shape: &[usize]) -> Result<()> {
+    let len: usize = shape.iter().product();
+    if stored != shape || data.len() != len {
+        return Err(FaError::InvalidState(format!(
+            "entry `{key}` has shape {stored:?}, expected {shape:?}"
+        )));
+    }
+    if data.iter().any(|v| !v.to_f64().is_finite()) {
+        return Err(FaError::InvalidState(format!(
+            "entry `{key}` contains non-finite values"
+        )));
+    }
+    Ok(())
+}
+
 /// Builder/reader helpers over a [`StateMap`].
 pub struct StateReader<'a>(pub &'a StateMap);
 
 impl StateReader<'_> {
-    /// A stored array of `T` with exactly `shape`, all values finite.
+    /// A stored array of `T` with exactly `shape`, all values finite: a copy of an `F32`/`F64` entry, or
+    /// the vector itself, moved without a copy, of an [`StateValue::Adopted`] one.
     pub fn array<T: StateReal>(&self, key: &str, shape: &[usize]) -> Result<Vec<T>> {
-        let (s, d) = self.0.get(key).and_then(T::unwrap).ok_or_else(|| missing(key))?;
-        let len: usize = shape.iter().product();
-        if s != shape || d.len() != len {
-            return Err(FaError::InvalidState(format!(
-                "entry `{key}` has shape {s:?}, expected {shape:?}"
-            )));
+        match self.0.get(key) {
+            Some(StateValue::Adopted(cell)) => {
+                let (s, d) = cell.take::<T>().ok_or_else(|| missing(key))?;
+                check_array(key, &s, &d, shape)?;
+                Ok(d)
+            }
+            Some(value) => {
+                let (s, d) = T::unwrap(value).ok_or_else(|| missing(key))?;
+                check_array(key, s, d, shape)?;
+                Ok(d.to_vec())
+            }
+            None => Err(missing(key)),
         }
-        if d.iter().any(|v| !v.to_f64().is_finite()) {
-            return Err(FaError::InvalidState(format!(
-                "entry `{key}` contains non-finite values"
-            )));
-        }
-        Ok(d.to_vec())
     }
 
     /// A K×K (or any 2-D) float64 matrix.
@@ -189,5 +276,46 @@ pub fn expect_kind(state: &StateMap, kind: &str) -> Result<()> {
         other => Err(FaError::InvalidState(format!(
             "checkpoint holds a {other}, not a {kind}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map_with(value: StateValue) -> StateMap {
+        let mut map = StateMap::new();
+        map.insert("a".into(), value);
+        map
+    }
+
+    #[test]
+    fn adopted_array_is_moved_not_copied_and_read_once() {
+        let data = vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let address = data.as_ptr();
+        let map = map_with(StateValue::Adopted(Adoptable::new(StateValue::F32(vec![2, 3], data))));
+        assert!(map["a"].is_f32());
+        let reader = StateReader(&map);
+        assert!(reader.array::<f64>("a", &[2, 3]).is_err(), "wrong dtype");
+        let taken = reader.array::<f32>("a", &[2, 3]).expect("adopted array");
+        assert_eq!(taken.as_ptr(), address, "the vector must be moved, not copied");
+        assert_eq!(taken, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert!(
+            reader.array::<f32>("a", &[2, 3]).is_err(),
+            "an adopted array is read once"
+        );
+    }
+
+    #[test]
+    fn adopted_array_is_validated_like_a_held_one() {
+        for (value, shape) in [
+            (StateValue::F64(vec![3], vec![1.0, f64::NAN, 0.0]), vec![3]),
+            (StateValue::F64(vec![3], vec![1.0, 2.0, 3.0]), vec![4]),
+        ] {
+            let held = map_with(value.clone());
+            let adopted = map_with(StateValue::Adopted(Adoptable::new(value)));
+            assert!(StateReader(&held).array::<f64>("a", &shape).is_err());
+            assert!(StateReader(&adopted).array::<f64>("a", &shape).is_err());
+        }
     }
 }

@@ -15,6 +15,7 @@ __all__ = [
     "OnlineEMCore",
     "OnlineSGACore",
     "OnlineVBFACore",
+    "StateArray",
     "VBFACore",
     "VIFACore",
     "fill_sample_noise",
@@ -23,6 +24,7 @@ __all__ = [
     "orthonormal_init",
     "snapshot_max_elements",
     "standard_normal_rows",
+    "storage_snapshot",
     "vbfa_log_likelihood",
 ]
 
@@ -393,3 +395,19 @@ def fill_sample_noise(
 ) -> None: ...
 def standard_normal_rows(seed: int, row0: int, n_rows: int, n_components: int) -> NDArray[np.float64]: ...
 def snapshot_max_elements() -> int: ...
+
+@final
+class StateArray:
+    def __new__(cls, dtype: str, shape: list[int]) -> Self: ...
+    def write(self, offset: int, data: bytes) -> None: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+
+def storage_snapshot(
+    core: OnlineEMCore | OnlineSGACore,
+) -> tuple[int, NDArray[np.float32] | NDArray[np.float64], NDArray[np.float32] | NDArray[np.float64],
+           NDArray[np.float32] | NDArray[np.float64]]: ...

@@ -59,7 +59,7 @@ class CheckpointMixin:
         """
         from .checkpoint import load_state
 
-        state = load_state(path, cls.__name__)
+        state = load_state(path, cls.__name__, adopt=True)  # arrays move into the engine, not copied
         model = cls.__new__(cls)
         try:
             model.__setstate__({"class": cls.__name__, "state": state})

@@ -33,8 +33,9 @@ The digest is SHA-256 over, in order: ``b"onlinefa-checkpoint\\0"``, the format 
 entry's little-endian C-order bytes (nothing for ``"none"``).
 
 Reading checks, in this order: that the path is a regular file (devices such as ``/dev/zero``, FIFOs and
-directories fail at once), the archive and every member's CRC (zip), the format version, the class, that
-the members are exactly the manifest's, the digest, then the entries' types. Anything wrong raises
+directories fail at once), the archive's directory, the format version, the class, that the members are
+exactly the manifest's, then every member's CRC (zip) and the digest as the members are streamed, then the
+entries' types. Anything wrong raises
 :class:`ValueError` naming the file and the problem, so a truncated, corrupted, foreign, future-version
 or wrong-class file never turns into a silently wrong model. The model's own ``from_state`` then checks
 every shape and every value the algorithm relies on (finite arrays, sample count <= 2⁵³, step sizes in
@@ -49,6 +50,10 @@ from; the model it loads is then simply a different model. Treat a checkpoint fr
 like any other untrusted data. Loading one never executes code (no pickles are read), whereas
 **pickles** of models (``pickle.dumps(model)``) must never be loaded from an untrusted source: unpickling
 can execute arbitrary code, as for any pickle.
+
+Reading streams: each member is read in chunks of 4 MiB straight into its final array (the digest and the
+zip CRC are computed on the way), so :func:`load_state` needs the state's size plus one chunk, and a
+model's ``load`` hands its arrays to the engine without copying them (peak about 1.1× the file).
 
 Writing is atomic: the archive goes to a temporary file ``.<name>.<12 hex digits>.tmp`` in the
 destination's directory, locked with ``flock`` while it is written, flushed and ``fsync``-ed, then renamed
@@ -346,14 +351,20 @@ def save_state(path: str | os.PathLike[str], kind: str, state: Mapping[str, Any]
     _fsync_directory(directory)
 
 
-# -- reading -----------------------------------------------------------------------------------------
+# -- reading ----------------------------------------------------------------------------------------
 class _Invalid(ValueError):
     """Internal: the file is not a valid checkpoint (reported with the file name by load_state)."""
 
 
-def _parse_npy(name: str, data: bytes) -> NDArray[Any]:
-    """Decode one ``.npy`` member, checking its header against the member size before any allocation."""
-    stream = io.BytesIO(data)
+#: Bytes read from a member at a time: the only memory a load needs beyond the state itself.
+_CHUNK_BYTES = 1 << 22
+#: Little-endian float dtypes that an engine can adopt without a copy (see ``adopt`` of load_state).
+_ADOPTABLE = {"<f4": "float32", "<f8": "float64"}
+
+
+def _read_npy_header(name: str, stream: IO[bytes], data_bytes: int) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:
+    """Parse a ``.npy`` member's header from ``stream`` (a member of ``data_bytes`` bytes in all) and check
+    it against the member's size before anything is allocated; returns (shape, fortran, dtype, data size)."""
     major, _ = np.lib.format.read_magic(stream)
     if major == 1:
         shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
@@ -363,37 +374,98 @@ def _parse_npy(name: str, data: bytes) -> NDArray[Any]:
         raise _Invalid(f"member {name!r} has an unknown .npy version {major}")
     if dtype.kind not in _ARRAY_KINDS + "U" or dtype.hasobject or dtype.fields is not None:
         raise _Invalid(f"member {name!r} has an unsupported dtype {dtype}")
-    count = math.prod(shape)
-    offset = stream.tell()
-    if count * dtype.itemsize != len(data) - offset:
-        raise _Invalid(
-            f"member {name!r} holds {len(data) - offset} data bytes but its header needs "
-            f"{count * dtype.itemsize}"
-        )
-    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    needed = math.prod(shape) * dtype.itemsize
+    available = data_bytes - stream.tell()
+    if needed != available:
+        raise _Invalid(f"member {name!r} holds {available} data bytes but its header needs {needed}")
+    return shape, fortran_order, dtype, needed
+
+
+def _read_exactly(stream: IO[bytes], size: int, name: str) -> bytes:
+    data = stream.read(size)
+    if len(data) != size:
+        raise _Invalid(f"member {name!r} ended early")
+    return data
+
+
+def _parse_npy(name: str, stream: IO[bytes], data_bytes: int) -> NDArray[Any]:
+    """Decode a whole (small or non-streamable) ``.npy`` member."""
+    shape, fortran_order, dtype, size = _read_npy_header(name, stream, data_bytes)
+    flat = np.frombuffer(_read_exactly(stream, size, name), dtype=dtype)
     array: NDArray[Any] = flat.reshape(shape, order="F" if fortran_order else "C")
     return array
 
 
-def _read_members(handle: IO[bytes]) -> dict[str, NDArray[Any]]:
-    """Every member of the archive, decoded; zip verifies each member's CRC-32 while reading."""
-    members: dict[str, NDArray[Any]] = {}
-    with zipfile.ZipFile(handle) as archive:
-        for info in archive.infolist():
+class _Archive:
+    """The members of an open checkpoint archive, by entry name; reading a member verifies its CRC-32."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.zip = zipfile.ZipFile(handle)
+        file_size = os.fstat(handle.fileno()).st_size
+        self.infos: dict[str, zipfile.ZipInfo] = {}
+        for info in self.zip.infolist():
             if not info.filename.endswith(".npy"):
                 raise _Invalid(f"unexpected member {info.filename!r}")
             name = info.filename[: -len(".npy")]
-            if name in members:
+            if name in self.infos:
                 raise _Invalid(f"member {name!r} appears twice")
-            members[name] = _parse_npy(name, archive.read(info))
-    return members
+            if info.file_size > file_size:
+                raise _Invalid(f"member {name!r} claims {info.file_size} bytes, more than the file holds")
+            self.infos[name] = info
+
+    def read(self, name: str) -> NDArray[Any]:
+        """A whole member, decoded."""
+        info = self.infos[name]
+        with self.zip.open(info) as member:
+            array = _parse_npy(name, member, info.file_size)
+            _check_ended(member, name)
+        return array
+
+    def header(self) -> dict[str, NDArray[Any]]:
+        """The reserved members (format version, class, manifest, digest) that are present."""
+        return {key: self.read(key) for key in _RESERVED if key in self.infos}
 
 
-def _header_scalar(members: Mapping[str, NDArray[Any]], key: str, kinds: str) -> Any:
-    value = members.get(key)
-    if value is None or value.shape != () or value.dtype.kind not in kinds:
-        raise _Invalid(f"header entry {key} is missing or malformed")
-    return value.item()
+def _check_ended(member: IO[bytes], name: str) -> None:
+    """Read past the end of a member, so that zip checks its CRC-32, and refuse trailing bytes."""
+    if member.read(1):
+        raise _Invalid(f"member {name!r} is longer than its header says")
+
+
+def _new_sink(dtype: np.dtype[Any], shape: tuple[int, ...], adopt: bool) -> tuple[Any, NDArray[np.uint8] | None]:
+    """Where a streamed member goes: a ``_core.StateArray`` the engine adopts without a copy (``adopt``
+    and a little-endian float array), else a NumPy array; returns (target, its byte view or None)."""
+    if adopt and dtype.str in _ADOPTABLE:
+        from . import _core
+
+        return _core.StateArray(_ADOPTABLE[dtype.str], list(shape)), None
+    array = np.empty(shape, dtype=dtype)
+    return array, array.reshape(-1).view(np.uint8)
+
+
+def _stream_entry(archive: _Archive, name: str, entry_type: str, digest: Any, adopt: bool) -> Any:
+    """Read one entry's member in chunks into its final memory, feeding the digest on the way."""
+    info = archive.infos[name]
+    with archive.zip.open(info) as member:
+        shape, fortran_order, dtype, size = _read_npy_header(name, member, info.file_size)
+        little = dtype.newbyteorder("<")
+        digest.update(f"{name}\0{entry_type}\0{little.str}\0{','.join(str(n) for n in shape)}\0".encode())
+        if fortran_order or dtype.str != little.str:  # not written by save_state: decode whole
+            flat = np.frombuffer(_read_exactly(member, size, name), dtype=dtype)
+            stored = flat.reshape(shape, order="F" if fortran_order else "C")
+            digest.update(_little_endian_bytes(stored).data)
+            _check_ended(member, name)
+            return stored
+        target, view = _new_sink(dtype, shape, adopt and entry_type == "array")
+        for offset in range(0, size, _CHUNK_BYTES):
+            chunk = _read_exactly(member, min(_CHUNK_BYTES, size - offset), name)
+            digest.update(chunk)
+            if view is None:
+                target.write(offset, chunk)
+            else:
+                view[offset : offset + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+        _check_ended(member, name)
+    return target
 
 
 def _check_version_and_class(members: Mapping[str, NDArray[Any]], kind: str) -> None:
@@ -409,9 +481,16 @@ def _check_version_and_class(members: Mapping[str, NDArray[Any]], kind: str) -> 
         raise _Invalid(f"it holds a model of class {stored_kind!r}, not {kind!r}")
 
 
-def _read_manifest(members: Mapping[str, NDArray[Any]]) -> dict[str, str]:
+def _header_scalar(members: Mapping[str, NDArray[Any]], key: str, kinds: str) -> Any:
+    value = members.get(key)
+    if value is None or value.shape != () or value.dtype.kind not in kinds:
+        raise _Invalid(f"header entry {key} is missing or malformed")
+    return value.item()
+
+
+def _read_manifest(header: Mapping[str, NDArray[Any]], names: set[str]) -> dict[str, str]:
     try:
-        manifest = json.loads(_header_scalar(members, _MANIFEST_KEY, "U"))
+        manifest = json.loads(_header_scalar(header, _MANIFEST_KEY, "U"))
     except json.JSONDecodeError as err:
         raise _Invalid(f"the manifest is not valid JSON ({err})") from err
     if not isinstance(manifest, dict) or not all(
@@ -419,7 +498,7 @@ def _read_manifest(members: Mapping[str, NDArray[Any]]) -> dict[str, str]:
     ):
         raise _Invalid("the manifest is malformed")
     expected = {name for name, entry_type in manifest.items() if entry_type != "none"}
-    present = set(members) - set(_RESERVED)
+    present = names - set(_RESERVED)
     if expected - present:
         raise _Invalid(f"entries listed in the manifest are missing: {sorted(expected - present)}")
     if present - expected:
@@ -427,27 +506,41 @@ def _read_manifest(members: Mapping[str, NDArray[Any]]) -> dict[str, str]:
     return manifest
 
 
-def _decode_entry(name: str, entry_type: str, stored: NDArray[Any] | None) -> Any:
+def _decode_entry(name: str, entry_type: str, stored: Any) -> Any:
     if stored is None:
         return None
+    if not isinstance(stored, np.ndarray):  # a _core.StateArray: adopted by the engine as it is
+        return stored
     if entry_type == "array":
         if stored.dtype.kind not in _ARRAY_KINDS:
             raise _Invalid(f"entry {name!r} should be a numeric array, has dtype {stored.dtype}")
-        return np.array(stored, dtype=stored.dtype.newbyteorder("="), order="C")
+        native = stored.dtype.newbyteorder("=")
+        if stored.dtype == native and stored.flags.c_contiguous and stored.flags.writeable:
+            return stored
+        return np.array(stored, dtype=native, order="C")
     allowed_kinds = {"int": "iu", "float": "f", "bool": "b", "str": "U"}[entry_type]
     if stored.shape != () or stored.dtype.kind not in allowed_kinds:
         raise _Invalid(f"entry {name!r} should be a {entry_type} scalar")
     return stored.item()
 
 
-def _decode_members(members: Mapping[str, NDArray[Any]], kind: str) -> StateDict:
-    """Check header, manifest and digest of parsed members and return the state."""
-    _check_version_and_class(members, kind)
-    manifest = _read_manifest(members)
-    arrays = {name: members[name] for name, entry_type in manifest.items() if entry_type != "none"}
-    if _header_scalar(members, _DIGEST_KEY, "U") != state_digest(FORMAT_VERSION, kind, manifest, arrays):
+def _read_state(archive: _Archive, kind: str, adopt: bool) -> StateDict:
+    """Check header and manifest, stream every entry (in digest order) and check the digest."""
+    header = archive.header()
+    _check_version_and_class(header, kind)
+    manifest = _read_manifest(header, set(archive.infos))
+    expected_digest = _header_scalar(header, _DIGEST_KEY, "U")
+    digest = hashlib.sha256(_DIGEST_PREFIX)
+    digest.update(f"{FORMAT_VERSION}\0{kind}\0".encode())
+    stored: dict[str, Any] = {}
+    for name in sorted(manifest):
+        if manifest[name] == "none":
+            digest.update(f"{name}\0none\0\0\0".encode())
+        else:
+            stored[name] = _stream_entry(archive, name, manifest[name], digest, adopt)
+    if expected_digest != digest.hexdigest():
         raise _Invalid("its SHA-256 checksum does not match its content (the file was modified)")
-    return {name: _decode_entry(name, manifest[name], arrays.get(name)) for name in sorted(manifest)}
+    return {name: _decode_entry(name, manifest[name], stored.get(name)) for name in sorted(manifest)}
 
 
 def _open_regular(path: str | os.PathLike[str], shown: str) -> IO[bytes]:
@@ -466,8 +559,11 @@ def _open_regular(path: str | os.PathLike[str], shown: str) -> IO[bytes]:
         raise
 
 
-def load_state(path: str | os.PathLike[str], kind: str) -> StateDict:
+def load_state(path: str | os.PathLike[str], kind: str, *, adopt: bool = False) -> StateDict:
     """Read a state written by :func:`save_state`, verifying format version, class and checksum.
+
+    Each member is streamed in chunks of :data:`_CHUNK_BYTES` straight into its final array, so reading
+    needs the state's size plus one chunk (not two or three copies of the state).
 
     Parameters
     ----------
@@ -475,6 +571,10 @@ def load_state(path: str | os.PathLike[str], kind: str) -> StateDict:
         Checkpoint file.
     kind : str
         Expected model class name.
+    adopt : bool, default=False
+        Return every little-endian float32/float64 array entry as an ``onlinefa._core.StateArray``, memory
+        that a model's ``from_state`` takes over without copying it (used by the models' ``load``; each
+        such entry can build one model). False: NumPy arrays.
 
     Returns
     -------
@@ -492,15 +592,22 @@ def load_state(path: str | os.PathLike[str], kind: str) -> StateDict:
     shown = os.fspath(path)
     with _open_regular(path, shown) as handle:
         try:
-            members = _read_members(handle)
+            archive = _Archive(handle)
         except Exception as err:  # any failure to parse what was opened means a damaged file
             raise ValueError(
                 f"{shown!r} is not a valid onlinefa checkpoint (truncated or corrupted?): {err}"
             ) from err
-    try:
-        return _decode_members(members, kind)
-    except _Invalid as err:
-        raise ValueError(f"{shown!r} is not a valid {kind} checkpoint: {err}") from err
+        try:
+            with archive.zip:
+                return _read_state(archive, kind, adopt)
+        except _Invalid as err:
+            raise ValueError(f"{shown!r} is not a valid {kind} checkpoint: {err}") from err
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            raise ValueError(
+                f"{shown!r} is not a valid onlinefa checkpoint (truncated or corrupted?): {err}"
+            ) from err
 
 
 def stored_class(path: str | os.PathLike[str]) -> str:
@@ -516,9 +623,11 @@ def stored_class(path: str | os.PathLike[str]) -> str:
     shown = os.fspath(path)
     with _open_regular(path, shown) as handle:
         try:
-            members = _read_members(handle)
-            kind: str = _header_scalar(members, _CLASS_KEY, "U")
-            _check_version_and_class(members, kind)
+            archive = _Archive(handle)
+            with archive.zip:
+                header = archive.header()
+            kind: str = _header_scalar(header, _CLASS_KEY, "U")
+            _check_version_and_class(header, kind)
         except Exception as err:
             raise ValueError(f"{shown!r} is not a valid onlinefa checkpoint (truncated or corrupted?): {err}") from err
     return kind

@@ -23,6 +23,7 @@ from ._validation import check_dtype, check_finite_samples, check_int, check_pos
 from ._persist import param_entries, prefixed
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .rotation import canonical_loadings, canonical_rotation
+from ._exports import AnyFloatArray, canonical_components32, storage_snapshot
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -121,7 +122,9 @@ class OnlineFactorAnalysis(EstimatorBase):
         squared deviations), so it has no units. A constant feature gets ψ_d at the floor and a zero
         loading row.
     dtype : {"float64", "float32"}, default="float64"
-        Storage of the D-sized state (float32 halves memory; inputs must then stay below 1e18).
+        Storage of the D-sized state (float32 halves memory; inputs must then stay below 1e18). Also the
+        dtype of ``components_``, ``noise_variance_`` and ``mean_``; :meth:`transform`, :meth:`score_samples`,
+        :meth:`sample`, :meth:`get_covariance` and :meth:`get_precision` compute and return float64.
     random_state : int, RandomState, Generator or None, default=None
         Seed of the orthonormal initial loadings (thesis §4.4) and of the shuffling of ``max_iter > 1``
         passes. None draws fresh entropy.
@@ -579,19 +582,23 @@ class OnlineFactorAnalysis(EstimatorBase):
 
     # -- fitted attributes ----------------------------------------------------------------------------
     @property
-    def components_(self) -> FloatArray:
-        """Canonical loadings F_cᵀ, shape (n_components, n_features) (see the class docstring)."""
-        return np.ascontiguousarray(canonical_loadings(self._fitted_model().loadings).T)
+    def components_(self) -> AnyFloatArray:
+        """Canonical loadings F_cᵀ, shape (n_components, n_features) (see the class docstring), in the
+        model's dtype (float32 for ``dtype="float32"``, built without a float64 copy of the loadings)."""
+        loadings = storage_snapshot(self._fitted_model())[1]
+        if loadings.dtype == np.float32:
+            return canonical_components32(np.asarray(loadings, dtype=np.float32))  # no copy
+        return np.ascontiguousarray(canonical_loadings(loadings).T)
 
     @property
-    def noise_variance_(self) -> FloatArray:
-        """Noise variances ψ, shape (n_features,)."""
-        return self._fitted_model().noise_variance
+    def noise_variance_(self) -> AnyFloatArray:
+        """Noise variances ψ, shape (n_features,), in the model's dtype."""
+        return storage_snapshot(self._fitted_model())[2]
 
     @property
-    def mean_(self) -> FloatArray:
-        """Running mean, shape (n_features,)."""
-        return self._fitted_model().mean
+    def mean_(self) -> AnyFloatArray:
+        """Running mean, shape (n_features,), in the model's dtype."""
+        return storage_snapshot(self._fitted_model())[0]
 
     @property
     def n_samples_seen_(self) -> int:
@@ -656,7 +663,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         """
         from .checkpoint import load_state
 
-        state = load_state(path, _CHECKPOINT_KIND)
+        state = load_state(path, _CHECKPOINT_KIND, adopt=True)  # arrays move into the engine, not copied
         params = prefixed(state, "param.")
         if set(params) | set(_LEGACY_PARAMS) == set(cls._get_param_names()):
             params = {**_LEGACY_PARAMS, **params}
