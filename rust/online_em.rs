@@ -11,6 +11,8 @@
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::engine::em_kernel::{em_block_run, to_loadings_space, EmBlockIo, EmConsts, Isa, MAX_K};
+use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
+use crate::engine::tiled::{Tiled, TiledIsa};
 use crate::engine::{advance, Advanced};
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
 use crate::linalg::SpdFactor;
@@ -199,6 +201,8 @@ struct PassCtx<'a, T> {
     k: usize,
     /// The fused row-SIMD kernel's constants and code path, when it runs this pass.
     fast: Option<(EmConsts<T>, Isa)>,
+    /// The wide (K > MAX_K) kernel's constants, when it runs this pass.
+    wide: Option<WideConsts>,
 }
 
 impl<T: Real> OnlineEm<T> {
@@ -353,8 +357,8 @@ impl<T: Real> OnlineEm<T> {
         self.finish(t, rho, self.config.scaling.mean_rho(rho, t), &inner, n_features_total)
     }
 
-    /// The pass, through the fused kernel on code path `isa` when it applies (None: block-by-block path);
-    /// returns whether the kernel ran.
+    /// The pass, through the fused kernel on code path `isa` (or, for K > MAX_K, the wide kernel) when it
+    /// applies (None: block-by-block path); returns whether a kernel ran.
     fn pass_on<X: Real>(
         &mut self,
         x: ArrayView1<X>,
@@ -364,9 +368,26 @@ impl<T: Real> OnlineEm<T> {
         sums: &mut Sums,
         isa: Option<Isa>,
     ) -> bool {
-        let k = self.n_components;
         let floor = self.floor();
         let fast = isa.and_then(|isa| self.kernel_consts(rho, mean_rho, floor).map(|c| (c, isa)));
+        let wide = isa.and_then(|_| self.wide_consts(rho, mean_rho, floor, TiledIsa::detect()));
+        self.pass_with(x, rho, mean_rho, scratch, sums, fast, wide)
+    }
+
+    /// The pass with the given kernel constants (both None: block-by-block path).
+    #[allow(clippy::too_many_arguments)]
+    fn pass_with<X: Real>(
+        &mut self,
+        x: ArrayView1<X>,
+        rho: f64,
+        mean_rho: f64,
+        scratch: &mut Scratch,
+        sums: &mut Sums,
+        fast: Option<(EmConsts<T>, Isa)>,
+        wide: Option<WideConsts>,
+    ) -> bool {
+        let k = self.n_components;
+        let floor = self.floor();
         let ctx = PassCtx {
             pending: self.pending.as_ref(),
             source: &self.source,
@@ -376,6 +397,7 @@ impl<T: Real> OnlineEm<T> {
             floor,
             k,
             fast,
+            wide,
         };
         let tasks: Vec<Rows<T>> = self
             .a_bar
@@ -403,7 +425,45 @@ impl<T: Real> OnlineEm<T> {
             to_loadings_space(k, upper.as_deref(), s, u);
             return true;
         }
+        if let Some(consts) = &ctx.wide {
+            // U = Lᵀ (Uᵀ U = L Lᵀ = H̄⁻¹).
+            let upper = consts.factor.as_ref().map(|l| {
+                let kp = l.kp;
+                (0..k * k).map(|ij| l.m[(ij % k) * kp + ij / k]).collect::<Vec<f64>>()
+            });
+            let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
+            let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
+            to_loadings_space(k, upper.as_deref(), s, u);
+            return true;
+        }
         false
+    }
+
+    /// Constants of the wide kernel (engine/em_wide.rs) for this pass, or None when another path runs (warm-up,
+    /// K <= MAX_K). L is the lower Cholesky factor of H̄⁻¹.
+    fn wide_consts(&self, rho: f64, mean_rho: f64, floor: f64, isa: TiledIsa) -> Option<WideConsts> {
+        let k = self.n_components;
+        if k <= MAX_K {
+            return None;
+        }
+        let tiled = |m: &Array2<f64>| Tiled::new(k, &m.iter().copied().collect::<Vec<f64>>());
+        let factor = match &self.source {
+            Source::Initial(_) => return None,
+            Source::Stats(h_inv) => Some(tiled(&SpdFactor::new(h_inv.view(), "H̄⁻¹").ok()?.lower())),
+            Source::Whitened => None,
+        };
+        let pending = self.pending.as_ref();
+        Some(WideConsts {
+            k,
+            moments: pending.and_then(|p| p.moments),
+            pending: pending.map(|p| (p.rho, p.m.to_vec())),
+            transform: pending.and_then(|p| p.transform.as_ref()).map(tiled),
+            factor,
+            rho,
+            mean_rho,
+            floor,
+            isa,
+        })
     }
 
     /// Constants of the fused kernel (engine/em_kernel.rs) for this pass, or None when the block-by-block
@@ -623,6 +683,10 @@ fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx
         fused_task(&mut rows, x, consts, *isa, blk, sums, k);
         return;
     }
+    if let Some(consts) = &ctx.wide {
+        wide_task(&mut rows, x, consts, blk, sums);
+        return;
+    }
     for b0 in (0..n).step_by(BLOCK_ROWS) {
         let nb = (n - b0).min(BLOCK_ROWS);
         // 1. The previous sample's pending moments (lines 5, 6, 14) and line 12: θ̄_{t−1}, d̄²_{t−1} and
@@ -713,6 +777,43 @@ fn fused_task<T: Real, X: Real>(
             s,
         };
         em_block_run(isa, k, &mut io, nb);
+    }
+}
+
+/// The pass over one task's rows through the wide kernel (engine/em_wide.rs): sums in Ā space.
+fn wide_task<T: Real, X: Real>(
+    rows: &mut Rows<T>,
+    x: &ArrayView1<X>,
+    consts: &WideConsts,
+    blk: &mut Block,
+    sums: &mut Sums,
+) {
+    let (n, k) = (rows.mean.len(), consts.k);
+    let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
+    let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
+    for b0 in (0..n).step_by(BLOCK_ROWS) {
+        let nb = (n - b0).min(BLOCK_ROWS);
+        let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
+        for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
+            *dst = xi.to_f64();
+        }
+        let mut io = WideIo {
+            a: &mut rows.a[b0 * k..(b0 + nb) * k],
+            mean: &mut rows.mean[b0..b0 + nb],
+            dsq: &mut rows.dsq[b0..b0 + nb],
+            d_last: &mut rows.d_last[b0..b0 + nb],
+            x: &blk.d[..nb],
+            dsq_sum: &mut sums.dsq,
+            u,
+            s,
+        };
+        let mut scratch = WideScratch {
+            a: &mut blk.a,
+            z: &mut blk.f,
+            y: &mut blk.tmp,
+            d_prev: &mut blk.d_prev,
+        };
+        em_wide_block(consts, &mut io, &mut scratch);
     }
 }
 
@@ -869,6 +970,81 @@ mod tests {
                     (&slow.mean, &slow.dsq_bar, &slow.d_last)
                 );
                 assert!(max_rel(&fast.a_bar, &slow.a_bar) < 1e-15, "Ā, K = {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn wide_kernel_sums_equal_explicit_loadings_sums() {
+        // K > MAX_K: the register-tiled Ā-space pass against the explicit-F block path, plain and whitened, with
+        // the pending update (and whitening transform) applied in the pass; both tiled code paths.
+        for k in [17usize, 24, 50] {
+            for whiten in [false, true] {
+                let d = 2 * BLOCK_ROWS + 3 * k + 7; // several blocks, partial sub-blocks and tiles
+                let f0 = orthonormal_loadings(d, k, k as u64).expect("init");
+                let x = stream(k + 8, d, 40 + k as u64);
+                let cfg = EmConfig {
+                    n_warmup: k as u64 + 4,
+                    whiten,
+                    ..EmConfig::default()
+                };
+                let mut em = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+                let n = x.nrows();
+                em.update(x.slice(s![..n - 1, ..])).expect("update");
+                assert!(em.is_fitted() && em.pending.is_some());
+                let [(wide, ws), (slow, ss)] = both_paths(&em, x.row(n - 1), Isa::detect());
+                assert!(
+                    max_rel(ws.s.as_slice().unwrap(), ss.s.as_slice().unwrap()) < 1e-12,
+                    "S, K = {k}"
+                );
+                assert!(
+                    max_rel(ws.u.as_slice().unwrap(), ss.u.as_slice().unwrap()) < 1e-12,
+                    "u, K = {k}"
+                );
+                assert!((ws.dsq - ss.dsq).abs() < 1e-13 * ss.dsq);
+                assert_eq!(
+                    (&wide.mean, &wide.dsq_bar, &wide.d_last),
+                    (&slow.mean, &slow.dsq_bar, &slow.d_last)
+                );
+                assert!(max_rel(&wide.a_bar, &slow.a_bar) < 1e-14, "Ā, K = {k}");
+                // The portable tiled path agrees with the detected one to rounding.
+                let t = em.n_seen + 1;
+                let rho = em.config.step_size.rho(t);
+                let consts = em.wide_consts(rho, rho, em.floor(), TiledIsa::Portable).expect("wide");
+                let mut portable = em.clone();
+                let mut scratch = Scratch::new(d, k);
+                let mut sums = Sums::zeros(k);
+                assert!(portable.pass_with(x.row(n - 1), rho, rho, &mut scratch, &mut sums, None, Some(consts)));
+                assert!(max_rel(sums.s.as_slice().unwrap(), ws.s.as_slice().unwrap()) < 1e-12);
+                assert!(max_rel(sums.u.as_slice().unwrap(), ws.u.as_slice().unwrap()) < 1e-12);
+                assert!(max_rel(&portable.a_bar, &wide.a_bar) < 1e-14);
+            }
+        }
+    }
+
+    #[test]
+    fn wide_kernel_is_thread_count_independent() {
+        // Two rayon tasks (D > TASK_ROWS) and D·K above the parallel gate: pool of 1 thread = default pool.
+        for whiten in [false, true] {
+            let (d, k) = (TASK_ROWS + 2 * BLOCK_ROWS + 5, 20);
+            assert!(use_parallel(d, k));
+            let f0 = orthonormal_loadings(d, k, 3).expect("init");
+            let x = stream(k + 6, d, 4);
+            let cfg = EmConfig {
+                n_warmup: k as u64 + 2,
+                whiten,
+                ..EmConfig::default()
+            };
+            let mut par = OnlineEm::<f32>::new(d, k, f0.view(), cfg.clone()).expect("new");
+            par.update(x.view()).expect("update");
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("pool");
+                let mut other = OnlineEm::<f32>::new(d, k, f0.view(), cfg.clone()).expect("new");
+                pool.install(|| other.update(x.view())).expect("update");
+                assert_eq!(par, other, "{threads} threads");
             }
         }
     }

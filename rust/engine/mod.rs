@@ -1,9 +1,12 @@
 //! The streaming engine: kernels that make one pass over the D-sized state per sample.
 //!
 //! `em_kernel` is the online-EM pass for K ≤ 16 after warm-up, vectorised across rows and accumulating the
-//! E-step sums in the whitened latent space of Ā (see its module documentation).
+//! E-step sums in the whitened latent space of Ā (see its module documentation); `em_wide` is the same pass
+//! for K > 16, built on the register-tiled products of `tiled`.
 
 pub(crate) mod em_kernel;
+pub(crate) mod em_wide;
+pub(crate) mod tiled;
 
 use crate::scalar::{stored, Real};
 

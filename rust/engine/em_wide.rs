@@ -1,0 +1,170 @@
+//! The online-EM pass over one block of rows for K > 16 (`em_kernel` handles K ≤ 16) after warm-up, with the
+//! K×K work done by the register-tiled products of `engine::tiled`.
+//!
+//! Per row, as in `em_kernel` (Ā-space sums; U = Lᵀ with L the lower Cholesky factor of H̄⁻¹, so
+//! H̄⁻¹ = Uᵀ U; U = I in the whitened basis):
+//!
+//! ```text
+//!   a ← (a + ρ_{t−1} (d_{t−1} m_{t−1}ᵀ − a)) W     pending line 12 (+ whitening W = R⁻ᵀ, upper triangular)
+//!   zᵀ = aᵀ L                                       (4.33) in Ā space: f = H̄⁻¹ a = Uᵀ z
+//!   ψ = max(d̄² − |z|², floor)                       (4.35), since f·a = |z|²
+//!   y = z/ψ,   u_z += y d,   S_z += y zᵀ (upper)    the sums of (4.23) in Ā space
+//! ```
+//!
+//! and after the pass Fᵀ Ψ⁻¹ F = Uᵀ S_z U, Fᵀ Ψ⁻¹ d = Uᵀ u_z (`em_kernel::to_loadings_space`). A block of
+//! nb rows is handled as matrices: A (nb×K) ← A W and Z = A L are two triangular products, S_z += Yᵀ Z a
+//! symmetric rank-nb update, each register-tiled; that costs K² + O(K) multiply-adds per row (K²/2 per
+//! triangular product, K²/2 for the upper triangle of S_z), against 2–3 K² for the explicit-F block path.
+//!
+//! Arithmetic is f64 for both storage types (the running moments are rounded to T as everywhere in the
+//! crate); Ā is rounded to T after its pending update, exactly as the block path does.
+
+use super::advance;
+use super::tiled::{padded_width, rows_times, syrk_upper_add, Tiled, TiledIsa, TILE_ROWS};
+use crate::scalar::{stored, Real};
+
+/// Largest sub-block (rows).
+const MAX_SUB_ROWS: usize = 96;
+
+/// Per-pass constants of the wide kernel.
+#[derive(Debug, Clone)]
+pub(crate) struct WideConsts {
+    pub(crate) k: usize,
+    /// Pending lines 5, 6, 14 of the previous sample (its ρ', ρ), applied from the innovation in d_last.
+    pub(crate) moments: Option<(f64, f64)>,
+    /// Pending line-12 update (ρ_{t−1}, m_{t−1}), if any.
+    pub(crate) pending: Option<(f64, Vec<f64>)>,
+    /// Whitening transform W (K×K) applied after the pending update, if any.
+    pub(crate) transform: Option<Tiled>,
+    /// L (K×K lower triangular) with L Lᵀ = H̄⁻¹; None in the whitened basis (L = I).
+    pub(crate) factor: Option<Tiled>,
+    /// ρ_t of this sample, the running mean's step and the noise floor.
+    pub(crate) rho: f64,
+    pub(crate) mean_rho: f64,
+    pub(crate) floor: f64,
+    pub(crate) isa: TiledIsa,
+}
+
+/// Scratch of one task: three nbp×kp buffers and one nbp vector (nbp = [`WideScratch::rows`]).
+pub(crate) struct WideScratch<'a> {
+    pub(crate) a: &'a mut [f64],
+    pub(crate) z: &'a mut [f64],
+    pub(crate) y: &'a mut [f64],
+    pub(crate) d_prev: &'a mut [f64],
+}
+
+impl WideScratch<'_> {
+    /// Rows per sub-block that fit buffers of `len` f64 each (for K = `k`), a multiple of the tile height and
+    /// at most [`MAX_SUB_ROWS`] (so the three buffers of a sub-block stay in L2 next to the state stream).
+    pub(crate) fn rows(k: usize, len: usize) -> usize {
+        (len / padded_width(k)).min(MAX_SUB_ROWS) / TILE_ROWS * TILE_ROWS
+    }
+}
+
+/// The state rows of one block and its outputs.
+pub(crate) struct WideIo<'a, T> {
+    /// Ā rows, nb×K (row-major), updated in place.
+    pub(crate) a: &'a mut [T],
+    /// θ̄, d̄², d_last (nb each), as in `em_kernel::EmBlockIo`.
+    pub(crate) mean: &'a mut [T],
+    pub(crate) dsq: &'a mut [T],
+    pub(crate) d_last: &'a mut [T],
+    /// This sample's values for the block's rows (nb).
+    pub(crate) x: &'a [f64],
+    /// Outputs, accumulated: Σ d̄² after the update, u_z (K) and S_z (K×K row-major, upper triangle only).
+    pub(crate) dsq_sum: &'a mut f64,
+    pub(crate) u: &'a mut [f64],
+    pub(crate) s: &'a mut [f64],
+}
+
+/// Run the pass over the rows of `io` in sub-blocks of `WideScratch::rows` rows.
+pub(crate) fn em_wide_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, scratch: &mut WideScratch<'_>) {
+    let k = c.k;
+    let n = io.mean.len();
+    let step = WideScratch::rows(k, scratch.a.len().min(scratch.z.len()).min(scratch.y.len()))
+        .min(scratch.d_prev.len() / TILE_ROWS * TILE_ROWS);
+    assert!(step > 0, "wide-kernel scratch too small");
+    for b0 in (0..n).step_by(step) {
+        let nb = (n - b0).min(step);
+        sub_block(c, io, scratch, b0, nb);
+    }
+}
+
+fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScratch<'_>, b0: usize, nb: usize) {
+    let k = c.k;
+    let kp = padded_width(k);
+    let nbp = nb.div_ceil(TILE_ROWS) * TILE_ROWS;
+    // Ā rows into the padded buffer (padding rows and columns zero); the pending moments and line 12.
+    sc.a[..nbp * kp].fill(0.0);
+    for r in 0..nb {
+        let src = &io.a[(b0 + r) * k..(b0 + r + 1) * k];
+        for (dst, v) in sc.a[r * kp..r * kp + k].iter_mut().zip(src) {
+            *dst = v.to_f64();
+        }
+    }
+    let mut m0 = [0.0f64; MAX_SUB_ROWS];
+    let mut dsq0 = [0.0f64; MAX_SUB_ROWS];
+    for r in 0..nb {
+        let i = b0 + r;
+        m0[r] = io.mean[i].to_f64();
+        dsq0[r] = io.dsq[i].to_f64();
+        sc.d_prev[r] = io.d_last[i].to_f64();
+        if let Some((mean_rho, rho)) = c.moments {
+            let adv = advance::<T>(m0[r], dsq0[r], sc.d_prev[r], mean_rho, rho);
+            (io.mean[i], m0[r]) = adv.mean;
+            (io.dsq[i], dsq0[r]) = adv.dsq;
+            sc.d_prev[r] = adv.d;
+        }
+    }
+    if let Some((rho_p, m)) = &c.pending {
+        // Line 12: a ← a + ρ (d mᵀ − a), then a ← a W; rounded to storage and written back.
+        for r in 0..nb {
+            let dp = sc.d_prev[r];
+            for (a, &mj) in sc.a[r * kp..r * kp + k].iter_mut().zip(m) {
+                *a += rho_p * (dp * mj - *a);
+            }
+        }
+        if let Some(w) = &c.transform {
+            rows_times(c.isa, sc.a, w, sc.z, nbp);
+            std::mem::swap(&mut sc.a, &mut sc.z);
+        }
+        for r in 0..nb {
+            let row = &mut sc.a[r * kp..r * kp + k];
+            for (dst, v) in io.a[(b0 + r) * k..(b0 + r + 1) * k].iter_mut().zip(row.iter_mut()) {
+                (*dst, *v) = stored::<T>(*v);
+            }
+        }
+    }
+    // Z = A L (or A in the whitened basis).
+    let z: &[f64] = match &c.factor {
+        Some(l) => {
+            rows_times(c.isa, sc.a, l, sc.z, nbp);
+            sc.z
+        }
+        None => sc.a,
+    };
+    // This sample: innovation e (stored), d_t and d̄²_t in registers; ψ from d̄²_{t−1}; y = z/ψ, u_z += y d.
+    let mut dsq_sum = 0.0;
+    for r in 0..nbp {
+        let zr = &z[r * kp..(r + 1) * kp];
+        let yr = &mut sc.y[r * kp..(r + 1) * kp];
+        if r >= nb {
+            yr.fill(0.0);
+            continue;
+        }
+        let i = b0 + r;
+        let fa: f64 = zr[..k].iter().map(|v| v * v).sum();
+        let inv_psi = 1.0 / (dsq0[r] - fa).max(c.floor);
+        let (e_s, e) = stored::<T>(io.x[i] - m0[r]);
+        let adv = advance::<T>(m0[r], dsq0[r], e, c.mean_rho, c.rho);
+        dsq_sum += adv.dsq.1;
+        io.d_last[i] = e_s;
+        for ((y, &zv), u) in yr.iter_mut().zip(zr).zip(io.u.iter_mut()) {
+            *y = zv * inv_psi;
+            *u += *y * adv.d;
+        }
+        yr[k..].fill(0.0);
+    }
+    *io.dsq_sum += dsq_sum;
+    syrk_upper_add(c.isa, sc.y, z, nbp, k, io.s);
+}

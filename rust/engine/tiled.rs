@@ -1,0 +1,282 @@
+//! Register-tiled products for the wide (K > 16) online-EM pass: a block of rows times a K×K matrix, and
+//! the symmetric rank-nb update S += Yᵀ Z (upper triangle), both over row-major buffers whose rows are padded
+//! to [`padded_width`] columns with zeros.
+//!
+//! Each output tile lives in registers for a whole sweep over the inner dimension (6 rows × 8 columns for
+//! `rows_times`, 8 × 6 entries of S for `syrk_upper_add`: twelve 256-bit accumulators), so every loaded value
+//! feeds several multiply-adds; that is what makes K = 50 run near the arithmetic limit rather than at the
+//! load/store limit of a row-at-a-time loop.
+//!
+//! **Arithmetic.** The FMA path ([`TiledIsa::Fma`], chosen at run time when the CPU has AVX2 and FMA) fuses
+//! each multiply-add; the portable path rounds the product and the sum separately (except on aarch64, where
+//! fused multiply-add is part of the base ISA and both paths fuse). The two therefore agree to rounding, not
+//! bit for bit. Within one path the order of every sum is fixed by the shapes alone (inner index ascending),
+//! so results do not depend on the thread count.
+
+/// Rows of a `rows_times` tile.
+pub(crate) const TILE_ROWS: usize = 6;
+/// Columns of a `rows_times` tile and rows (i) of a `syrk_upper_add` tile.
+const WIDE: usize = 8;
+/// Columns (j) of a `syrk_upper_add` tile.
+const NARROW: usize = 6;
+
+/// Width of a padded row for K columns: a multiple of 8 that also covers the 6-column tiles of S.
+pub(crate) fn padded_width(k: usize) -> usize {
+    (k.div_ceil(NARROW) * NARROW).div_ceil(WIDE) * WIDE
+}
+
+/// A K×K matrix padded to kp×kp (row-major, zeros outside K×K) with, for each 8-column tile, the range of
+/// rows that hold a non-zero in that tile (so triangular matrices cost half a full product).
+#[derive(Debug, Clone)]
+pub(crate) struct Tiled {
+    pub(crate) m: Vec<f64>,
+    pub(crate) kp: usize,
+    pub(crate) rows: Vec<(usize, usize)>,
+}
+
+impl Tiled {
+    /// From a K×K row-major matrix.
+    pub(crate) fn new(k: usize, m: &[f64]) -> Self {
+        let kp = padded_width(k);
+        let mut padded = vec![0.0; kp * kp];
+        for i in 0..k {
+            padded[i * kp..i * kp + k].copy_from_slice(&m[i * k..(i + 1) * k]);
+        }
+        let rows = (0..kp)
+            .step_by(WIDE)
+            .map(|j0| {
+                let nonzero = |i: &usize| padded[i * kp + j0..i * kp + j0 + WIDE].iter().any(|&v| v != 0.0);
+                let lo = (0..kp).find(nonzero).unwrap_or(0);
+                let hi = (0..kp).rev().find(nonzero).map_or(0, |i| i + 1);
+                (lo, hi.max(lo))
+            })
+            .collect();
+        Tiled { m: padded, kp, rows }
+    }
+}
+
+/// Which code path runs the tiled products; chosen once per pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TiledIsa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Fma,
+}
+
+impl TiledIsa {
+    /// The best path this CPU supports.
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return TiledIsa::Fma;
+            }
+        }
+        TiledIsa::Portable
+    }
+}
+
+/// a·b + c, fused or not.
+trait MulAdd {
+    fn mul_add(a: f64, b: f64, c: f64) -> f64;
+}
+
+struct Fused;
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
+struct Separate;
+
+impl MulAdd for Fused {
+    #[inline(always)]
+    fn mul_add(a: f64, b: f64, c: f64) -> f64 {
+        a.mul_add(b, c)
+    }
+}
+
+impl MulAdd for Separate {
+    #[inline(always)]
+    fn mul_add(a: f64, b: f64, c: f64) -> f64 {
+        a * b + c
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+type PortableMulAdd = Fused;
+#[cfg(not(target_arch = "aarch64"))]
+type PortableMulAdd = Separate;
+
+/// out = a · M for `nbp` rows (a multiple of [`TILE_ROWS`]): out[r][j] = Σ_i a[r][i] M[i][j], i ascending over
+/// the non-zero rows of M's column tile. a, out: nbp×kp row-major (padding columns of a must be zero).
+pub(crate) fn rows_times(isa: TiledIsa, a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA.
+        TiledIsa::Fma => unsafe { rows_times_fma(a, m, out, nbp) },
+        TiledIsa::Portable => rows_times_with::<PortableMulAdd>(a, m, out, nbp),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_times_fma(a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
+    rows_times_with::<Fused>(a, m, out, nbp)
+}
+
+#[inline(always)]
+fn rows_times_with<F: MulAdd>(a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
+    let kp = m.kp;
+    for r0 in (0..nbp).step_by(TILE_ROWS) {
+        let a_rows = &a[r0 * kp..(r0 + TILE_ROWS) * kp];
+        for (t, &(lo, hi)) in m.rows.iter().enumerate() {
+            let j0 = t * WIDE;
+            let mut acc = [[0.0f64; WIDE]; TILE_ROWS];
+            for i in lo..hi {
+                let mut mi = [0.0f64; WIDE];
+                mi.copy_from_slice(&m.m[i * kp + j0..i * kp + j0 + WIDE]);
+                for (rr, acc_r) in acc.iter_mut().enumerate() {
+                    let av = a_rows[rr * kp + i];
+                    for jj in 0..WIDE {
+                        acc_r[jj] = F::mul_add(av, mi[jj], acc_r[jj]);
+                    }
+                }
+            }
+            for (rr, acc_r) in acc.iter().enumerate() {
+                out[(r0 + rr) * kp + j0..(r0 + rr) * kp + j0 + WIDE].copy_from_slice(acc_r);
+            }
+        }
+    }
+}
+
+/// S += Yᵀ Z over `nbp` rows, upper triangle (i ≤ j < k) only: S[i][j] += Σ_r y[r][i] z[r][j], r ascending.
+/// y, z: nbp×kp row-major (kp = [`padded_width`] of k); s: k×k row-major (entries below the diagonal untouched).
+pub(crate) fn syrk_upper_add(isa: TiledIsa, y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA.
+        TiledIsa::Fma => unsafe { syrk_fma(y, z, nbp, k, s) },
+        TiledIsa::Portable => syrk_with::<PortableMulAdd>(y, z, nbp, k, s),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn syrk_fma(y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64]) {
+    syrk_with::<Fused>(y, z, nbp, k, s)
+}
+
+#[inline(always)]
+fn syrk_with<F: MulAdd>(y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64]) {
+    let kp = padded_width(k);
+    for j0 in (0..k).step_by(NARROW) {
+        // Tiles with some i ≤ j: i0 ≤ j0 + NARROW − 1.
+        for i0 in (0..(j0 + NARROW).min(k)).step_by(WIDE) {
+            let mut acc = [[0.0f64; WIDE]; NARROW];
+            for r in 0..nbp {
+                let mut yr = [0.0f64; WIDE];
+                yr.copy_from_slice(&y[r * kp + i0..r * kp + i0 + WIDE]);
+                let zr = &z[r * kp + j0..r * kp + j0 + NARROW];
+                for (acc_j, &zv) in acc.iter_mut().zip(zr) {
+                    for ii in 0..WIDE {
+                        acc_j[ii] = F::mul_add(yr[ii], zv, acc_j[ii]);
+                    }
+                }
+            }
+            for (jj, acc_j) in acc.iter().enumerate() {
+                let j = j0 + jj;
+                for (ii, &v) in acc_j.iter().enumerate() {
+                    let i = i0 + ii;
+                    if j < k && i <= j {
+                        s[i * k + j] += v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(n: usize, seed: u64) -> Vec<f64> {
+        (0..n)
+            .map(|i| (((i as u64 + 1) * 2654435761 + seed * 97) % 1000) as f64 / 500.0 - 0.9993)
+            .collect()
+    }
+
+    fn padded_rows(nbp: usize, k: usize, seed: u64) -> Vec<f64> {
+        let kp = padded_width(k);
+        let v = filled(nbp * k, seed);
+        let mut out = vec![0.0; nbp * kp];
+        for r in 0..nbp {
+            out[r * kp..r * kp + k].copy_from_slice(&v[r * k..(r + 1) * k]);
+        }
+        out
+    }
+
+    #[test]
+    fn padded_width_covers_both_tile_shapes() {
+        for k in 1..100 {
+            let kp = padded_width(k);
+            assert!(kp >= k && kp % WIDE == 0 && kp >= k.div_ceil(NARROW) * NARROW);
+        }
+    }
+
+    #[test]
+    fn products_match_naive_sums_on_every_path() {
+        for k in [17usize, 24, 50, 63] {
+            let kp = padded_width(k);
+            let nbp = 4 * TILE_ROWS;
+            let a = padded_rows(nbp, k, 1);
+            let mut upper = filled(k * k, 2);
+            for i in 0..k {
+                for j in 0..i {
+                    upper[i * k + j] = 0.0;
+                }
+            }
+            let full = filled(k * k, 3);
+            let y = padded_rows(nbp, k, 4);
+            for isa in [TiledIsa::Portable, TiledIsa::detect()] {
+                for m in [&upper, &full] {
+                    let tiled = Tiled::new(k, m);
+                    let mut out = vec![f64::NAN; nbp * kp];
+                    rows_times(isa, &a, &tiled, &mut out, nbp);
+                    for r in 0..nbp {
+                        for j in 0..k {
+                            let want: f64 = (0..k).map(|i| a[r * kp + i] * m[i * k + j]).sum();
+                            assert!((out[r * kp + j] - want).abs() < 1e-13 * (k as f64), "K = {k}");
+                        }
+                        assert!(out[r * kp + k..(r + 1) * kp].iter().all(|&v| v == 0.0));
+                    }
+                }
+                let mut s = vec![7.0; k * k];
+                syrk_upper_add(isa, &y, &a, nbp, k, &mut s);
+                for i in 0..k {
+                    for j in 0..k {
+                        let want = if i <= j {
+                            7.0 + (0..nbp).map(|r| y[r * kp + i] * a[r * kp + j]).sum::<f64>()
+                        } else {
+                            7.0
+                        };
+                        assert!((s[i * k + j] - want).abs() < 1e-13 * (nbp as f64), "K = {k}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn triangular_matrices_skip_their_zero_rows() {
+        let k = 50;
+        let mut lower = filled(k * k, 5);
+        for i in 0..k {
+            for j in i + 1..k {
+                lower[i * k + j] = 0.0;
+            }
+        }
+        let tiled = Tiled::new(k, &lower);
+        for (t, &range) in tiled.rows.iter().enumerate() {
+            let want = if t * WIDE < k { (t * WIDE, k) } else { (0, 0) };
+            assert_eq!(range, want, "column tile {t}");
+        }
+    }
+}
