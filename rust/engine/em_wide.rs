@@ -79,6 +79,23 @@ pub(crate) struct WideIo<'a, T> {
 
 /// Run the pass over the rows of `io` in sub-blocks of `WideScratch::rows` rows.
 pub(crate) fn em_wide_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, scratch: &mut WideScratch<'_>) {
+    match c.isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA.
+        TiledIsa::Fma => unsafe { em_wide_block_fma(c, io, scratch) },
+        TiledIsa::Portable => em_wide_block_with(c, io, scratch),
+    }
+}
+
+/// The row-local loops compiled for AVX2 (the tiled products dispatch on their own).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn em_wide_block_fma<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, scratch: &mut WideScratch<'_>) {
+    em_wide_block_with(c, io, scratch)
+}
+
+#[inline(always)]
+fn em_wide_block_with<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, scratch: &mut WideScratch<'_>) {
     let k = c.k;
     let n = io.mean.len();
     let step = WideScratch::rows(k, scratch.a.len().min(scratch.z.len()).min(scratch.y.len()))
@@ -90,18 +107,22 @@ pub(crate) fn em_wide_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, scr
     }
 }
 
+#[inline(always)]
 fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScratch<'_>, b0: usize, nb: usize) {
     let k = c.k;
     let kp = padded_width(k);
     let nbp = nb.div_ceil(TILE_ROWS) * TILE_ROWS;
     // Ā rows into the padded buffer (padding rows and columns zero); the pending moments and line 12.
-    sc.a[..nbp * kp].fill(0.0);
-    for r in 0..nb {
-        let src = &io.a[(b0 + r) * k..(b0 + r + 1) * k];
-        for (dst, v) in sc.a[r * kp..r * kp + k].iter_mut().zip(src) {
-            *dst = v.to_f64();
+    for (dst, src) in sc.a[..nb * kp]
+        .chunks_exact_mut(kp)
+        .zip(io.a[b0 * k..(b0 + nb) * k].chunks_exact(k))
+    {
+        for (d, v) in dst[..k].iter_mut().zip(src) {
+            *d = v.to_f64();
         }
+        dst[k..].fill(0.0);
     }
+    sc.a[nb * kp..nbp * kp].fill(0.0);
     let mut m0 = [0.0f64; MAX_SUB_ROWS];
     let mut dsq0 = [0.0f64; MAX_SUB_ROWS];
     for r in 0..nb {
@@ -153,7 +174,7 @@ fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScrat
             continue;
         }
         let i = b0 + r;
-        let fa: f64 = zr[..k].iter().map(|v| v * v).sum();
+        let fa = squared_norm(zr);
         let inv_psi = 1.0 / (dsq0[r] - fa).max(c.floor);
         let (e_s, e) = stored::<T>(io.x[i] - m0[r]);
         let adv = advance::<T>(m0[r], dsq0[r], e, c.mean_rho, c.rho);
@@ -167,4 +188,18 @@ fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScrat
     }
     *io.dsq_sum += dsq_sum;
     syrk_upper_add(c.isa, sc.y, z, nbp, k, io.s);
+}
+
+/// |z|² of a padded row (kp a multiple of 4): four partial sums over the lanes j ≡ 0, 1, 2, 3 (mod 4), added in
+/// that order at the end, so the loop vectorises and the order is fixed.
+#[inline(always)]
+fn squared_norm(z: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    for c in 0..z.len() / 4 {
+        for (l, a) in acc.iter_mut().enumerate() {
+            let v = z[4 * c + l];
+            *a += v * v;
+        }
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3])
 }

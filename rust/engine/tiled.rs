@@ -81,6 +81,7 @@ trait MulAdd {
     fn mul_add(a: f64, b: f64, c: f64) -> f64;
 }
 
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 struct Fused;
 #[cfg_attr(target_arch = "aarch64", allow(dead_code))]
 struct Separate;
@@ -118,7 +119,32 @@ pub(crate) fn rows_times(isa: TiledIsa, a: &[f64], m: &Tiled, out: &mut [f64], n
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn rows_times_fma(a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
-    rows_times_with::<Fused>(a, m, out, nbp)
+    use std::arch::x86_64::*;
+    let kp = m.kp;
+    assert!(a.len() >= nbp * kp && out.len() >= nbp * kp && m.m.len() == kp * kp && nbp % TILE_ROWS == 0);
+    for r0 in (0..nbp).step_by(TILE_ROWS) {
+        for (t, &(lo, hi)) in m.rows.iter().enumerate() {
+            let j0 = t * WIDE;
+            let mut acc = [[_mm256_setzero_pd(); 2]; TILE_ROWS];
+            for i in lo..hi {
+                // SAFETY: i < kp and j0 + 8 <= kp, so both loads are inside M (kp×kp, checked above).
+                let mp = m.m.as_ptr().add(i * kp + j0);
+                let (m0, m1) = (_mm256_loadu_pd(mp), _mm256_loadu_pd(mp.add(4)));
+                for (rr, acc_r) in acc.iter_mut().enumerate() {
+                    // SAFETY: r0 + rr < nbp and i < kp: inside a (nbp×kp, checked above).
+                    let av = _mm256_broadcast_sd(&*a.as_ptr().add((r0 + rr) * kp + i));
+                    acc_r[0] = _mm256_fmadd_pd(av, m0, acc_r[0]);
+                    acc_r[1] = _mm256_fmadd_pd(av, m1, acc_r[1]);
+                }
+            }
+            for (rr, acc_r) in acc.iter().enumerate() {
+                // SAFETY: row r0 + rr < nbp, columns j0..j0 + 8 <= kp: inside out (checked above).
+                let op = out.as_mut_ptr().add((r0 + rr) * kp + j0);
+                _mm256_storeu_pd(op, acc_r[0]);
+                _mm256_storeu_pd(op.add(4), acc_r[1]);
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -160,7 +186,45 @@ pub(crate) fn syrk_upper_add(isa: TiledIsa, y: &[f64], z: &[f64], nbp: usize, k:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn syrk_fma(y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64]) {
-    syrk_with::<Fused>(y, z, nbp, k, s)
+    use std::arch::x86_64::*;
+    let kp = padded_width(k);
+    assert!(y.len() >= nbp * kp && z.len() >= nbp * kp && s.len() >= k * k);
+    for j0 in (0..k).step_by(NARROW) {
+        for i0 in (0..(j0 + NARROW).min(k)).step_by(WIDE) {
+            let mut acc = [[_mm256_setzero_pd(); 2]; NARROW];
+            for r in 0..nbp {
+                // SAFETY: r < nbp, i0 + 8 <= kp and j0 + 6 <= kp: inside y and z (nbp×kp, checked above).
+                let yp = y.as_ptr().add(r * kp + i0);
+                let (y0, y1) = (_mm256_loadu_pd(yp), _mm256_loadu_pd(yp.add(4)));
+                let zp = z.as_ptr().add(r * kp + j0);
+                for (jj, acc_j) in acc.iter_mut().enumerate() {
+                    let zv = _mm256_broadcast_sd(&*zp.add(jj));
+                    acc_j[0] = _mm256_fmadd_pd(y0, zv, acc_j[0]);
+                    acc_j[1] = _mm256_fmadd_pd(y1, zv, acc_j[1]);
+                }
+            }
+            let mut tile = [[0.0f64; WIDE]; NARROW];
+            for (t, acc_j) in tile.iter_mut().zip(&acc) {
+                _mm256_storeu_pd(t.as_mut_ptr(), acc_j[0]);
+                _mm256_storeu_pd(t.as_mut_ptr().add(4), acc_j[1]);
+            }
+            add_tile(&tile, i0, j0, k, s);
+        }
+    }
+}
+
+/// s[i][j] += tile[j − j0][i − i0] for the tile's entries with i ≤ j < k.
+#[inline(always)]
+fn add_tile(tile: &[[f64; WIDE]; NARROW], i0: usize, j0: usize, k: usize, s: &mut [f64]) {
+    for (jj, acc_j) in tile.iter().enumerate() {
+        let j = j0 + jj;
+        for (ii, &v) in acc_j.iter().enumerate() {
+            let i = i0 + ii;
+            if j < k && i <= j {
+                s[i * k + j] += v;
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -180,15 +244,7 @@ fn syrk_with<F: MulAdd>(y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64
                     }
                 }
             }
-            for (jj, acc_j) in acc.iter().enumerate() {
-                let j = j0 + jj;
-                for (ii, &v) in acc_j.iter().enumerate() {
-                    let i = i0 + ii;
-                    if j < k && i <= j {
-                        s[i * k + j] += v;
-                    }
-                }
-            }
+            add_tile(&acc, i0, j0, k, s);
         }
     }
 }
