@@ -1088,8 +1088,11 @@ mod tests {
     fn failed_step_leaves_a_large_model_as_before_the_row() {
         // D·K > SNAPSHOT_MAX_ELEMENTS: no copy of the state is kept. A NaN B̄ makes the K×K step fail (H̄ is
         // not positive definite) after the pass, whatever the data; the D-sized state must be as before.
-        for whiten in [false, true] {
-            let (d, k) = (70_000, 4);
+        // K = 20 runs the wide (K > MAX_K) pass.
+        for (whiten, (d, k)) in [false, true]
+            .into_iter()
+            .flat_map(|w| [(w, (70_000, 4)), (w, (13_200, 20))])
+        {
             assert!(d * k > SNAPSHOT_MAX_ELEMENTS);
             let f0 = orthonormal_loadings(d, k, 21).expect("init");
             let x = stream(10, d, 22);
@@ -1340,6 +1343,35 @@ mod checkpoint {
                 OnlineEm::<f64>::from_state(&a.to_state()).is_err(),
                 "dtype mismatch must be rejected"
             );
+        }
+
+        #[test]
+        fn resume_from_state_is_bit_identical_for_wide_k() {
+            // K > MAX_K: the checkpoint is taken after warm-up, with a pending step that the wide pass applies.
+            let (d, k) = (70, 20);
+            let f0 = orthonormal_loadings(d, k, 5).expect("init");
+            let mut x = Array2::zeros((40, d));
+            fill_standard_normal(x.view_mut(), 6);
+            for whiten in [false, true] {
+                let cfg = EmConfig {
+                    n_warmup: 22,
+                    whiten,
+                    ..EmConfig::default()
+                };
+                let mut a = OnlineEm::<f32>::new(d, k, f0.view(), cfg.clone()).expect("new");
+                a.update(x.slice(ndarray::s![..30, ..])).expect("update");
+                assert!(a.is_fitted() && a.pending.is_some());
+                let mut b = OnlineEm::<f32>::from_state(&a.to_state()).expect("restore");
+                a.update(x.slice(ndarray::s![30.., ..])).expect("update");
+                b.update(x.slice(ndarray::s![30.., ..])).expect("update");
+                assert_eq!(a, b);
+                let mut c = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+                c.update(x.slice(ndarray::s![..30, ..])).expect("update");
+                let mut e = OnlineEm::<f64>::from_state(&c.to_state()).expect("restore");
+                c.update(x.slice(ndarray::s![30.., ..])).expect("update");
+                e.update(x.slice(ndarray::s![30.., ..])).expect("update");
+                assert_eq!(c, e);
+            }
         }
 
         #[test]

@@ -112,17 +112,7 @@ fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScrat
     let k = c.k;
     let kp = padded_width(k);
     let nbp = nb.div_ceil(TILE_ROWS) * TILE_ROWS;
-    // Ā rows into the padded buffer (padding rows and columns zero); the pending moments and line 12.
-    for (dst, src) in sc.a[..nb * kp]
-        .chunks_exact_mut(kp)
-        .zip(io.a[b0 * k..(b0 + nb) * k].chunks_exact(k))
-    {
-        for (d, v) in dst[..k].iter_mut().zip(src) {
-            *d = v.to_f64();
-        }
-        dst[k..].fill(0.0);
-    }
-    sc.a[nb * kp..nbp * kp].fill(0.0);
+    // The pending moments (lines 5, 6, 14): θ̄_{t−1}, d̄²_{t−1} written back, d_{t−1} for line 12.
     let mut m0 = [0.0f64; MAX_SUB_ROWS];
     let mut dsq0 = [0.0f64; MAX_SUB_ROWS];
     for r in 0..nb {
@@ -137,18 +127,37 @@ fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScrat
             sc.d_prev[r] = adv.d;
         }
     }
-    if let Some((rho_p, m)) = &c.pending {
-        // Line 12: a ← a + ρ (d mᵀ − a), then a ← a W; rounded to storage and written back.
-        for r in 0..nb {
-            let dp = sc.d_prev[r];
-            for (a, &mj) in sc.a[r * kp..r * kp + k].iter_mut().zip(m) {
-                *a += rho_p * (dp * mj - *a);
+    // Ā rows into the padded buffer (padding rows and columns zero) with line 12, a ← a + ρ (d mᵀ − a), applied
+    // on the way; without whitening they are rounded to storage and written back in the same sweep.
+    let store_now = c.transform.is_none();
+    let rows = sc.a[..nb * kp]
+        .chunks_exact_mut(kp)
+        .zip(io.a[b0 * k..(b0 + nb) * k].chunks_exact_mut(k));
+    for (r, (dst, src)) in rows.enumerate() {
+        match &c.pending {
+            Some((rho_p, m)) => {
+                let dp = sc.d_prev[r];
+                for ((d, v), &mj) in dst[..k].iter_mut().zip(src.iter_mut()).zip(m) {
+                    let a = v.to_f64();
+                    *d = a + rho_p * (dp * mj - a);
+                    if store_now {
+                        (*v, *d) = stored::<T>(*d);
+                    }
+                }
+            }
+            None => {
+                for (d, v) in dst[..k].iter_mut().zip(src.iter()) {
+                    *d = v.to_f64();
+                }
             }
         }
-        if let Some(w) = &c.transform {
-            rows_times(c.isa, sc.a, w, sc.z, nbp);
-            std::mem::swap(&mut sc.a, &mut sc.z);
-        }
+        dst[k..].fill(0.0);
+    }
+    sc.a[nb * kp..nbp * kp].fill(0.0);
+    if let (Some(w), Some(_)) = (&c.transform, &c.pending) {
+        // Whitening: a ← a W, then rounded to storage and written back.
+        rows_times(c.isa, sc.a, w, sc.z, nbp);
+        std::mem::swap(&mut sc.a, &mut sc.z);
         for r in 0..nb {
             let row = &mut sc.a[r * kp..r * kp + k];
             for (dst, v) in io.a[(b0 + r) * k..(b0 + r + 1) * k].iter_mut().zip(row.iter_mut()) {
@@ -156,6 +165,7 @@ fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScrat
             }
         }
     }
+    prefetch_rows(&io.a[((b0 + nb) * k).min(io.a.len())..((b0 + 2 * nb) * k).min(io.a.len())]);
     // Z = A L (or A in the whitened basis).
     let z: &[f64] = match &c.factor {
         Some(l) => {
@@ -202,4 +212,21 @@ fn squared_norm(z: &[f64]) -> f64 {
         }
     }
     (acc[0] + acc[1]) + (acc[2] + acc[3])
+}
+
+/// Ask for the next sub-block's Ā rows while this one computes (a hint; no effect on results).
+#[inline(always)]
+fn prefetch_rows<T>(rows: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let bytes = std::mem::size_of_val(rows);
+        let base = rows.as_ptr() as *const i8;
+        for offset in (0..bytes).step_by(64) {
+            // SAFETY: offset < size_of_val(rows), so the address is inside `rows`; prefetch never faults.
+            unsafe { _mm_prefetch(base.add(offset), _MM_HINT_T0) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = rows;
 }
