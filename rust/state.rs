@@ -53,7 +53,7 @@ impl Adoptable {
         Adoptable(Mutex::new(Some(Box::new(value))))
     }
 
-    fn with<R>(&self, f: impl FnOnce(Option<&StateValue>) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(Option<&StateValue>) -> R) -> R {
         let guard = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         f(guard.as_deref())
     }
@@ -161,6 +161,18 @@ fn check_array<T: StateReal>(key: &str, stored: &[usize], data: &[T], shape: &[u
         )));
     }
     Ok(())
+}
+
+/// The shape of a float64 array entry (stored, or adopted from a checkpoint file), if `key` holds one.
+pub fn f64_shape(state: &StateMap, key: &str) -> Option<Vec<usize>> {
+    let shape = |value: Option<&StateValue>| match value {
+        Some(StateValue::F64(shape, _)) => Some(shape.clone()),
+        _ => None,
+    };
+    match state.get(key) {
+        Some(StateValue::Adopted(cell)) => cell.with(shape),
+        other => shape(other),
+    }
 }
 
 /// Builder/reader helpers over a [`StateMap`].

@@ -277,9 +277,21 @@ impl Checkpoint for GfaOnline {
     fn from_state(state: &StateMap) -> Result<Self> {
         expect_kind(state, Self::KIND)?;
         let r = StateReader(state);
-        let d = len_of(state, "groups")?;
-        let groups = Groups::from_labels(&read_indices(&r, "groups", d, d)?)
-            .map_err(|e| FaError::InvalidState(e.to_string()))?;
+        // A fitted stream's globals carry the groups; read the entry once (an array adopted from a file is
+        // moved out of the map by the first read).
+        let globals = if r.bool("fitted")? {
+            Some(GfaBatch::read_model(state, true)?)
+        } else {
+            None
+        };
+        let groups = match &globals {
+            Some(g) => g.groups.clone(),
+            None => {
+                let d = len_of(state, "groups")?;
+                Groups::from_labels(&read_indices(&r, "groups", d, d)?)
+                    .map_err(|e| FaError::InvalidState(e.to_string()))?
+            }
+        };
         let n_effective = Some(r.float("n_effective")?).filter(|&n| n != 0.0);
         let config = GfaOnlineConfig {
             model: read_config(&r)?,
@@ -297,13 +309,7 @@ impl Checkpoint for GfaOnline {
                     .into(),
             ));
         }
-        if fitted {
-            let globals = GfaBatch::read_model(state, true)?;
-            if globals.groups != model.groups {
-                return Err(FaError::InvalidState(
-                    "the model's groups disagree with `groups`".into(),
-                ));
-            }
+        if let Some(globals) = globals {
             let dims = globals.f_mean.dim();
             let averages = read_stats(&r, "avg_", dims, false, None)?;
             model.state = Some(OnlineState { globals, averages });

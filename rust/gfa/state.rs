@@ -87,8 +87,8 @@ pub(super) fn read_indices(r: &StateReader<'_>, key: &str, len: usize, limit: us
 }
 
 pub(super) fn len_of(state: &StateMap, key: &str) -> Result<usize> {
-    match state.get(key) {
-        Some(StateValue::F64(shape, _)) if shape.len() == 1 => Ok(shape[0]),
+    match crate::state::f64_shape(state, key).as_deref() {
+        Some(&[len]) => Ok(len),
         _ => Err(bad(key, "is missing or not a float64 vector")),
     }
 }
@@ -357,8 +357,8 @@ impl GfaBatch {
         let d = len_of(state, "groups")?;
         let labels = read_indices(&r, "groups", d, d)?;
         let groups = Groups::from_labels(&labels).map_err(|e| FaError::InvalidState(e.to_string()))?;
-        let n = match state.get("x") {
-            Some(StateValue::F64(shape, _)) if shape.len() == 2 => shape[0],
+        let n = match crate::state::f64_shape(state, "x").as_deref() {
+            Some(&[rows, _]) => rows,
             _ => return Err(bad("x", "is missing or not a float64 matrix")),
         };
         let x = read_data(&r, n, d)?;
@@ -400,8 +400,8 @@ impl GfaBatch {
             }
         };
         // The low-rank ARD leaves q(α) unused (and at its size before any dropping).
-        let alpha_cols = match (&low_rank, state.get("alpha_shape")) {
-            (Some(_), Some(StateValue::F64(shape, _))) if shape.len() == 2 => shape[1],
+        let alpha_cols = match (&low_rank, crate::state::f64_shape(state, "alpha_shape").as_deref()) {
+            (Some(_), Some(&[_, cols])) => cols,
             _ => k,
         };
         let alpha = read_gammas(&r, "alpha", &[n_groups, alpha_cols])?;
