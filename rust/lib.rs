@@ -1,6 +1,6 @@
 //! onlinefa: online factor analysis N(c, F Fᵀ + Ψ) of very high-dimensional streams.
 //!
-//! The Rust core is pure ndarray/nalgebra/rayon; the Python binding lives in `python.rs` behind the
+//! The Rust core is pure ndarray/nalgebra/rayon; the Python binding lives in `python/` behind the
 //! `python` feature. Thesis notation: D features, K factors, F (D×K) loadings, ψ (D) noise variances,
 //! c = θ̄ the mean. Equation numbers refer to Brownlie (2021), "Extending the Bayesian Deep Learning
 //! Method MultiSWAG".
@@ -28,8 +28,6 @@ pub mod vifa;
 
 #[cfg(feature = "python")]
 mod python;
-#[cfg(feature = "python")]
-mod python_sharded;
 
 pub use error::{FaError, Result};
 pub use online_em::{EmConfig, OnlineEm, StepSums};

@@ -1,15 +1,15 @@
 //! Binding helpers for models whose rows are split across processes (`onlinefa.distributed`): borrowed
 //! float32/float64 inputs, the additive query sums, counter-based sample noise and the rows of the seeded
-//! initial draw. The split-step methods themselves live with each engine class in `python.rs`.
+//! initial draw. The split-step methods themselves live with each engine class (`streaming.rs`, `vifa.rs`).
 
 use ndarray::{ArrayView1, ArrayView2, Axis};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::common::{check_layout, checked_view, lock, to_py_err, Typed};
 use crate::fork::Mutex;
 use crate::noise::{fill_noise_view, latent_draw, SAMPLE_SALT};
-use crate::python::{check_layout, checked_view, lock, to_py_err, Typed};
 use crate::query::{GaussianRows, QuerySums};
 use crate::scalar::Real;
 

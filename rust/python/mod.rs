@@ -1,0 +1,40 @@
+//! The Python binding (`onlinefa._core`), one file per model family. Each method borrows the NumPy input,
+//! releases the GIL, calls the pure-Rust core and converts the result back. All the documentation users read
+//! lives in the Python wrappers (python/onlinefa/); these classes are their engines.
+
+#[macro_use]
+mod common;
+mod exports;
+mod gfa;
+mod minibatch;
+mod sharded;
+mod state_arrays;
+mod streaming;
+mod vbfa;
+mod vifa;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+mod _core {
+    #[pymodule_export]
+    use super::common::NumericalBreakdownError;
+    #[pymodule_export]
+    use super::exports::storage_snapshot;
+    #[pymodule_export]
+    use super::gfa::{GFACore, OnlineGFACore};
+    #[pymodule_export]
+    use super::minibatch::MiniBatchEMCore;
+    #[pymodule_export]
+    use super::sharded::{
+        fill_sample_noise, latent_mean_from_sums, log_prob_from_sums, snapshot_max_elements, standard_normal_rows,
+    };
+    #[pymodule_export]
+    use super::state_arrays::StateArray;
+    #[pymodule_export]
+    use super::streaming::{orthonormal_init, OnlineEMCore, OnlineSGACore};
+    #[pymodule_export]
+    use super::vbfa::{vbfa_log_likelihood, OnlineVBFACore, VBFACore};
+    #[pymodule_export]
+    use super::vifa::VIFACore;
+}

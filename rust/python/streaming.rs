@@ -1,0 +1,316 @@
+//! Engines of `onlinefa.OnlineEM` and `onlinefa.OnlineSGA` (one macro-generated method set) and the
+//! seeded initial loadings.
+
+use ndarray::ArrayView2;
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::common::*;
+use crate::fork::Mutex;
+use crate::init::orthonormal_loadings;
+use crate::online_em::{EmConfig, OnlineEm};
+use crate::online_sga::{OnlineSga, SgaConfig};
+use crate::scalar::Real;
+use crate::scaling::Scaling;
+use crate::state::{Checkpoint, StateValue};
+
+/// Run `update` on a 2-D float32 or float64 array without copying it, with the GIL released.
+macro_rules! update_from_any {
+    ($self:ident, $py:ident, $x:ident) => {{
+        if let Ok(arr) = $x.cast::<PyArray2<f64>>() {
+            let ro = arr.readonly();
+            let view: ArrayView2<f64> = checked_view(&ro, "X")?;
+            $py.detach(|| -> PyResult<()> {
+                let mut guard = lock(&$self.inner)?;
+                with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+            })
+        } else if let Ok(arr) = $x.cast::<PyArray2<f32>>() {
+            let ro = arr.readonly();
+            let view: ArrayView2<f32> = checked_view(&ro, "X")?;
+            $py.detach(|| -> PyResult<()> {
+                let mut guard = lock(&$self.inner)?;
+                with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+            })
+        } else {
+            Err(PyTypeError::new_err("update expects a 2-D float32 or float64 numpy array"))
+        }
+    }};
+}
+
+/// Shared read-only accessors (mean, loadings, noise_variance, n_seen) computed with the GIL released.
+macro_rules! model_methods {
+    ($ty:ident, { $($ctor:tt)* }) => {
+        #[pymethods]
+        impl $ty {
+            $($ctor)*
+
+            fn update(&self, py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
+                update_from_any!(self, py, x)
+            }
+
+            /// Everything needed to resume exactly, as a dict of arrays and scalars.
+            fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+                let state = py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.to_state())))?;
+                state_to_dict(py, state)
+            }
+
+            /// Rebuild an engine from `get_state()`'s output (validated; ValueError if inconsistent).
+            #[staticmethod]
+            fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
+                let map = dict_to_state(state)?;
+                let is_f32 = map.get("mean").is_some_and(StateValue::is_f32);
+                let inner = py.detach(|| {
+                    if is_f32 {
+                        Checkpoint::from_state(&map).map(Typed::F32)
+                    } else {
+                        Checkpoint::from_state(&map).map(Typed::F64)
+                    }
+                });
+                Ok(Self { inner: Mutex::new(inner.map_err(to_py_err)?) })
+            }
+
+            #[getter]
+            fn n_seen(&self, py: Python<'_>) -> PyResult<u64> {
+                py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.n_seen())))
+            }
+
+            #[getter]
+            fn dtype(&self, py: Python<'_>) -> PyResult<&'static str> {
+                py.detach(|| {
+                    Ok(match &*lock(&self.inner)? {
+                        Typed::F32(_) => f32::NAME,
+                        Typed::F64(_) => f64::NAME,
+                    })
+                })
+            }
+
+            fn mean<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                let v = py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.mean())))?;
+                Ok(v.into_pyarray(py))
+            }
+
+            fn loadings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+                let v = py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.loadings())))?;
+                Ok(v.into_pyarray(py))
+            }
+
+            fn noise_variance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                let v =
+                    py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.noise_variance())))?;
+                Ok(v.into_pyarray(py))
+            }
+
+            /// Warm-up length: queries answer once more than this many samples were seen.
+            #[getter]
+            fn n_warmup(&self, py: Python<'_>) -> PyResult<u64> {
+                py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.n_warmup())))
+            }
+
+            /// Whether warm-up is over (loadings and noise variances fitted rather than initial).
+            #[getter]
+            fn is_fitted(&self, py: Python<'_>) -> PyResult<bool> {
+                py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.is_fitted())))
+            }
+
+            /// Log densities of the rows of X (n×D float64), streaming over the state under one lock.
+            fn log_prob<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                query_log_prob(py, &self.inner, x)
+            }
+
+            /// Posterior latent means E[h | x] of the rows of X (n×D float64), under one lock.
+            fn latent_mean<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+                query_latent_mean(py, &self.inner, x)
+            }
+
+            /// Overwrite `out` (n×D, holding z) with c + F h + ψ^{1/2} ⊙ z, under one lock.
+            fn draw_into(&self, py: Python<'_>, h: PyReadonlyArray2<'_, f64>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+                query_draw_into(py, &self.inner, h, out)
+            }
+
+            /// Validate a batch X (n×D float32/float64) as `update` does, applying nothing.
+            fn check_batch(&self, py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
+                super::sharded::with_matrix(py, x, "X", |view| {
+                    with_model!(&*lock(&self.inner)?, m => match view {
+                        super::sharded::AnyView2::F64(v) => m.check_batch(v),
+                        super::sharded::AnyView2::F32(v) => m.check_batch(v),
+                    })
+                    .map_err(to_py_err)
+                })
+            }
+
+            /// First half of one step of a model split across processes: (S (K×K), u (K), Σ d̄²) of these
+            /// rows for sample x (this part's D entries, float32/float64).
+            #[allow(clippy::type_complexity)]
+            fn local_sums<'py>(
+                &self,
+                py: Python<'py>,
+                x: &Bound<'py, PyAny>,
+            ) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>, f64)> {
+                let sums = super::sharded::with_vector(py, x, "x", |view| {
+                    let mut guard = lock(&self.inner)?;
+                    with_model!(&mut *guard, m => match view {
+                        super::sharded::AnyView1::F64(v) => m.local_sums(v),
+                        super::sharded::AnyView1::F32(v) => m.local_sums(v),
+                    })
+                    .map_err(to_py_err)
+                })?;
+                Ok((sums.s.into_pyarray(py), sums.u.into_pyarray(py), sums.dsq_sum))
+            }
+
+            /// Second half: finish the step from the sums of every part (`n_features_total` rows in all).
+            fn apply_sums(
+                &self,
+                py: Python<'_>,
+                s: PyReadonlyArray2<'_, f64>,
+                u: PyReadonlyArray1<'_, f64>,
+                dsq_sum: f64,
+                n_features_total: usize,
+            ) -> PyResult<()> {
+                let sums = crate::online_em::StepSums { s: owned_copy(&s)?, u: owned_copy(&u)?, dsq_sum };
+                py.detach(|| {
+                    let mut guard = lock(&self.inner)?;
+                    with_model!(&mut *guard, m => m.apply(&sums, n_features_total)).map_err(to_py_err)
+                })
+            }
+
+            /// The additive query sums of these rows for X (n×D float64), flat (see `crate::query::QuerySums`).
+            fn query_sums<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                super::sharded::query_sums(py, &self.inner, x)
+            }
+
+            /// (n_seen, mean, loadings, noise_variance) read under one lock: one consistent state.
+            #[allow(clippy::type_complexity)]
+            fn snapshot<'py>(
+                &self,
+                py: Python<'py>,
+            ) -> PyResult<(u64, Bound<'py, PyArray1<f64>>, Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>)> {
+                let (t, mean, f, psi) = py.detach(|| {
+                    Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => {
+                        (m.n_seen(), m.mean(), m.loadings(), m.noise_variance())
+                    }))
+                })?;
+                Ok((t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
+            }
+        }
+    };
+}
+
+/// Engine of `onlinefa.OnlineEM`.
+#[pyclass(frozen, module = "onlinefa._core")]
+pub struct OnlineEMCore {
+    pub(crate) inner: Mutex<Typed<OnlineEm<f32>, OnlineEm<f64>>>,
+}
+
+model_methods!(OnlineEMCore, {
+    #[new]
+    #[pyo3(signature = (n_features, n_components, *, init, seed, n_warmup, noise_floor, dtype,
+                        schedule, tau0, kappa, rho, whiten, scaling))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        n_features: usize,
+        n_components: usize,
+        init: Option<PyReadonlyArray2<'_, f64>>,
+        seed: Option<u64>,
+        n_warmup: u64,
+        noise_floor: f64,
+        dtype: &str,
+        schedule: &str,
+        tau0: f64,
+        kappa: f64,
+        rho: f64,
+        whiten: bool,
+        scaling: &str,
+    ) -> PyResult<Self> {
+        let step_size = step_size(schedule, tau0, kappa, rho)?;
+        let config = EmConfig {
+            n_warmup,
+            noise_floor,
+            step_size,
+            whiten,
+            scaling: Scaling::parse(scaling).map_err(to_py_err)?,
+        };
+        let init = initial_loadings(init, n_features, n_components, seed)?;
+        let inner = py.detach(|| match dtype {
+            "float32" => OnlineEm::new(n_features, n_components, init.view(), config).map(Typed::F32),
+            "float64" => OnlineEm::new(n_features, n_components, init.view(), config).map(Typed::F64),
+            other => Err(crate::error::invalid(
+                "dtype",
+                format!("must be 'float32' or 'float64', got {other:?}"),
+            )),
+        });
+        Ok(OnlineEMCore {
+            inner: Mutex::new(inner.map_err(to_py_err)?),
+        })
+    }
+});
+
+/// Engine of `onlinefa.OnlineSGA`.
+#[pyclass(frozen, module = "onlinefa._core")]
+pub struct OnlineSGACore {
+    pub(crate) inner: Mutex<Typed<OnlineSga<f32>, OnlineSga<f64>>>,
+}
+
+model_methods!(OnlineSGACore, {
+    #[new]
+    #[pyo3(signature = (n_features, n_components, *, init, seed, lr, n_warmup, noise_floor, dtype,
+                        schedule, tau0, kappa, rho, scaling))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        n_features: usize,
+        n_components: usize,
+        init: Option<PyReadonlyArray2<'_, f64>>,
+        seed: Option<u64>,
+        lr: f64,
+        n_warmup: u64,
+        noise_floor: f64,
+        dtype: &str,
+        schedule: &str,
+        tau0: f64,
+        kappa: f64,
+        rho: f64,
+        scaling: &str,
+    ) -> PyResult<Self> {
+        let step_size = step_size(schedule, tau0, kappa, rho)?;
+        let config = SgaConfig {
+            lr,
+            n_warmup,
+            noise_floor,
+            step_size,
+            scaling: Scaling::parse(scaling).map_err(to_py_err)?,
+        };
+        let init = initial_loadings(init, n_features, n_components, seed)?;
+        let inner = py.detach(|| match dtype {
+            "float32" => OnlineSga::new(n_features, n_components, init.view(), config).map(Typed::F32),
+            "float64" => OnlineSga::new(n_features, n_components, init.view(), config).map(Typed::F64),
+            other => Err(crate::error::invalid(
+                "dtype",
+                format!("must be 'float32' or 'float64', got {other:?}"),
+            )),
+        });
+        Ok(OnlineSGACore {
+            inner: Mutex::new(inner.map_err(to_py_err)?),
+        })
+    }
+});
+
+/// Draw an orthonormal D×K matrix (§4.4 initialisation) with a seed; exposed for tests and tools.
+#[pyfunction]
+#[pyo3(signature = (n_features, n_components, seed))]
+pub(crate) fn orthonormal_init<'py>(
+    py: Python<'py>,
+    n_features: usize,
+    n_components: usize,
+    seed: u64,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    if n_components < 1 || n_components > n_features {
+        return Err(PyValueError::new_err("need 1 <= n_components <= n_features"));
+    }
+    let q = py
+        .detach(|| orthonormal_loadings(n_features, n_components, seed))
+        .map_err(to_py_err)?;
+    Ok(q.into_pyarray(py))
+}
