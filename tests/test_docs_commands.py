@@ -75,6 +75,14 @@ SKIPPED_BLOCKS: dict[tuple[str, str], str] = {
     ("usage.md", "from jax.flatten_util import ravel_pytree"): (
         "JAX is not a dependency of onlinefa or of any of its extras"
     ),
+    ("distributed.md", "fully_shard(model"): (
+        "needs a process group of several ranks (torchrun, NCCL or gloo) and the reader's FSDP model and loader; "
+        "tests/test_distributed_torch.py runs this recipe on spawned gloo ranks"
+    ),
+    ("distributed.md", "shard_range(n_params"): (
+        "needs a process group of several ranks (`dist.get_rank()`); tests/test_distributed_torch.py runs "
+        "shard_range with DDP on spawned gloo ranks"
+    ),
     ("usage.md", "net = ...  "): (
         "schematic training loop: `net = ...`, `loader`, `opt` and `loss_fn` are the reader's; the zero-copy "
         "`np.from_dlpack` input it shows is tested in tests/test_input_layouts.py"
