@@ -96,6 +96,9 @@ SKIPPED_COMMANDS: dict[str, str] = {
     "pip install": "install command: CI installs the package this way (.ci/run) and the wheel smoke test "
     "installs the built wheel into a fresh virtualenv",
     "pytest": "the test suite itself (run by CI)",
+    "maturin build --release": "the fat-LTO release build takes minutes; CI builds this wheel (pip wheel, same "
+    "backend and profile) and smoke-tests it in fresh virtualenvs (.ci/run, .ci/wheel_smoke.py)",
+    "python -m sphinx": "CI builds the API reference with -W (.ci/run); about a minute",
     "mkdir -p results/": "merges the CSVs of two full experiment runs (hours), which the test suite cannot make",
     "(cat results/": "merges the CSVs of two full experiment runs (hours), which the test suite cannot make",
 }
