@@ -328,3 +328,26 @@ def test_every_block_has_a_rule() -> None:
     for path in DOC_FILES:
         for block in fenced_blocks(path):
             assert block.language in SHELL_LANGUAGES | {"python"}, f"{block.path.name}:{block.line}"
+
+
+def package_modules() -> list[str]:
+    """The modules of onlinefa with ``>>>`` examples, outside ``onlinefa.torch`` (tests/test_torch.py runs
+    those); found from the source files, without importing."""
+    package = Path(onlinefa.__file__).parent
+    names = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package.parent).with_suffix("")
+        if relative.parts[1:2] != ("torch",) and ">>>" in path.read_text(encoding="utf-8"):
+            names.append(".".join(relative.parts).removesuffix(".__init__"))
+    return names
+
+
+@pytest.mark.parametrize("module_name", package_modules())
+def test_docstring_examples_run(module_name: str, doc_workdir: Path) -> None:
+    """The ``>>>`` examples of the docstrings (the API reference shows them) give the output they show."""
+    import doctest
+    import importlib
+
+    module = importlib.import_module(module_name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
