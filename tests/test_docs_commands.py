@@ -141,7 +141,8 @@ def _readme_prelude() -> dict[str, Any]:
 
 def _gfa_prelude() -> dict[str, Any]:
     X = _factor_rows(120, 64)
-    return {"X": X, "X_top": X[:10, :32]}
+    labels = ["top"] * 32 + ["bottom"] * 32
+    return {"X": X, "X_top": X[:10, :32], "labels": labels, "stream": np.array_split(X, 4)}
 
 
 def _vbfa_prelude() -> dict[str, Any]:
