@@ -190,7 +190,7 @@ class FactorGaussianMixin:
         Raises
         ------
         ValueError
-            Wrong shape, or NaN/±Inf/|x| > 1e100 in a row (named in the message).
+            Wrong shape, or NaN, ±Inf or ``|x| > 1e100`` in a row (named in the message).
         """
         engine = self._query_engine()
         if engine is not None:
@@ -214,7 +214,7 @@ class FactorGaussianMixin:
         Raises
         ------
         ValueError
-            Wrong shape, or NaN/±Inf/|x| > 1e100 in a row (named in the message).
+            Wrong shape, or NaN, ±Inf or ``|x| > 1e100`` in a row (named in the message).
         """
         engine = self._query_engine()
         if engine is not None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import io
 from importlib import resources
-from importlib.resources.abc import Traversable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11; only the annotations need it
+    from importlib.resources.abc import Traversable
 
 __all__ = ["UCI_DATASETS", "load_uci"]
 

@@ -152,7 +152,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
 
     Attributes
     ----------
-    components_ : ndarray of shape (n_components_, n_features)
+    components_ : ndarray of shape (``n_components_``, n_features)
         Posterior-mean loadings F̄ᵀ of the kept factors.
     n_components_ : int
         Number of factors kept.
@@ -162,15 +162,15 @@ class GFA(GFAPersistMixin, EstimatorBase):
         ⟨τ_m⟩ per group (⟨τ_d⟩ per feature for ``noise="feature"``).
     mean_ : ndarray of shape (n_features,)
         Posterior mean of the bias c.
-    alpha_ : ndarray of shape (n_groups, n_components_)
+    alpha_ : ndarray of shape (n_groups, ``n_components_``)
         ⟨α_mk⟩, the ARD precisions (large = factor k switched off in group m); α for the low-rank ARD.
-    activity_ : ndarray of shape (n_groups, n_components_)
+    activity_ : ndarray of shape (n_groups, ``n_components_``)
         Share of each group's total variance explained by each factor.
-    elbo_ : ndarray of shape (n_iter_,)
+    elbo_ : ndarray of shape (``n_iter_``,)
         The lower bound after each sweep (monotone between factor drops).
-    n_components_history_ : ndarray of shape (n_iter_,)
+    n_components_history_ : ndarray of shape (``n_iter_``,)
         K during each sweep.
-    fit_time_ : ndarray of shape (n_iter_,)
+    fit_time_ : ndarray of shape (``n_iter_``,)
         Seconds since the start of :meth:`fit` after each sweep.
     n_iter_ : int
         Sweeps run.
@@ -283,7 +283,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
 
         Returns
         -------
-        ndarray of shape (n_samples, n_components_)
+        ndarray of shape (n_samples, ``n_components_``)
         """
         return self.fit(X, **fit_params).transform(X)
 
@@ -365,7 +365,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
 
         Returns
         -------
-        ndarray of shape (n_samples, n_components_)
+        ndarray of shape (n_samples, ``n_components_``)
         """
         return self._fitted().latent_means(self._query(X))
 
@@ -411,7 +411,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
         return mean[:, target]
 
     def score_samples(self, X: ArrayLike) -> FloatArray:
-        """Log density of each row under N(mean_, components_ᵀ components_ + diag noise_variance_).
+        """Log density of each row under N(``mean_``, ``components_ᵀ components_ + diag noise_variance_``).
 
         Parameters
         ----------
@@ -440,7 +440,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
         return float(np.mean(self.score_samples(X)))
 
     def get_covariance(self) -> FloatArray:
-        """Dense model covariance F̄ F̄ᵀ + diag(noise_variance_).
+        """Dense model covariance F̄ F̄ᵀ + diag(``noise_variance_``).
 
         Returns
         -------

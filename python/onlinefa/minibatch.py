@@ -293,7 +293,7 @@ def fit_minibatch(
 ) -> tuple[MiniBatchEM, FitHistory]:
     """Fit a :class:`MiniBatchEM` to a whole data set: exact moments in one pass, then up to ``max_iter``
     shuffled passes of mini-batch EM, stopping when two consecutive passes fail to improve the best average
-    log-likelihood L (on a fixed sample of at most 5,000 rows) by ``tol`` · max(1, |L|) nats per row.
+    log-likelihood L (on a fixed sample of at most 5,000 rows) by ``tol`` · max(1, ``|L|``) nats per row.
 
     Parameters
     ----------
@@ -308,7 +308,7 @@ def fit_minibatch(
     max_iter : int, default=10
         Largest number of passes over the data.
     tol : float, default=1e-5
-        Stop when two consecutive passes gain less than ``tol`` · max(1, |L|) nats per row over the best
+        Stop when two consecutive passes gain less than ``tol`` · max(1, ``|L|``) nats per row over the best
         earlier pass's average log-likelihood L (0 runs all ``max_iter`` passes).
     shuffle : {"auto", "rows", "blocks", "none"}, default="auto"
         "rows" visits the rows in a new random order each pass; "blocks" shuffles the order of the

@@ -94,7 +94,7 @@ def _as_data(X: ArrayLike, estimator: str, n_features: int | None = None, *, all
     """Return ``X`` as a C-contiguous float64 (n, D) array with at least one row.
 
     With ``allow_missing`` NaN stays (a missing value) and ±Inf is left to the core; without it every
-    value must be finite with |x| <= 1e100, and the first offending row is named.
+    value must be finite with ``|x| <= 1e100``, and the first offending row is named.
 
     Raises
     ------
@@ -430,9 +430,9 @@ class VBFA(_VBFAEstimator):
         ⟨α_k⟩, the ARD precisions (large = pruned component).
     n_iter_ : int
         Sweeps run by the last :meth:`fit`.
-    elbo_ : ndarray of shape (n_iter_,)
+    elbo_ : ndarray of shape (``n_iter_``,)
         The lower bound after each sweep.
-    fit_time_ : ndarray of shape (n_iter_,)
+    fit_time_ : ndarray of shape (``n_iter_``,)
         Seconds since the start of :meth:`fit` after each sweep.
     converged_ : bool
         Whether the last :meth:`fit` met ``tol``.

@@ -108,7 +108,7 @@ class SWAG(FactorGaussianMixin):
         TypeError
             Non-numeric or complex input.
         ValueError
-            Wrong shape, or a NaN/±Inf/|x| > 1e100 entry (the state is left unchanged).
+            Wrong shape, or a NaN, ±Inf or ``|x| > 1e100`` entry (the state is left unchanged).
         """
         rows = check_finite_samples(as_sample_matrix(theta, self._n_features, np.float64))
         for row in rows:
