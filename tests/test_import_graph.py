@@ -79,3 +79,26 @@ def test_experiments_do_not_import_the_command_line() -> None:
     offenders = sorted(m for m, targets in graph.items() if m.startswith("onlinefa.experiments")
                        and any(t == "onlinefa.cli" or t.startswith("onlinefa._cli") for t in targets))
     assert offenders == []
+
+
+def private_names_imported(path: Path) -> list[str]:
+    """``from .module import _name`` in a file: a private helper used across modules as if public (importing
+    the extension module ``_core`` or a private *module* (``from . import _cli_fit``) is fine, and so is a public
+    name renamed ``as _x``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and (node.level or node.module.startswith("onlinefa")):
+            found += [alias.name for alias in node.names if alias.name.startswith("_") and alias.name != "_core"
+                      and not alias.name.startswith("__")]
+    return found
+
+
+def test_the_private_import_checker_sees_private_names(tmp_path: Path) -> None:
+    sample = tmp_path / "m.py"
+    sample.write_text("from ._models import _helper, public as _alias\nfrom . import _core\n")
+    assert private_names_imported(sample) == ["_helper"]
+
+
+def test_no_private_helper_is_imported_from_another_module() -> None:
+    offenders = {name: names for name, path in module_files().items() if (names := private_names_imported(path))}
+    assert offenders == {}

@@ -45,7 +45,7 @@ def _robust_cholesky(m: FloatArray) -> FloatArray:
     raise ValueError("numerical breakdown: I + Fᵀ Ψ⁻¹ F is not positive definite")
 
 
-def _precision_factor(loadings: FloatArray, noise_variance: FloatArray) -> tuple[FloatArray, FloatArray]:
+def precision_factor(loadings: FloatArray, noise_variance: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Return (Ψ⁻¹ F, lower Cholesky factor of M = I + Fᵀ Ψ⁻¹ F)."""
     scaled = loadings / noise_variance[:, None]
     m = np.eye(loadings.shape[1]) + loadings.T @ scaled
@@ -54,7 +54,7 @@ def _precision_factor(loadings: FloatArray, noise_variance: FloatArray) -> tuple
 
 def log_prob(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray) -> FloatArray:
     """Log density of each row of ``x`` (n×D) under N(mean, F Fᵀ + diag ψ); shape (n,)."""
-    scaled, chol = _precision_factor(loadings, noise_variance)
+    scaled, chol = precision_factor(loadings, noise_variance)
     resid = x - mean
     mahalanobis_diag = np.einsum("nd,nd->n", resid, resid / noise_variance)
     projected = np.linalg.solve(chol, (resid @ scaled).T)  # L⁻¹ Fᵀ Ψ⁻¹ r, K×n
@@ -67,7 +67,7 @@ def log_prob(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_varian
 
 def latent_mean(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray) -> FloatArray:
     """E[h | x] = M⁻¹ Fᵀ Ψ⁻¹ (x − mean) for each row of ``x``; shape (n, K)."""
-    scaled, chol = _precision_factor(loadings, noise_variance)
+    scaled, chol = precision_factor(loadings, noise_variance)
     rhs = ((x - mean) @ scaled).T
     out: FloatArray = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs)).T
     return out

@@ -75,7 +75,7 @@ class _CommonArgs(TypedDict):
     dtype: str
 
 
-def _schedule_args(schedule: str, tau0: float, kappa: float, rho: float) -> _ScheduleArgs:
+def schedule_args(schedule: str, tau0: float, kappa: float, rho: float) -> _ScheduleArgs:
     if schedule not in ("harmonic", "power", "constant"):
         raise ValueError(f"schedule must be 'harmonic', 'power' or 'constant', got {schedule!r}")
     return {"schedule": schedule, "tau0": float(tau0), "kappa": float(kappa), "rho": float(rho)}
@@ -349,7 +349,7 @@ class OnlineEM(_StreamingModel):
         self._n_features = args["n_features"]
         self._n_components = args["n_components"]
         self._core = _engine.OnlineEMCore(
-            **args, whiten=bool(whiten), **_schedule_args(schedule, tau0, kappa, rho),
+            **args, whiten=bool(whiten), **schedule_args(schedule, tau0, kappa, rho),
             scaling=_check_scaling(scaling),
         )
         self._settings = _settings({"whiten": bool(whiten)}, schedule, tau0, kappa, rho, scaling, args["noise_floor"])
@@ -440,7 +440,7 @@ class OnlineSGA(_StreamingModel):
         self._n_features = args["n_features"]
         self._n_components = args["n_components"]
         self._core = _engine.OnlineSGACore(
-            **args, lr=check_positive_float(lr, "lr"), **_schedule_args(schedule, tau0, kappa, rho),
+            **args, lr=check_positive_float(lr, "lr"), **schedule_args(schedule, tau0, kappa, rho),
             scaling=_check_scaling(scaling),
         )
         self._settings = _settings({"lr": float(lr)}, schedule, tau0, kappa, rho, scaling, args["noise_floor"])

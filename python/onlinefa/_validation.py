@@ -166,6 +166,13 @@ def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) ->
     return int(value)
 
 
+def check_bool(value: object, name: str) -> bool:
+    """Return ``value`` if it is a bool (TypeError otherwise)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
+    return bool(value)
+
+
 def check_finite_samples(x: NDArray[Any]) -> NDArray[Any]:
     """Reject NaN, ±Inf and magnitudes above ``MAX_ABS_VALUE`` (ValueError naming the first bad row)."""
     bad_rows = ~np.all(np.abs(x) <= MAX_ABS_VALUE, axis=1)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._gaussian import MAX_DENSE_FEATURES, _precision_factor
+from ._gaussian import MAX_DENSE_FEATURES, precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
 from ._gaussian import latent_mean
 from .minibatch import MINIBATCH_KAPPA, MINIBATCH_TAU0, MiniBatchEM, data_moments, fit_passes
@@ -556,7 +556,7 @@ class OnlineFactorAnalysis(EstimatorBase):
                 f"the limit is {MAX_DENSE_FEATURES} features"
             )
         noise_variance = model.noise_variance
-        scaled, chol = _precision_factor(model.loadings, noise_variance)
+        scaled, chol = precision_factor(model.loadings, noise_variance)
         half = np.linalg.solve(chol, scaled.T)  # L⁻¹ Fᵀ Ψ⁻¹, K×D
         precision: FloatArray = -(half.T @ half)
         precision[np.diag_indices(model.n_features)] += 1.0 / noise_variance

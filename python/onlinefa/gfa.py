@@ -29,7 +29,7 @@ from . import _core
 from ._gfa_persist import GFAPersistMixin
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .estimator import MAX_QUERY_MAGNITUDE
-from ._validation import check_int, check_positive_float, core_readable
+from ._validation import check_bool, check_int, check_positive_float, core_readable
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -39,12 +39,6 @@ __all__ = ["GFA"]
 FloatArray = NDArray[np.float64]
 NoiseName = Literal["group", "feature"]
 GroupsSpec = int | Sequence[Hashable] | NDArray[Any]
-
-
-def _check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
-    return bool(value)
 
 
 def _check_tol(value: object, name: str, upper: float = np.inf) -> float:
@@ -254,9 +248,9 @@ class GFA(GFAPersistMixin, EstimatorBase):
             index.tolist(),
             check_int(self.n_components, "n_components", 1),
             noise=self._noise_name(),
-            rotate=_check_bool(self.rotate, "rotate"),
+            rotate=check_bool(self.rotate, "rotate"),
             rotate_start=1,
-            drop_factors=_check_bool(self.drop_factors, "drop_factors"),
+            drop_factors=check_bool(self.drop_factors, "drop_factors"),
             drop_tol=_check_tol(self.drop_tol, "drop_tol", 1.0),
             init_noise_ratio=check_positive_float(self.init_noise_ratio, "init_noise_ratio"),
             seed=seed_from(self.random_state),

@@ -22,7 +22,7 @@ from . import _core as _engine
 from ._gaussian import CachedSnapshot, FactorGaussianMixin, refreshed_snapshot
 from ._persist import CheckpointMixin
 from ._gaussian import log_prob as _log_prob
-from ._models import DEFAULT_NOISE_FLOOR, NotFittedError, _schedule_args
+from ._models import DEFAULT_NOISE_FLOOR, NotFittedError, schedule_args
 from ._validation import (
     as_sample_matrix,
     check_finite_samples,
@@ -121,7 +121,7 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         self._core = _engine.MiniBatchEMCore(
             d, k, init=check_init(init, d, k), seed=check_seed(seed),
             noise_floor=check_positive_float(noise_floor, "noise_floor"), whiten=bool(whiten),
-            **_schedule_args(schedule, tau0, kappa, rho), **moments,
+            **schedule_args(schedule, tau0, kappa, rho), **moments,
         )
         self._cache: CachedSnapshot | None = None
 

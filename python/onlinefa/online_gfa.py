@@ -15,8 +15,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _core
-from ._validation import check_int, check_positive_float, core_readable
-from .gfa import GFA, FloatArray, GroupsSpec, NoiseName, _check_bool, resolve_groups
+from ._validation import check_bool, check_int, check_positive_float, core_readable
+from .gfa import GFA, FloatArray, GroupsSpec, NoiseName, resolve_groups
 from ._sklearn_base import as_real_matrix, seed_from
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class OnlineGFA(GFA):
             index.tolist(),
             check_int(self.n_components, "n_components", 1),
             noise=self._noise_name(),
-            rotate=_check_bool(self.rotate, "rotate"),
+            rotate=check_bool(self.rotate, "rotate"),
             rotate_start=check_int(self.rotate_start, "rotate_start", 1),
             init_noise_ratio=check_positive_float(self.init_noise_ratio, "init_noise_ratio"),
             seed=seed_from(self.random_state),

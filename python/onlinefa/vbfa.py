@@ -30,7 +30,7 @@ from numpy.typing import ArrayLike, NDArray
 from . import _core
 from ._persist import param_entries, prefixed
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
-from ._validation import MAX_ABS_VALUE, check_int, check_positive_float, core_readable
+from ._validation import MAX_ABS_VALUE, check_bool, check_int, check_positive_float, core_readable
 
 __all__ = ["VBFA", "OnlineVBFA", "VBFAPosterior"]
 
@@ -64,13 +64,6 @@ def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
     return value
-
-
-def _check_bool(value: object, name: str) -> bool:
-    """Return ``value`` if it is a bool (TypeError otherwise)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
-    return bool(value)
 
 
 def _check_tol(value: object) -> float:
@@ -185,7 +178,7 @@ class _VBFAEstimator(EstimatorBase):
         """The core's keyword arguments shared by both engines, validated (ValueError/TypeError)."""
         return {
             "prior": _check_choice(self.prior, "prior", ("ard", "broad")),
-            "transform": _check_bool(self.transformations, "transformations"),
+            "transform": check_bool(self.transformations, "transformations"),
             "transform_start": check_int(self.transformations_start, "transformations_start", 1),
             "translation": _check_choice(self.translation, "translation", ("mean", "exact")),
             "init_noise_ratio": check_positive_float(self.init_noise_ratio, "init_noise_ratio"),
