@@ -147,7 +147,9 @@ impl<T: Real> OnlineSga<T> {
     }
 
     /// Apply the rows of `x` (n×D) in order. The whole batch is validated first, so a shape, NaN/Inf or
-    /// magnitude error applies nothing; for numerical breakdowns see `SNAPSHOT_MAX_ELEMENTS` in pass.rs.
+    /// magnitude error applies nothing. After a numerical breakdown, models with D·K up to
+    /// `SNAPSHOT_MAX_ELEMENTS` (pass.rs) are restored to their state before the call; larger ones are left
+    /// exactly as they were before the failing row (the rows before it stay applied).
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
         let mut scratch = Scratch::new(self.n_features, self.n_components);
@@ -157,6 +159,7 @@ impl<T: Real> OnlineSga<T> {
         // applied unchecked (a NaN mean poisons every later step): large models validate and read a private
         // copy of each row instead (O(D) per row against the pass's O(D·K)).
         let mut private = Vec::new();
+        let mut mean_before: Vec<T> = Vec::new();
         for row in x.rows() {
             let row = if backup.is_none() {
                 private.clear();
@@ -167,14 +170,36 @@ impl<T: Real> OnlineSga<T> {
             } else {
                 row
             };
+            // Without a backup, a failed step is undone row-locally (see `undo_failed_step`); the sample that
+            // applies the data-scaled start rewrites F and ψ, so that one sample keeps a copy of the model.
+            let start_backup = (backup.is_none() && self.starts_next()).then(|| self.clone());
+            if backup.is_none() && start_backup.is_none() {
+                mean_before.clear();
+                mean_before.extend_from_slice(&self.mean);
+            }
             if let Err(err) = self.step(row, &mut scratch, &mut sums) {
-                if let Some(previous) = backup {
-                    *self = previous;
+                match backup.or(start_backup) {
+                    Some(previous) => *self = previous,
+                    None => self.undo_failed_step(&mean_before),
                 }
                 return Err(err);
             }
         }
         Ok(())
+    }
+
+    /// Whether the next pass applies the data-scaled start (the first sample after warm-up).
+    fn starts_next(&self) -> bool {
+        self.config.scaling == Scaling::Data && self.n_seen == self.config.n_warmup
+    }
+
+    /// After a pass whose E-step failed: the pass applied the pending gradient step (F and ψ now hold what
+    /// the model's queries already returned, so the step is dropped, not lost) and moved the running mean,
+    /// which gets its previous values back. The model is then exactly the one before the failing sample, at
+    /// the cost of one D-vector copy per sample (against the pass's D·K).
+    fn undo_failed_step(&mut self, mean_before: &[T]) {
+        self.pending = None;
+        self.mean.copy_from_slice(mean_before);
     }
 
     /// One sample: the fused pass (pending gradient step + running mean + E-step sums), then (4.23).

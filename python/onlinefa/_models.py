@@ -141,12 +141,13 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
         ------
         ValueError
             Wrong shape, or a NaN/±Inf (or a magnitude above 1e100 for float64 state, 1e18 for float32)
-            anywhere in the batch; the message names the first bad row and *no* row is applied. Also
-            raised on a numerical breakdown (only reachable with inputs many orders of magnitude outside
-            the data seen so far): models with D·K <= 2**18 then restore their exact previous state;
-            larger ones skip that safety copy for speed and keep the rows before the failing one. An
-            ``OnlineEM`` is then exactly the model it was before the failing row (no part of that row is
-            applied); an ``OnlineSGA`` may hold part of the failing row's update.
+            anywhere in the batch; the message names the first bad row and *no* row is applied.
+        NumericalBreakdownError
+            A numerical breakdown (an ``ArithmeticError``; only reachable with inputs many orders of
+            magnitude outside the data seen so far, or an SGA step that diverges): models with
+            D·K <= 2**18 restore their exact previous state; larger ones skip that safety copy for speed and
+            keep the rows before the failing one, and are then exactly the model they were before the failing
+            row (no part of that row is applied; the same future under the same data).
         TypeError
             Non-numeric or complex input.
         """
