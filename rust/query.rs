@@ -10,7 +10,7 @@
 //! M, Σ_d log ψ_d, Σ_d r_d²/ψ_d and Fᵀ Ψ⁻¹ r (r = x − c) are all sums over rows d, so one pass over the
 //! state computes every query; the model is read once, under the caller's lock (one consistent state).
 
-use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2, Axis};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
 use crate::error::{FaError, Result};
 use crate::linalg::SpdFactor;
@@ -122,6 +122,67 @@ impl<T: Real> GaussianRows for Vifa<T> {
         }
         Ok(())
     }
+}
+
+/// A Gaussian given by its arrays — mean (D), F (D×K), ψ (D) — such as a model's exported parameters or a
+/// VB-FA posterior mean: the queries below then serve every model family through one implementation.
+pub struct DenseGaussian<'a> {
+    pub mean: ArrayView1<'a, f64>,
+    pub loadings: ArrayView2<'a, f64>,
+    pub noise_variance: ArrayView1<'a, f64>,
+}
+
+impl<'a> DenseGaussian<'a> {
+    /// Check the shapes: mean and ψ of length D, F of shape (D, K) with K >= 1.
+    pub fn new(
+        mean: ArrayView1<'a, f64>,
+        loadings: ArrayView2<'a, f64>,
+        noise_variance: ArrayView1<'a, f64>,
+    ) -> Result<Self> {
+        let (d, k) = loadings.dim();
+        if mean.len() != d || noise_variance.len() != d || k == 0 {
+            return Err(FaError::Shape {
+                what: "mean, loadings, noise_variance",
+                expected: format!("(D,), (D, K) with K >= 1, (D,) for D = {d}"),
+                got: vec![mean.len(), d, k, noise_variance.len()],
+            });
+        }
+        Ok(DenseGaussian {
+            mean,
+            loadings,
+            noise_variance,
+        })
+    }
+}
+
+impl GaussianRows for DenseGaussian<'_> {
+    fn dims(&self) -> (usize, usize) {
+        self.loadings.dim()
+    }
+
+    fn visit_rows(&self, visit: &mut RowVisitor<'_>) -> Result<()> {
+        let d = self.mean.len();
+        let (mut mean, mut f, mut psi) = (Vec::new(), Vec::new(), Vec::new());
+        for lo in (0..d).step_by(QUERY_BLOCK_ROWS) {
+            let hi = (lo + QUERY_BLOCK_ROWS).min(d);
+            mean.clear();
+            mean.extend(self.mean.slice(ndarray::s![lo..hi]).iter().copied());
+            f.clear();
+            f.extend(self.loadings.slice(ndarray::s![lo..hi, ..]).iter().copied());
+            psi.clear();
+            psi.extend(self.noise_variance.slice(ndarray::s![lo..hi]).iter().copied());
+            visit(lo, &mean, &f, &psi)?;
+        }
+        Ok(())
+    }
+}
+
+/// Lower Cholesky factor L of M = I + Fᵀ Ψ⁻¹ F (K×K; the smallest jitter that makes it factorise is added
+/// when rounding alone breaks it), from one pass over the rows.
+pub fn precision_cholesky<G: GaussianRows + ?Sized>(model: &G) -> Result<Array2<f64>> {
+    let d = model.dims().0;
+    let sums = query_sums(model, Array2::<f64>::zeros((0, d)).view())?;
+    Ok(precision_factor(&sums.gram)?.lower())
 }
 
 /// The error of a query on a model whose state is not a finite Gaussian (an earlier breakdown).

@@ -196,3 +196,28 @@ def test_covariance_at_limit_needs_no_force() -> None:
     model = onlinefa.OnlineSGA.algorithm1(DOCUMENTED_DENSE_LIMIT, 1, n_warmup=0, seed=0)
     model.update(np.random.default_rng(1).standard_normal(DOCUMENTED_DENSE_LIMIT))
     assert np.asarray(model.covariance()).shape == (DOCUMENTED_DENSE_LIMIT, DOCUMENTED_DENSE_LIMIT)
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1.0, 1e4])
+def test_array_gaussian_queries_match_dense_formulas(scale: float) -> None:
+    """The core's queries on plain arrays (used by the models without a streaming engine) against SciPy and
+    the dense closed forms, at several scales of the data."""
+    from onlinefa._gaussian import latent_mean, log_prob, precision_factor
+
+    rng = np.random.default_rng(3)
+    d, k = 9, 3
+    mean = scale * rng.standard_normal(d)
+    loadings = scale * rng.standard_normal((d, k))
+    psi = scale**2 * rng.uniform(0.1, 2.0, d)
+    x = mean + scale * rng.standard_normal((5, d))
+    cov = loadings @ loadings.T + np.diag(psi)
+    want = stats.multivariate_normal(mean, cov).logpdf(x)
+    np.testing.assert_allclose(log_prob(x, mean, loadings, psi), want, rtol=DENSE_RTOL, atol=0)
+    precision = np.eye(k) + loadings.T @ (loadings / psi[:, None])
+    np.testing.assert_allclose(latent_mean(x, mean, loadings, psi),
+                               np.linalg.solve(precision, (loadings / psi[:, None]).T @ (x - mean).T).T,
+                               rtol=DENSE_RTOL, atol=1e-12)
+    scaled, chol = precision_factor(loadings, psi)
+    np.testing.assert_allclose(chol @ chol.T, precision, rtol=DENSE_RTOL)
+    assert np.allclose(np.triu(chol, 1), 0.0)
+    np.testing.assert_array_equal(scaled, loadings / psi[:, None])

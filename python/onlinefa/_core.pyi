@@ -19,6 +19,9 @@ __all__ = [
     "VBFACore",
     "VIFACore",
     "fill_sample_noise",
+    "gaussian_latent_mean",
+    "gaussian_log_prob",
+    "gaussian_precision_cholesky",
     "latent_mean_from_sums",
     "log_prob_from_sums",
     "orthonormal_init",
@@ -411,3 +414,14 @@ def storage_snapshot(
     core: OnlineEMCore | OnlineSGACore,
 ) -> tuple[int, NDArray[np.float32] | NDArray[np.float64], NDArray[np.float32] | NDArray[np.float64],
            NDArray[np.float32] | NDArray[np.float64]]: ...
+def gaussian_log_prob(
+    mean: NDArray[np.float64], loadings: NDArray[np.float64], noise_variance: NDArray[np.float64],
+    x: NDArray[np.float64],
+) -> NDArray[np.float64]: ...
+def gaussian_latent_mean(
+    mean: NDArray[np.float64], loadings: NDArray[np.float64], noise_variance: NDArray[np.float64],
+    x: NDArray[np.float64],
+) -> NDArray[np.float64]: ...
+def gaussian_precision_cholesky(
+    loadings: NDArray[np.float64], noise_variance: NDArray[np.float64]
+) -> NDArray[np.float64]: ...

@@ -27,49 +27,27 @@ MAX_DENSE_FEATURES = 5000
 FloatArray = NDArray[np.float64]
 
 
-def _robust_cholesky(m: FloatArray) -> FloatArray:
-    """Lower Cholesky factor of a matrix that is SPD in exact arithmetic (here I + Fᵀ Ψ⁻¹ F, whose
-    eigenvalues are >= 1) but may fail by rounding when its entries span many orders of magnitude; the
-    smallest jitter δ·I (δ = 1e-14·max|M_ii|·10^j) that makes it factorise is added, none when not needed."""
-    try:
-        return np.asarray(np.linalg.cholesky(m), dtype=np.float64)
-    except np.linalg.LinAlgError:
-        pass
-    scale = max(float(np.max(np.abs(np.diag(m)))), np.finfo(np.float64).tiny)
-    eye = np.eye(m.shape[0])
-    for power in range(13):
-        try:
-            return np.asarray(np.linalg.cholesky(m + eye * (1e-14 * scale * 10.0**power)), dtype=np.float64)
-        except np.linalg.LinAlgError:
-            continue
-    raise ValueError("numerical breakdown: I + Fᵀ Ψ⁻¹ F is not positive definite")
+def _f64(a: Any) -> FloatArray:
+    return np.ascontiguousarray(a, dtype=np.float64)
 
 
 def precision_factor(loadings: FloatArray, noise_variance: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Return (Ψ⁻¹ F, lower Cholesky factor of M = I + Fᵀ Ψ⁻¹ F)."""
-    scaled = loadings / noise_variance[:, None]
-    m = np.eye(loadings.shape[1]) + loadings.T @ scaled
-    return scaled, _robust_cholesky(m)
+    """Return (Ψ⁻¹ F, lower Cholesky factor of M = I + Fᵀ Ψ⁻¹ F); the factor comes from the core's one
+    implementation (with the smallest jitter that makes M factorise when rounding alone breaks it)."""
+    chol: FloatArray = _core.gaussian_precision_cholesky(_f64(loadings), _f64(noise_variance))
+    return loadings / noise_variance[:, None], chol
 
 
 def log_prob(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray) -> FloatArray:
-    """Log density of each row of ``x`` (n×D) under N(mean, F Fᵀ + diag ψ); shape (n,)."""
-    scaled, chol = precision_factor(loadings, noise_variance)
-    resid = x - mean
-    mahalanobis_diag = np.einsum("nd,nd->n", resid, resid / noise_variance)
-    projected = np.linalg.solve(chol, (resid @ scaled).T)  # L⁻¹ Fᵀ Ψ⁻¹ r, K×n
-    mahalanobis = mahalanobis_diag - np.einsum("kn,kn->n", projected, projected)
-    log_det = 2.0 * np.log(np.diag(chol)).sum() + np.log(noise_variance).sum()
-    n_features = x.shape[1]
-    out: FloatArray = -0.5 * (n_features * np.log(2.0 * np.pi) + log_det + mahalanobis)
+    """Log density of each row of ``x`` (n×D) under N(mean, F Fᵀ + diag ψ); shape (n,). Computed by the
+    core's streaming query (Woodbury and the determinant lemma), as for the models with an engine."""
+    out: FloatArray = _core.gaussian_log_prob(_f64(mean), _f64(loadings), _f64(noise_variance), _f64(x))
     return out
 
 
 def latent_mean(x: FloatArray, mean: FloatArray, loadings: FloatArray, noise_variance: FloatArray) -> FloatArray:
-    """E[h | x] = M⁻¹ Fᵀ Ψ⁻¹ (x − mean) for each row of ``x``; shape (n, K)."""
-    scaled, chol = precision_factor(loadings, noise_variance)
-    rhs = ((x - mean) @ scaled).T
-    out: FloatArray = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs)).T
+    """E[h | x] = M⁻¹ Fᵀ Ψ⁻¹ (x − mean) for each row of ``x``; shape (n, K) (the core's query)."""
+    out: FloatArray = _core.gaussian_latent_mean(_f64(mean), _f64(loadings), _f64(noise_variance), _f64(x))
     return out
 
 

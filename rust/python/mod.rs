@@ -5,6 +5,7 @@
 #[macro_use]
 mod common;
 mod exports;
+mod gaussian;
 mod gfa;
 mod minibatch;
 mod sharded;
@@ -21,6 +22,8 @@ mod _core {
     use super::common::NumericalBreakdownError;
     #[pymodule_export]
     use super::exports::storage_snapshot;
+    #[pymodule_export]
+    use super::gaussian::{gaussian_latent_mean, gaussian_log_prob, gaussian_precision_cholesky};
     #[pymodule_export]
     use super::gfa::{GFACore, OnlineGFACore};
     #[pymodule_export]

@@ -1,0 +1,68 @@
+//! The queries of a Gaussian given by its arrays (mean, F, ψ): the one implementation behind the Python
+//! helpers of models without a streaming engine (VB-FA posteriors, exported parameters).
+
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::prelude::*;
+
+use super::common::{checked_view, to_py_err};
+use crate::query::DenseGaussian;
+
+/// Log densities of the rows of `x` (n×D) under N(mean, F Fᵀ + diag ψ).
+#[pyfunction]
+pub(crate) fn gaussian_log_prob<'py>(
+    py: Python<'py>,
+    mean: PyReadonlyArray1<'_, f64>,
+    loadings: PyReadonlyArray2<'_, f64>,
+    noise_variance: PyReadonlyArray1<'_, f64>,
+    x: PyReadonlyArray2<'_, f64>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let (m, f, psi) = (
+        checked_view(&mean, "mean")?,
+        checked_view(&loadings, "loadings")?,
+        checked_view(&noise_variance, "noise_variance")?,
+    );
+    let xv = checked_view(&x, "X")?;
+    let out = py
+        .detach(|| crate::query::log_prob(&DenseGaussian::new(m, f, psi)?, xv))
+        .map_err(to_py_err)?;
+    Ok(out.into_pyarray(py))
+}
+
+/// Posterior latent means E[h | x] (n×K) of the rows of `x`.
+#[pyfunction]
+pub(crate) fn gaussian_latent_mean<'py>(
+    py: Python<'py>,
+    mean: PyReadonlyArray1<'_, f64>,
+    loadings: PyReadonlyArray2<'_, f64>,
+    noise_variance: PyReadonlyArray1<'_, f64>,
+    x: PyReadonlyArray2<'_, f64>,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let (m, f, psi) = (
+        checked_view(&mean, "mean")?,
+        checked_view(&loadings, "loadings")?,
+        checked_view(&noise_variance, "noise_variance")?,
+    );
+    let xv = checked_view(&x, "X")?;
+    let out = py
+        .detach(|| crate::query::latent_mean(&DenseGaussian::new(m, f, psi)?, xv))
+        .map_err(to_py_err)?;
+    Ok(out.into_pyarray(py))
+}
+
+/// Lower Cholesky factor of M = I + Fᵀ Ψ⁻¹ F (K×K).
+#[pyfunction]
+pub(crate) fn gaussian_precision_cholesky<'py>(
+    py: Python<'py>,
+    loadings: PyReadonlyArray2<'_, f64>,
+    noise_variance: PyReadonlyArray1<'_, f64>,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let (f, psi) = (
+        checked_view(&loadings, "loadings")?,
+        checked_view(&noise_variance, "noise_variance")?,
+    );
+    let zeros = ndarray::Array1::<f64>::zeros(f.nrows());
+    let out = py
+        .detach(|| crate::query::precision_cholesky(&DenseGaussian::new(zeros.view(), f, psi)?))
+        .map_err(to_py_err)?;
+    Ok(out.into_pyarray(py))
+}
