@@ -124,8 +124,9 @@ impl<T: Real> GaussianRows for Vifa<T> {
     }
 }
 
-/// A Gaussian given by its arrays — mean (D), F (D×K), ψ (D) — such as a model's exported parameters or a
-/// VB-FA posterior mean: the queries below then serve every model family through one implementation.
+/// A Gaussian given by its arrays — mean (D), F (D×K, K = 0 allowed: a diagonal Gaussian), ψ (D) — such as a
+/// model's exported parameters or a VB-FA posterior mean: the queries below then serve every model family
+/// through one implementation.
 pub struct DenseGaussian<'a> {
     pub mean: ArrayView1<'a, f64>,
     pub loadings: ArrayView2<'a, f64>,
@@ -133,17 +134,17 @@ pub struct DenseGaussian<'a> {
 }
 
 impl<'a> DenseGaussian<'a> {
-    /// Check the shapes: mean and ψ of length D, F of shape (D, K) with K >= 1.
+    /// Check the shapes: mean and ψ of length D, F of shape (D, K).
     pub fn new(
         mean: ArrayView1<'a, f64>,
         loadings: ArrayView2<'a, f64>,
         noise_variance: ArrayView1<'a, f64>,
     ) -> Result<Self> {
         let (d, k) = loadings.dim();
-        if mean.len() != d || noise_variance.len() != d || k == 0 {
+        if mean.len() != d || noise_variance.len() != d {
             return Err(FaError::Shape {
                 what: "mean, loadings, noise_variance",
-                expected: format!("(D,), (D, K) with K >= 1, (D,) for D = {d}"),
+                expected: format!("(D,), (D, K), (D,) for D = {d}"),
                 got: vec![mean.len(), d, k, noise_variance.len()],
             });
         }

@@ -221,3 +221,14 @@ def test_array_gaussian_queries_match_dense_formulas(scale: float) -> None:
     np.testing.assert_allclose(chol @ chol.T, precision, rtol=DENSE_RTOL)
     assert np.allclose(np.triu(chol, 1), 0.0)
     np.testing.assert_array_equal(scaled, loadings / psi[:, None])
+
+
+def test_array_gaussian_queries_accept_a_diagonal_gaussian() -> None:
+    """K = 0 (no loadings, e.g. SWAG-diagonal) is a diagonal Gaussian, not an error."""
+    from onlinefa._gaussian import latent_mean, log_prob
+
+    mean, psi = np.arange(4.0), np.array([1.0, 2.0, 3.0, 4.0])
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    want = stats.multivariate_normal(mean, np.diag(psi)).logpdf(x)
+    np.testing.assert_allclose(log_prob(x, mean, np.zeros((4, 0)), psi), want, rtol=DENSE_RTOL)
+    assert latent_mean(x, mean, np.zeros((4, 0)), psi).shape == (3, 0)
