@@ -28,7 +28,8 @@ FloatArray = NDArray[np.float64]
 
 
 def _f64(a: Any) -> FloatArray:
-    return np.ascontiguousarray(a, dtype=np.float64)
+    """``a`` as a C-contiguous, aligned float64 array (a copy only when it is not one already)."""
+    return np.require(a, dtype=np.float64, requirements=["C", "A"])
 
 
 def precision_factor(loadings: FloatArray, noise_variance: FloatArray) -> tuple[FloatArray, FloatArray]:
