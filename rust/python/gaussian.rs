@@ -7,6 +7,26 @@ use pyo3::prelude::*;
 use super::common::{checked_view, to_py_err};
 use crate::query::DenseGaussian;
 
+/// Run a query on the Gaussian of three borrowed arrays and the samples `x`, with the GIL released.
+fn with_gaussian<R: Send>(
+    py: Python<'_>,
+    arrays: (
+        PyReadonlyArray1<'_, f64>,
+        PyReadonlyArray2<'_, f64>,
+        PyReadonlyArray1<'_, f64>,
+    ),
+    x: PyReadonlyArray2<'_, f64>,
+    query: impl FnOnce(&DenseGaussian<'_>, ndarray::ArrayView2<'_, f64>) -> crate::error::Result<R> + Send,
+) -> PyResult<R> {
+    let (mean, loadings, noise_variance) = arrays;
+    let m = checked_view(&mean, "mean")?;
+    let f = checked_view(&loadings, "loadings")?;
+    let psi = checked_view(&noise_variance, "noise_variance")?;
+    let xv = checked_view(&x, "X")?;
+    py.detach(|| query(&DenseGaussian::new(m, f, psi)?, xv))
+        .map_err(to_py_err)
+}
+
 /// Log densities of the rows of `x` (n×D) under N(mean, F Fᵀ + diag ψ).
 #[pyfunction]
 pub(crate) fn gaussian_log_prob<'py>(
@@ -16,15 +36,9 @@ pub(crate) fn gaussian_log_prob<'py>(
     noise_variance: PyReadonlyArray1<'_, f64>,
     x: PyReadonlyArray2<'_, f64>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
-    let (m, f, psi) = (
-        checked_view(&mean, "mean")?,
-        checked_view(&loadings, "loadings")?,
-        checked_view(&noise_variance, "noise_variance")?,
-    );
-    let xv = checked_view(&x, "X")?;
-    let out = py
-        .detach(|| crate::query::log_prob(&DenseGaussian::new(m, f, psi)?, xv))
-        .map_err(to_py_err)?;
+    let out = with_gaussian(py, (mean, loadings, noise_variance), x, |g, xv| {
+        crate::query::log_prob(g, xv)
+    })?;
     Ok(out.into_pyarray(py))
 }
 
@@ -37,15 +51,9 @@ pub(crate) fn gaussian_latent_mean<'py>(
     noise_variance: PyReadonlyArray1<'_, f64>,
     x: PyReadonlyArray2<'_, f64>,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-    let (m, f, psi) = (
-        checked_view(&mean, "mean")?,
-        checked_view(&loadings, "loadings")?,
-        checked_view(&noise_variance, "noise_variance")?,
-    );
-    let xv = checked_view(&x, "X")?;
-    let out = py
-        .detach(|| crate::query::latent_mean(&DenseGaussian::new(m, f, psi)?, xv))
-        .map_err(to_py_err)?;
+    let out = with_gaussian(py, (mean, loadings, noise_variance), x, |g, xv| {
+        crate::query::latent_mean(g, xv)
+    })?;
     Ok(out.into_pyarray(py))
 }
 
