@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +41,35 @@ class ReferenceMiniBatchEM:
         self.dsq = np.zeros(d) if variance is None else variance
         self.a, self.b = np.zeros((d, k)), np.zeros((k, k))
         self.n, self.t = 0, 0
+        self.average: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         if self.fixed:
             self._start()
+
+    def start_average(self) -> None:
+        self.average = []
+
+    def apply_average(self) -> None:
+        # Plain means of the statistics kept in the window (each one rotated into the current basis as the
+        # whitening steps came), then the M-step with the current Σ.
+        assert self.average is not None
+        if self.average:
+            k = self.f.shape[1]
+            sigma = np.linalg.inv(np.eye(k) + (self.f / self.psi[:, None]).T @ self.f)
+            self.a, self.b, self.dsq = (np.mean([entry[i] for entry in self.average], axis=0) for i in range(3))
+            self._m_step(sigma + self.b)
+        self.average = None
+
+    def _m_step(self, h: np.ndarray) -> None:
+        if self.whiten:
+            r_inv = np.linalg.inv(np.linalg.cholesky(h))
+            self.a = self.a @ r_inv.T
+            self.b = r_inv @ self.b @ r_inv.T
+            if self.average is not None:
+                self.average = [(a @ r_inv.T, r_inv @ b @ r_inv.T, q) for a, b, q in self.average]
+            self.f = self.a
+        else:
+            self.f = self.a @ np.linalg.inv(h)
+        self.psi = np.maximum(self.dsq - np.sum(self.f * self.a, axis=1), self.floor * self.dsq.mean())
 
     def _start(self) -> None:
         self.f = self.f0 * np.sqrt(self.dsq.mean())
@@ -63,16 +91,9 @@ class ReferenceMiniBatchEM:
         m = dev @ (c.T @ sigma)  # rows m_i = Σ C d_i
         self.a = (1 - rho) * self.a + rho * dev.T @ m / b
         self.b = (1 - rho) * self.b + rho * m.T @ m / b
-        h = sigma + self.b
-        if self.whiten:
-            r = np.linalg.cholesky(h)
-            r_inv = np.linalg.inv(r)
-            self.a = self.a @ r_inv.T
-            self.b = r_inv @ self.b @ r_inv.T
-            self.f = self.a
-        else:
-            self.f = self.a @ np.linalg.inv(h)
-        self.psi = np.maximum(self.dsq - np.sum(self.f * self.a, axis=1), self.floor * self.dsq.mean())
+        if self.average is not None:
+            self.average.append((self.a, self.b, self.dsq))
+        self._m_step(sigma + self.b)
         self.n += b
 
 
@@ -91,6 +112,53 @@ def test_matches_the_numpy_transcription(whiten: bool, known_moments: bool) -> N
     np.testing.assert_allclose(model.mean, reference.mean, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(model.loadings, reference.f, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(model.noise_variance, reference.psi, rtol=1e-9)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_averaging_matches_the_numpy_transcription(whiten: bool) -> None:
+    # Averaging starts after 4 of 12 batches; the averaged statistics and the M-step from them must agree
+    # with the reference, which keeps every averaged statistic and takes plain means at the end.
+    x, _ = fa_data(600, 15, 3, 4)
+    init = onlinefa._core.orthonormal_init(15, 3, 8)
+    moments = {"mean": x.mean(axis=0), "variance": x.var(axis=0)}
+    model = MiniBatchEM(15, 3, batch_size=50, init=init, whiten=whiten, kappa=0.6, tau0=1.0, **moments)
+    reference = ReferenceMiniBatchEM(init, whiten=whiten, kappa=0.6, tau0=1.0, floor=1e-10, **moments)
+    for start in range(0, 600, 50):
+        if start == 200:
+            model.start_average()
+            reference.start_average()
+        model.update(x[start:start + 50])
+        reference.update(x[start:start + 50])
+    assert model.n_averaged == 8
+    np.testing.assert_allclose(model.loadings, reference.f, rtol=1e-9, atol=1e-9)  # the plain iterate
+    model.apply_average()
+    reference.apply_average()
+    assert model.n_averaged is None
+    np.testing.assert_allclose(model.loadings, reference.f, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(model.noise_variance, reference.psi, rtol=1e-9)
+    # and the next batch continues from the averaged statistics
+    model.update(x[:50])
+    reference.update(x[:50])
+    np.testing.assert_allclose(model.loadings, reference.f, rtol=1e-9, atol=1e-9)
+
+
+def test_averaging_call_order_and_checkpoints(tmp_path: Path) -> None:
+    x, _ = fa_data(300, 8, 2, 5)
+    model = MiniBatchEM(8, 2, batch_size=50, seed=0).update(x[:100])
+    with pytest.raises(RuntimeError, match="start_average"):
+        model.apply_average()
+    before = model.loadings.copy()
+    model.start_average().apply_average()  # nothing averaged: only stops averaging
+    np.testing.assert_array_equal(model.loadings, before)
+    model.start_average().update(x[100:200])
+    model.save(tmp_path / "averaging.npz")
+    twins = [pickle.loads(pickle.dumps(model)), onlinefa.load(tmp_path / "averaging.npz")]
+    assert [t.n_averaged for t in twins] == [2, 2] == [model.n_averaged] * 2
+    for m in (model, *twins):
+        m.update(x[200:]).apply_average()
+    for twin in twins:
+        np.testing.assert_array_equal(model.loadings, twin.loadings)
+        np.testing.assert_array_equal(model.noise_variance, twin.noise_variance)
 
 
 def test_float32_input_is_read_as_its_values() -> None:

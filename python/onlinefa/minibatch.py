@@ -25,7 +25,6 @@ from ._gaussian import log_prob as _log_prob
 from ._models import DEFAULT_NOISE_FLOOR, NotFittedError, schedule_args
 from ._validation import (
     as_sample_matrix,
-    check_finite_samples,
     check_init,
     check_int,
     check_positive_float,
@@ -135,13 +134,17 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         self._batch_size = check_int(int(state["batch_size"]), "batch_size", 1)
         self._cache = None
 
-    def update(self, X: ArrayLike) -> MiniBatchEM:
-        """Apply the rows of ``X`` as consecutive mini-batches of ``batch_size`` rows.
+    def update(self, X: ArrayLike, rows: ArrayLike | None = None) -> MiniBatchEM:
+        """Apply the rows of ``X`` (or the rows ``X[rows]``, in that order) as consecutive mini-batches of
+        ``batch_size`` rows.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features) or (n_features,)
             float32/float64 arrays are read in place; other real dtypes are converted once.
+        rows : array-like of int, optional
+            Indices of the rows to apply (negative ones count from the end, as in NumPy). The rows are read
+            where they lie: a shuffled pass over an array needs no shuffled copy.
 
         Returns
         -------
@@ -152,12 +155,59 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         ValueError
             Wrong shape, or NaN/±Inf/too large values (the message names the row within its batch); the
             batches before the failing one stay applied, the failing one is not.
+        TypeError
+            ``rows`` is not an array of integers.
+        IndexError
+            An index in ``rows`` is out of bounds (checked before any batch is applied).
         """
         arr = as_sample_matrix(X, self._n_features)
+        index = None if rows is None else _row_index(rows, arr.shape[0])
         self._cache = None
-        for start in range(0, arr.shape[0], self._batch_size):
-            self._core.update(arr[start:start + self._batch_size])
+        n = arr.shape[0] if index is None else index.shape[0]
+        for start in range(0, n, self._batch_size):
+            if index is None:
+                self._core.update(arr[start:start + self._batch_size])
+            else:
+                self._core.update(arr, index[start:start + self._batch_size])
         return self
+
+    def start_average(self) -> MiniBatchEM:
+        """Start averaging the statistics over the batches that follow (Polyak–Ruppert averaging).
+
+        Every later batch adds its stepwise statistics (Ā, B̄, Σ + B̄, d̄²) to running means, until
+        :meth:`apply_average`. Calling it again restarts the window. :func:`fit_minibatch` averages over
+        each pass: the iterate of stepwise EM keeps only the last ~1/ρ_t batches' worth of rows, the
+        average of a pass all of them.
+
+        Returns
+        -------
+        self
+        """
+        self._core.start_average()
+        return self
+
+    def apply_average(self) -> MiniBatchEM:
+        """Replace the statistics by their averages since :meth:`start_average`, set F and ψ to the M-step
+        of the averages (with the whitening step when ``whiten=True``) and stop averaging. With no batch
+        averaged yet it only stops averaging.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        RuntimeError
+            :meth:`start_average` was not called.
+        """
+        self._core.apply_average()
+        self._cache = None
+        return self
+
+    @property
+    def n_averaged(self) -> int | None:
+        """Batches averaged since :meth:`start_average`, or None when not averaging."""
+        return self._core.n_averaged
 
     @property
     def n_features(self) -> int:
@@ -256,21 +306,39 @@ class FitHistory:
         return len(self.scores)
 
 
-def data_moments(X: Any, chunk_rows: int = MOMENT_CHUNK_ROWS) -> tuple[FloatArray, FloatArray]:
-    """Exact mean and per-feature variance (divided by N) of an (N, D) array, read in chunks of rows.
+def _row_index(rows: ArrayLike, n_rows: int) -> NDArray[np.int64]:
+    """``rows`` as a 1-D int64 index into ``n_rows`` rows (negative indices count from the end)."""
+    index = np.asarray(rows)
+    if index.ndim != 1 or not (index.dtype.kind in "iu" or index.size == 0):
+        raise TypeError(f"rows must be a 1-D array of integers, got dtype {index.dtype} and shape {index.shape}")
+    index = index.astype(np.int64)
+    bad = (index < -n_rows) | (index >= n_rows)
+    if bad.any():
+        raise IndexError(f"rows: index {int(index[bad][0])} is out of bounds for X with {n_rows} rows")
+    return np.where(index < 0, index + n_rows, index)
 
-    Chan et al.'s pairwise combination of chunk means and sums of squares: memory O(chunk·D) on a memory
-    map, no loss of precision from a data set's offset.
+
+def data_moments(X: Any, chunk_rows: int = MOMENT_CHUNK_ROWS) -> tuple[FloatArray, FloatArray]:
+    """Exact mean and per-feature variance (divided by N) of an (N, D) array.
+
+    An in-memory float array is read once, in place, by the core; memory maps and files are read in chunks
+    of ``chunk_rows`` rows (memory O(chunk·D)). Chunks are combined with the pairwise formula of Chan,
+    Golub & LeVeque, so a data set's offset costs no precision.
+
+    Raises
+    ------
+    ValueError
+        NaN, ±Inf or a value above 1e100 in magnitude (the message names the first bad row).
     """
+    if _rows_readable_in_place(X):
+        chunk_rows = max(1, X.shape[0])
     n_total = 0
     mean = np.zeros(X.shape[1])
     m2 = np.zeros(X.shape[1])
     for start in range(0, X.shape[0], chunk_rows):
-        chunk = np.asarray(X[start:start + chunk_rows], dtype=np.float64)
-        check_finite_samples(chunk)
+        chunk = as_sample_matrix(X[start:start + chunk_rows], X.shape[1])
+        chunk_mean, chunk_m2 = _engine.column_moments(chunk, start)
         n = chunk.shape[0]
-        chunk_mean = chunk.mean(axis=0)
-        chunk_m2 = ((chunk - chunk_mean) ** 2).sum(axis=0)
         delta = chunk_mean - mean
         total = n_total + n
         mean = mean + delta * (n / total)
@@ -347,16 +415,37 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
     held = np.asarray(arr[score_rows], dtype=np.float64)
     chunk = model.batch_size if isinstance(model, MiniBatchEM) else PASS_CHUNK_ROWS
     history = FitHistory()
+    averaged = isinstance(model, MiniBatchEM)
+    in_place = averaged and shuffle == "rows" and _rows_readable_in_place(arr)
     for _ in range(max_iter):
-        for batch in _batches(arr, chunk, shuffle, rng):
-            model.update(batch)
-            if on_rows is not None:
-                on_rows(batch.shape[0])
+        if averaged:
+            model.start_average()
+        _one_pass(model, arr, chunk, shuffle, in_place, rng, on_rows)
+        if averaged:
+            model.apply_average()
         history.scores.append(float(np.mean(_log_prob(held, *model.snapshot()))))
         if tol > 0 and _stalled(history.scores, tol):
             history.converged = True
             break
     return history
+
+
+def _one_pass(model: Any, arr: Any, chunk: int, shuffle: str, in_place: bool, rng: np.random.Generator,
+              on_rows: Callable[[int], None] | None) -> None:
+    """One pass of ``arr`` through ``model.update`` in chunks of ``chunk`` rows, in the order ``shuffle``
+    gives; with ``in_place`` the shuffled rows are read where they lie (``update(arr, rows=...)``)."""
+    if not in_place:
+        for batch in _batches(arr, chunk, shuffle, rng):
+            model.update(batch)
+            if on_rows is not None:
+                on_rows(batch.shape[0])
+        return
+    order = rng.permutation(arr.shape[0])
+    for start in range(0, arr.shape[0], chunk):
+        index = np.sort(order[start:start + chunk])
+        model.update(arr, rows=index)
+        if on_rows is not None:
+            on_rows(index.shape[0])
 
 
 def _stalled(scores: list[float], tol: float) -> bool:
@@ -438,6 +527,13 @@ def _as_data_matrix(X: ArrayLike | str | os.PathLike[str]) -> Any:
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"expected real numeric data, got dtype {arr.dtype}")
     return arr
+
+
+def _rows_readable_in_place(arr: Any) -> bool:
+    """Whether the core can read rows of ``arr`` where they lie (an in-memory float array with contiguous,
+    aligned, native rows), so a shuffled pass needs no gathered copies."""
+    return (type(arr) is np.ndarray and arr.dtype in (np.float32, np.float64) and arr.dtype.isnative
+            and arr.flags.aligned and arr.strides[1] == arr.dtype.itemsize)
 
 
 def _shuffle_mode(shuffle: str, arr: Any) -> str:

@@ -1,9 +1,9 @@
 //! Engine of `onlinefa.MiniBatchEM`.
 
 use super::state_arrays::{adopted_f64, into_dim};
-use ndarray::{Array2, ArrayView2};
+use ndarray::{Array2, ArrayView2, Axis};
 use numpy::{Element, IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -21,10 +21,42 @@ pub struct MiniBatchEMCore {
 }
 
 impl MiniBatchEMCore {
-    fn apply<X: Real + Element>(&self, py: Python<'_>, arr: &Bound<'_, PyArray2<X>>) -> PyResult<()> {
+    /// Apply `arr` (or its rows `rows`, in that order) as one mini-batch, read in place.
+    fn apply<X: Real + Element>(
+        &self,
+        py: Python<'_>,
+        arr: &Bound<'_, PyArray2<X>>,
+        rows: Option<&PyReadonlyArray1<'_, i64>>,
+    ) -> PyResult<()> {
         let ro = arr.readonly();
         let view: ArrayView2<X> = checked_view(&ro, "X")?;
-        py.detach(|| lock(&self.inner)?.update(view).map_err(to_py_err))
+        let Some(rows) = rows else {
+            return py.detach(|| lock(&self.inner)?.update(view).map_err(to_py_err));
+        };
+        let index = rows.as_array();
+        let n = view.nrows();
+        if let Some(&bad) = index.iter().find(|&&i| i < 0 || i as u64 >= n as u64) {
+            return Err(PyIndexError::new_err(format!(
+                "rows: index {bad} is out of bounds for X with {n} rows"
+            )));
+        }
+        let picked = if view.ncols() == 0 || view.row(0).as_slice().is_some() {
+            None
+        } else {
+            // Rows that are not contiguous are copied (only the picked ones).
+            Some(view.select(Axis(0), &index.iter().map(|&i| i as usize).collect::<Vec<_>>()))
+        };
+        py.detach(|| {
+            let mut model = lock(&self.inner)?;
+            match &picked {
+                Some(copy) => model.update(copy.view()),
+                None => {
+                    let slices: Vec<&[X]> = index.iter().filter_map(|&i| view.row(i as usize).to_slice()).collect();
+                    model.update_rows(&slices)
+                }
+            }
+            .map_err(to_py_err)
+        })
     }
 }
 
@@ -74,17 +106,37 @@ impl MiniBatchEMCore {
         })
     }
 
-    /// Apply one mini-batch (2-D float32 or float64 array), with the GIL released.
-    fn update(&self, py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Apply one mini-batch (2-D float32 or float64 array, or the rows `rows` of one), with the GIL released.
+    #[pyo3(signature = (x, rows=None))]
+    fn update(&self, py: Python<'_>, x: &Bound<'_, PyAny>, rows: Option<PyReadonlyArray1<'_, i64>>) -> PyResult<()> {
         if let Ok(arr) = x.cast::<PyArray2<f64>>() {
-            self.apply(py, arr)
+            self.apply(py, arr, rows.as_ref())
         } else if let Ok(arr) = x.cast::<PyArray2<f32>>() {
-            self.apply(py, arr)
+            self.apply(py, arr, rows.as_ref())
         } else {
             Err(PyTypeError::new_err(
                 "update expects a 2-D float32 or float64 numpy array",
             ))
         }
+    }
+
+    /// Start averaging the statistics over the batches that follow.
+    fn start_average(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            lock(&self.inner)?.start_average();
+            Ok(())
+        })
+    }
+
+    /// Replace the statistics by their averages and F, ψ by their M-step; stop averaging.
+    fn apply_average(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| lock(&self.inner)?.apply_average().map_err(to_py_err))
+    }
+
+    /// Batches averaged since `start_average`, or None when not averaging.
+    #[getter]
+    fn n_averaged(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        py.detach(|| Ok(lock(&self.inner)?.n_averaged()))
     }
 
     #[getter]
@@ -119,6 +171,12 @@ impl MiniBatchEMCore {
         out.set_item("a_bar", p.a_bar.into_pyarray(py))?;
         out.set_item("b_bar", p.b_bar.into_pyarray(py))?;
         out.set_item("loadings", p.loadings.into_pyarray(py))?;
+        out.set_item("avg_count", p.average.as_ref().map(|a| a.count))?;
+        if let Some(a) = p.average {
+            out.set_item("avg_a_bar", a.a_bar.into_pyarray(py))?;
+            out.set_item("avg_b_bar", a.b_bar.into_pyarray(py))?;
+            out.set_item("avg_dsq", a.dsq.into_pyarray(py))?;
+        }
         Ok(out)
     }
 
@@ -167,6 +225,25 @@ impl MiniBatchEMCore {
             a_bar: matrix(state, "a_bar")?,
             b_bar: matrix(state, "b_bar")?,
             loadings: matrix(state, "loadings")?,
+            // Absent in checkpoints written before averaging existed: not averaging.
+            average: match state
+                .get_item("avg_count")?
+                .map(|v| v.extract::<Option<u64>>())
+                .transpose()
+            {
+                Ok(Some(Some(count))) => Some(crate::minibatch::average::StatAverage {
+                    count,
+                    a_bar: matrix(state, "avg_a_bar")?,
+                    b_bar: matrix(state, "avg_b_bar")?,
+                    dsq: vector(state, "avg_dsq")?,
+                }),
+                Ok(_) => None,
+                Err(_) => {
+                    return Err(PyValueError::new_err(
+                        "mini-batch EM state: \"avg_count\" has the wrong type",
+                    ))
+                }
+            },
         };
         let inner = py
             .detach(|| crate::minibatch::MiniBatchEm::from_parts(parts))
@@ -208,4 +285,51 @@ impl MiniBatchEMCore {
         })?;
         Ok((t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
     }
+}
+
+fn moments_of<X: Real + Element>(
+    py: Python<'_>,
+    arr: &Bound<'_, PyArray2<X>>,
+    row_offset: usize,
+) -> PyResult<(Vec<f64>, Vec<f64>)> {
+    let ro = arr.readonly();
+    let view: ArrayView2<X> = checked_view(&ro, "X")?;
+    let owned;
+    let view = if view.nrows() == 0 || view.row(0).as_slice().is_some() {
+        view
+    } else {
+        owned = view.as_standard_layout().into_owned();
+        owned.view()
+    };
+    let rows: Vec<&[X]> = view.rows().into_iter().filter_map(|r| r.to_slice()).collect();
+    match py.detach(|| crate::minibatch::moments::column_moments(&rows)) {
+        Err(crate::error::FaError::BadValue { row, .. }) => Err(PyValueError::new_err(format!(
+            "row {} contains NaN, infinity or a value with magnitude above {:e}",
+            row_offset + row,
+            X::MAX_INPUT
+        ))),
+        other => other.map_err(to_py_err),
+    }
+}
+
+/// Per-feature mean and sum of squared deviations of a 2-D float32/float64 array, in one parallel read
+/// (ValueError naming row `row_offset` + i for a bad value in row i).
+#[pyfunction]
+#[pyo3(signature = (x, row_offset=0))]
+#[allow(clippy::type_complexity)]
+pub fn column_moments<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    row_offset: usize,
+) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<f64>>)> {
+    let (mean, squares) = if let Ok(arr) = x.cast::<PyArray2<f64>>() {
+        moments_of(py, arr, row_offset)?
+    } else if let Ok(arr) = x.cast::<PyArray2<f32>>() {
+        moments_of(py, arr, row_offset)?
+    } else {
+        return Err(PyTypeError::new_err(
+            "column_moments expects a 2-D float32 or float64 numpy array",
+        ));
+    };
+    Ok((mean.into_pyarray(py), squares.into_pyarray(py)))
 }

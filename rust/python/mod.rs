@@ -27,7 +27,7 @@ mod _core {
     #[pymodule_export]
     use super::gfa::{GFACore, OnlineGFACore};
     #[pymodule_export]
-    use super::minibatch::MiniBatchEMCore;
+    use super::minibatch::{column_moments, MiniBatchEMCore};
     #[pymodule_export]
     use super::sharded::{
         fill_sample_noise, latent_mean_from_sums, log_prob_from_sums, snapshot_max_elements, standard_normal_rows,

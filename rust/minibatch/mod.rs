@@ -20,18 +20,13 @@
 //! array is computed before any is stored, so an error leaves the model as it was.
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis, Zip};
-use rayon::prelude::*;
 
+use crate::engine::tiled::TiledIsa as Isa;
 use crate::error::{invalid, FaError, Result};
 use crate::linalg::SpdFactor;
 use crate::scalar::Real;
 use crate::schedule::StepSize;
 use crate::vbfa::transform::Rotation;
-
-/// Rows of a fixed-size task of the parallel matrix products: the partition does not depend on the number
-/// of threads, and every output element is one dot product over the full inner dimension, so results do not
-/// depend on the thread count.
-const TASK_ROWS: usize = 256;
 
 /// Hyper-parameters of [`MiniBatchEm`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,6 +62,7 @@ pub struct MiniBatchEm {
     n_seen: u64,
     n_batches: u64,
     started: bool,
+    average: Option<StatAverage>,
 }
 
 impl MiniBatchEm {
@@ -102,6 +98,7 @@ impl MiniBatchEm {
             n_seen: 0,
             n_batches: 0,
             started: false,
+            average: None,
         };
         if let Some(m) = moments {
             model.set_moments(m)?;
@@ -193,14 +190,37 @@ impl MiniBatchEm {
                 got: vec![b, d],
             });
         }
-        check_rows(x)?;
+        let owned;
+        let x = if x.row(0).as_slice().is_some() {
+            x
+        } else {
+            owned = x.as_standard_layout().into_owned();
+            owned.view()
+        };
+        let rows: Vec<&[X]> = x.rows().into_iter().filter_map(|r| r.to_slice()).collect();
+        self.update_rows(&rows)
+    }
+
+    /// Apply one mini-batch given as B >= 1 rows of D values each (e.g. rows of a larger array picked by a
+    /// shuffled index, read where they lie). Atomic: on error nothing changes.
+    pub fn update_rows<X: Real>(&mut self, rows: &[&[X]]) -> Result<()> {
+        let d = self.mean.len();
+        let width = rows.iter().map(|r| r.len()).find(|&len| len != d);
+        if rows.is_empty() || width.is_some() {
+            return Err(FaError::Shape {
+                what: "batch",
+                expected: format!("(n_samples >= 1, {d})"),
+                got: vec![rows.len(), width.unwrap_or(d)],
+            });
+        }
+        check_rows(rows)?;
+        let b = rows.len();
         let n_after = self.n_seen + b as u64;
         let mean = if self.fixed {
             self.mean.clone()
         } else {
-            running_mean(&self.mean, x, self.n_seen, n_after)
+            running_mean(&self.mean, rows, self.n_seen, n_after)
         };
-        let (dev, squares) = deviations(x, &mean);
         let t = self.n_batches + 1;
         let rho = self.config.schedule.rho(t);
         let mut next = self.clone();
@@ -208,44 +228,90 @@ impl MiniBatchEm {
         // d̄² is averaged with the same ρ as Ā and B̄ even when the data's variance is known: the averaged
         // moment matrix of (d, m) is then positive semi-definite, so ψ = d̄² − Ā H̄⁻¹ Āᵀ >= 0 up to
         // rounding. An exact d̄² mixed with lagged Ā, B̄ pushed ψ of nearly collinear features below zero.
-        let batch_dsq = squares / b as f64;
-        next.dsq = &self.dsq * (1.0 - rho) + &(batch_dsq * rho);
-        if !self.started {
+        let started = self.started;
+        if !started {
+            // The data-scaled start needs d̄² before the E-step: one extra pass, on the first batch only.
+            next.average_squares(&column_squares(rows, &next.mean), b, rho);
             next.start();
         }
-        next.step(&dev, rho)?;
+        let stats = next.estep(rows)?;
+        if started {
+            next.average_squares(&stats.squares, b, rho);
+        }
+        next.mstep(&stats, rho)?;
         next.n_seen = n_after;
         next.n_batches = t;
         *self = next;
         Ok(())
     }
 
-    /// E-step, statistics and M-step for the deviations `dev` (B×D) with step size `rho`.
-    fn step(&mut self, dev: &Array2<f64>, rho: f64) -> Result<()> {
-        let b = dev.nrows() as f64;
+    /// d̄² ← (1 − ρ) d̄² + ρ q / B, from the per-feature sums of squared deviations q of a batch of B rows.
+    fn average_squares(&mut self, q: &[f64], b: usize, rho: f64) {
+        Zip::from(&mut self.dsq)
+            .and(q)
+            .for_each(|v, &qd| *v = (1.0 - rho) * *v + rho * (qd / b as f64));
+    }
+
+    /// E-step (4.23) for every row of the batch: C = Fᵀ Ψ⁻¹, Σ = (I + C F)⁻¹, W = Cᵀ Σ = Ψ⁻¹ F Σ,
+    /// M = D_b W (B×K), then D_bᵀ M / B (D×K), Mᵀ M / B (K×K) and the sums of squared deviations (D).
+    fn estep<X: Real>(&self, rows: &[&[X]]) -> Result<BatchStats> {
+        let (d, k) = self.loadings.dim();
+        let b = rows.len();
+        let kp = kernel::padded(k);
+        let sigma = self.posterior_covariance()?;
+        let w = padded_weights(&self.loadings, &self.psi, &sigma, kp);
+        let isa = Isa::detect();
+        let mean = self.mean.to_vec();
+        let mut m = vec![0.0; b * kp];
+        kernel::project(isa, rows, &mean, &w, kp, &mut m);
+        let mut a = vec![0.0; d * kp];
+        let mut squares = vec![0.0; d];
+        kernel::cross(isa, rows, &mean, &m, kp, &mut a, &mut squares);
+        let m = ArrayView2::from_shape((b, kp), &m).map_err(|_| FaError::NotPositiveDefinite("E-step shapes"))?;
+        let m = m.slice(s![.., ..k]);
+        let a = ArrayView2::from_shape((d, kp), &a).map_err(|_| FaError::NotPositiveDefinite("E-step shapes"))?;
+        Ok(BatchStats {
+            sigma,
+            a: a.slice(s![.., ..k]).to_owned() / b as f64,
+            b: m.t().dot(&m) / b as f64,
+            squares,
+        })
+    }
+
+    /// Σ = (I + Fᵀ Ψ⁻¹ F)⁻¹ (4.23) of the current F, ψ (K×K).
+    fn posterior_covariance(&self) -> Result<Array2<f64>> {
         let k = self.loadings.ncols();
-        // C = Fᵀ Ψ⁻¹; (4.23): Σ = (I + C F)⁻¹; W = Cᵀ Σ = Ψ⁻¹ F Σ.
-        let scaled = &self.loadings / &self.psi.view().insert_axis(Axis(1));
-        let precision = Array2::<f64>::eye(k) + gram(scaled.view(), self.loadings.view());
-        let sigma = SpdFactor::new_jittered(precision.view(), "I + Fᵀ Ψ⁻¹ F")?.inverse();
-        let w = scaled.dot(&sigma);
-        let m = product(dev.view(), w.view()); // B×K: rows m_i = Σ C d_i
-        let a_batch = gram(dev.view(), m.view()) / b; // D×K: D_bᵀ M / B
-        let b_batch = m.t().dot(&m) / b;
-        self.a_bar = &self.a_bar * (1.0 - rho) + &(a_batch * rho);
-        self.b_bar = &self.b_bar * (1.0 - rho) + &(b_batch * rho);
-        let h_bar = &sigma + &self.b_bar;
+        let precision = Array2::<f64>::eye(k) + scaled_gram(&self.loadings, &self.psi);
+        Ok(SpdFactor::new_jittered(precision.view(), "I + Fᵀ Ψ⁻¹ F")?.inverse())
+    }
+
+    /// Stepwise statistics with step size `rho`, then the M-step (4.33, 4.35) and the optional whitening.
+    fn mstep(&mut self, stats: &BatchStats, rho: f64) -> Result<()> {
+        self.a_bar = &self.a_bar * (1.0 - rho) + &(&stats.a * rho);
+        self.b_bar = &self.b_bar * (1.0 - rho) + &(&stats.b * rho);
+        let h_bar = &stats.sigma + &self.b_bar;
+        if let Some(average) = &mut self.average {
+            average.include(&self.a_bar, &self.b_bar, &self.dsq);
+        }
+        self.finish_mstep(&h_bar)
+    }
+
+    /// F and ψ from Ā, d̄² and H̄ = Σ + B̄: F = Ā H̄⁻¹ (4.33), or with whitening (PX-EM, Liu, Rubin & Wu
+    /// 1998) R Rᵀ = H̄, Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ and F = Ā, the same Gaussian in the basis where H̄ = I;
+    /// then ψ = max(d̄² − rowsum(F ⊙ Ā), floor) (4.35 with F H̄ = Ā).
+    fn finish_mstep(&mut self, h_bar: &Array2<f64>) -> Result<()> {
         let h_factor = SpdFactor::new_jittered(h_bar.view(), "H̄ = Σ + B̄")?;
         if self.config.whiten {
-            // R Rᵀ = H̄: Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ, then H̄ = I and F = Ā.
             let rotation = Rotation::whitening(h_factor.lower().view())?;
             self.a_bar = self.a_bar.dot(&rotation.cross_moment_map());
             self.b_bar = rotation.latent_moment(self.b_bar.view());
+            if let Some(average) = &mut self.average {
+                average.rotate(&rotation);
+            }
             self.loadings = self.a_bar.clone();
         } else {
             self.loadings = self.a_bar.dot(&h_factor.inverse());
         }
-        // (4.35) with F H̄ = Ā: ψ = d̄² − rowsum(F ⊙ Ā), floored.
         let floor = self.floor();
         let mut psi = self.dsq.clone();
         Zip::from(&mut psi)
@@ -260,166 +326,75 @@ impl MiniBatchEm {
         self.psi = psi;
         Ok(())
     }
-}
 
-/// Every field of a [`MiniBatchEm`], for exact checkpoints: mean θ̄ and d̄² (D), Ā and F (D×K), B̄ (K×K), ψ (D).
-#[derive(Debug, Clone)]
-pub struct MiniBatchParts {
-    /// Hyper-parameters.
-    pub config: MiniBatchConfig,
-    /// Whether the mean is the data set's exact mean (kept fixed).
-    pub fixed: bool,
-    /// Whether the data-scaled start has been applied.
-    pub started: bool,
-    /// Rows applied.
-    pub n_seen: u64,
-    /// Mini-batches applied.
-    pub n_batches: u64,
-    /// θ̄ (D).
-    pub mean: Array1<f64>,
-    /// d̄² (D).
-    pub dsq: Array1<f64>,
-    /// Ā (D×K).
-    pub a_bar: Array2<f64>,
-    /// B̄ (K×K).
-    pub b_bar: Array2<f64>,
-    /// F (D×K).
-    pub loadings: Array2<f64>,
-    /// ψ (D).
-    pub psi: Array1<f64>,
-}
-
-impl MiniBatchEm {
-    /// The model's complete state.
-    pub fn to_parts(&self) -> MiniBatchParts {
-        MiniBatchParts {
-            config: self.config,
-            fixed: self.fixed,
-            started: self.started,
-            n_seen: self.n_seen,
-            n_batches: self.n_batches,
-            mean: self.mean.clone(),
-            dsq: self.dsq.clone(),
-            a_bar: self.a_bar.clone(),
-            b_bar: self.b_bar.clone(),
-            loadings: self.loadings.clone(),
-            psi: self.psi.clone(),
-        }
+    /// Start (or restart) averaging the statistics over the batches that follow (see [`average`]).
+    pub fn start_average(&mut self) {
+        let (d, k) = self.loadings.dim();
+        self.average = Some(StatAverage::new(d, k));
     }
 
-    /// Rebuild a model from [`MiniBatchEm::to_parts`], checking every value the updates rely on: shapes,
-    /// finiteness, d̄² >= 0, ψ > 0, a symmetric B̄, the hyper-parameters, n_batches <= n_seen.
-    pub fn from_parts(p: MiniBatchParts) -> Result<Self> {
-        let (d, k) = p.loadings.dim();
-        let template = MiniBatchEm::new(Array2::<f64>::zeros((d, k)).view(), p.config, None)?;
-        let bad = |what: &str| Err(FaError::InvalidState(format!("mini-batch EM state: {what}")));
-        if p.mean.len() != d
-            || p.dsq.len() != d
-            || p.psi.len() != d
-            || p.a_bar.dim() != (d, k)
-            || p.b_bar.dim() != (k, k)
-        {
-            return bad("inconsistent shapes");
+    /// Batches averaged since [`MiniBatchEm::start_average`], or None when not averaging.
+    pub fn n_averaged(&self) -> Option<u64> {
+        self.average.as_ref().map(|a| a.count)
+    }
+
+    /// Replace the statistics by their averages since [`MiniBatchEm::start_average`] and F, ψ by the
+    /// M-step of the averages, and stop averaging (with no batch averaged, only stop). Atomic.
+    pub fn apply_average(&mut self) -> Result<()> {
+        let Some(average) = &self.average else {
+            return Err(FaError::CallOrder("apply_average needs start_average first".into()));
+        };
+        let mut next = self.clone();
+        next.average = None;
+        if average.count > 0 {
+            let sigma = self.posterior_covariance()?;
+            next.a_bar = average.a_bar.clone();
+            next.b_bar = average.b_bar.clone();
+            next.dsq = average.dsq.clone();
+            next.finish_mstep(&(sigma + &next.b_bar))?;
         }
-        let vectors = p.mean.iter().chain(p.dsq.iter()).chain(p.psi.iter());
-        let matrices = p.a_bar.iter().chain(p.b_bar.iter()).chain(p.loadings.iter());
-        if vectors.chain(matrices).any(|v| !v.is_finite()) {
-            return bad("non-finite values");
-        }
-        if p.dsq.iter().any(|&v| v < 0.0) || p.psi.iter().any(|&v| v <= 0.0) {
-            return bad("negative d̄² or non-positive ψ");
-        }
-        if (&p.b_bar - &p.b_bar.t())
-            .iter()
-            .any(|v| v.abs() > 1e-9 * (1.0 + p.b_bar.iter().fold(0.0f64, |m, x| m.max(x.abs()))))
-        {
-            return bad("B̄ is not symmetric");
-        }
-        if p.n_batches > p.n_seen || (p.n_batches > 0 && !p.started) {
-            return bad("counters are inconsistent");
-        }
-        Ok(MiniBatchEm {
-            fixed: p.fixed,
-            started: p.started,
-            n_seen: p.n_seen,
-            n_batches: p.n_batches,
-            mean: p.mean,
-            dsq: p.dsq,
-            a_bar: p.a_bar,
-            b_bar: p.b_bar,
-            loadings: p.loadings,
-            psi: p.psi,
-            ..template
-        })
+        *self = next;
+        Ok(())
     }
 }
 
-/// Reject NaN, ±Inf and magnitudes above `X::MAX_INPUT`, naming the first bad row.
-fn check_rows<X: Real>(x: ArrayView2<X>) -> Result<()> {
-    for (row, values) in x.rows().into_iter().enumerate() {
-        if let Some(v) = values.iter().map(|v| v.to_f64()).find(|v| !(v.abs() <= X::MAX_INPUT)) {
-            let kind = if v.is_finite() {
-                format!("a value with |x| > {:e}", X::MAX_INPUT)
-            } else {
-                "NaN or infinity".into()
-            };
-            return Err(FaError::BadValue { row, kind });
+/// One batch's E-step results: Σ (K×K), D_bᵀ M / B (D×K), Mᵀ M / B (K×K), Σ_i d_i² per feature (D).
+struct BatchStats {
+    sigma: Array2<f64>,
+    a: Array2<f64>,
+    b: Array2<f64>,
+    squares: Vec<f64>,
+}
+
+/// Fᵀ Ψ⁻¹ F (K×K).
+fn scaled_gram(f: &Array2<f64>, psi: &Array1<f64>) -> Array2<f64> {
+    let scaled = f / &psi.view().insert_axis(Axis(1));
+    scaled.t().dot(f)
+}
+
+/// W = Ψ⁻¹ F Σ (D×K), stored D×kp row-major with zero columns K..kp for the kernels.
+fn padded_weights(f: &Array2<f64>, psi: &Array1<f64>, sigma: &Array2<f64>, kp: usize) -> Vec<f64> {
+    let k = f.ncols();
+    let w = (f / &psi.view().insert_axis(Axis(1))).dot(sigma);
+    let mut out = vec![0.0; f.nrows() * kp];
+    for (o, row) in out.chunks_mut(kp).zip(w.rows()) {
+        for (v, x) in o[..k].iter_mut().zip(row) {
+            *v = *x;
         }
     }
-    Ok(())
-}
-
-/// θ̄ after `n_after` rows: θ̄ + (Σ_i x_i − B θ̄) / n_after, the exact running mean.
-fn running_mean<X: Real>(mean: &Array1<f64>, x: ArrayView2<X>, n_before: u64, n_after: u64) -> Array1<f64> {
-    let mut sum = Array1::<f64>::zeros(mean.len());
-    for row in x.rows() {
-        Zip::from(&mut sum).and(&row).for_each(|s, &v| *s += v.to_f64());
-    }
-    let b = (n_after - n_before) as f64;
-    mean + &((sum - mean * b) / n_after as f64)
-}
-
-/// D_b = X_b − θ̄ in f64 (B×D) and the per-feature sums Σ_i d_i² (D), in one sequential pass over the rows.
-fn deviations<X: Real>(x: ArrayView2<X>, mean: &Array1<f64>) -> (Array2<f64>, Array1<f64>) {
-    let mut dev = Array2::<f64>::zeros(x.dim());
-    let mut squares = Array1::<f64>::zeros(mean.len());
-    for (mut out, row) in dev.rows_mut().into_iter().zip(x.rows()) {
-        Zip::from(&mut out)
-            .and(&row)
-            .and(mean)
-            .and(&mut squares)
-            .for_each(|o, &v, &c, sq| {
-                let d = v.to_f64() - c;
-                *o = d;
-                *sq += d * d;
-            });
-    }
-    (dev, squares)
-}
-
-/// A B (R×P times P×Q → R×Q), rows of A in fixed-size parallel tasks.
-fn product(a: ArrayView2<f64>, b: ArrayView2<f64>) -> Array2<f64> {
-    let mut out = Array2::<f64>::zeros((a.nrows(), b.ncols()));
-    out.axis_chunks_iter_mut(Axis(0), TASK_ROWS)
-        .into_par_iter()
-        .zip(a.axis_chunks_iter(Axis(0), TASK_ROWS).into_par_iter())
-        .for_each(|(mut o, a_rows)| o.assign(&a_rows.dot(&b)));
     out
 }
 
-/// Aᵀ B (P×R and P×Q → R×Q), output rows (columns of A) in fixed-size parallel tasks.
-fn gram(a: ArrayView2<f64>, b: ArrayView2<f64>) -> Array2<f64> {
-    let mut out = Array2::<f64>::zeros((a.ncols(), b.ncols()));
-    out.axis_chunks_iter_mut(Axis(0), TASK_ROWS)
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(i, mut o)| {
-            // (Bᵀ A_cols)ᵀ: the product reads A's rows contiguously (A is a row-major batch).
-            let cols = a.slice(s![.., i * TASK_ROWS..i * TASK_ROWS + o.nrows()]);
-            o.assign(&b.t().dot(&cols).t());
-        });
-    out
-}
+pub mod average;
+mod checks;
+mod kernel;
+pub mod moments;
+mod parts;
+
+pub use parts::MiniBatchParts;
+
+use average::StatAverage;
+use checks::{check_rows, column_squares, running_mean};
 
 #[cfg(test)]
 mod tests {
@@ -442,17 +417,6 @@ mod tests {
         let mut h = Array2::<f64>::zeros((n, 2));
         crate::init::fill_standard_normal(h.view_mut(), seed + 2);
         x * 0.5 + h.dot(&f.t())
-    }
-
-    #[test]
-    fn products_match_ndarray() {
-        let a = data(700, 600, 3);
-        let b = data(600, 5, 4);
-        let c = data(700, 5, 5);
-        let p = product(a.view(), b.view());
-        let g = gram(a.view(), c.view());
-        assert!((&p - &a.dot(&b)).iter().all(|v| v.abs() < 1e-9));
-        assert!((&g - &a.t().dot(&c)).iter().all(|v| v.abs() < 1e-9));
     }
 
     #[test]
