@@ -150,10 +150,15 @@ def test_averaging_call_order_and_checkpoints(tmp_path: Path) -> None:
     before = model.loadings.copy()
     model.start_average().apply_average()  # nothing averaged: only stops averaging
     np.testing.assert_array_equal(model.loadings, before)
-    model.start_average().update(x[100:200])
+    twin = pickle.loads(pickle.dumps(model))
+    model.start_average().update(x[100:150]).discard_average()
+    twin.update(x[100:150])
+    assert model.n_averaged is None
+    np.testing.assert_array_equal(model.loadings, twin.loadings)  # discarding changes nothing else
+    model.start_average().update(x[150:200])
     model.save(tmp_path / "averaging.npz")
     twins = [pickle.loads(pickle.dumps(model)), onlinefa.load(tmp_path / "averaging.npz")]
-    assert [t.n_averaged for t in twins] == [2, 2] == [model.n_averaged] * 2
+    assert [t.n_averaged for t in twins] == [1, 1] == [model.n_averaged] * 2
     for m in (model, *twins):
         m.update(x[200:]).apply_average()
     for twin in twins:
@@ -191,12 +196,60 @@ def test_whole_data_fit_is_close_to_scikit_learn() -> None:
     assert 2 <= history.n_passes <= 10 and history.converged
 
 
-def test_data_moments_are_exact_in_chunks() -> None:
+def test_data_moments_are_exact_in_chunks(tmp_path: Path) -> None:
     x, _ = fa_data(1001, 6, 2, 4)
     x += 1e6  # a large offset: the pairwise combination keeps the variance exact
-    mean, variance = data_moments(x, chunk_rows=97)
-    np.testing.assert_allclose(mean, x.mean(axis=0), rtol=1e-14)
-    np.testing.assert_allclose(variance, x.var(axis=0), rtol=1e-8)
+    np.save(tmp_path / "x.npy", x)
+    # in memory: one parallel read by the core; memory map: chunks of 97 rows combined in Python
+    for data in (x, x.astype(np.float32), np.load(tmp_path / "x.npy", mmap_mode="r")):
+        mean, variance = data_moments(data, chunk_rows=97)
+        np.testing.assert_allclose(mean, data.mean(axis=0, dtype=np.float64), rtol=1e-14)
+        np.testing.assert_allclose(variance, data.var(axis=0, dtype=np.float64), rtol=1e-8)
+
+
+def test_data_moments_name_the_first_bad_row(tmp_path: Path) -> None:
+    x, _ = fa_data(500, 6, 2, 4)
+    x[311, 2] = np.inf
+    x[402, 0] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    for data in (x, np.load(tmp_path / "x.npy", mmap_mode="r")):
+        with pytest.raises(ValueError, match="row 311 contains NaN, infinity"):
+            data_moments(data, chunk_rows=97)
+
+
+def test_rows_are_read_in_place_like_the_gathered_batch() -> None:
+    x, _ = fa_data(400, 9, 2, 7)
+    rows = np.random.default_rng(0).permutation(400)[:250]
+    a = MiniBatchEM(9, 2, batch_size=60, seed=3).update(x[:40])
+    b = MiniBatchEM(9, 2, batch_size=60, seed=3).update(x[:40])
+    a.update(x, rows=rows)
+    b.update(x[rows])
+    a.update(np.asfortranarray(x), rows=rows - 400)  # negative indices and non-contiguous rows
+    b.update(x[rows])
+    assert a.n_batches == b.n_batches == 1 + 2 * 5
+    for name in ("mean", "loadings", "noise_variance"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+def test_bad_rows_are_refused_before_any_batch() -> None:
+    x, _ = fa_data(100, 5, 2, 8)
+    model = MiniBatchEM(5, 2, batch_size=10, seed=0).update(x[:20])
+    before = [np.array(v) for v in model.snapshot()]
+    with pytest.raises(IndexError, match="out of bounds"):
+        model.update(x, rows=np.r_[0:30, 100])
+    with pytest.raises(IndexError, match="out of bounds"):
+        model.update(x, rows=[-101])
+    with pytest.raises(TypeError, match="integers"):
+        model.update(x, rows=np.arange(10.0))
+    with pytest.raises(TypeError, match="integers"):
+        model.update(x, rows=np.zeros((2, 2), dtype=int))
+    bad = x.copy()
+    bad[55, 1] = np.nan
+    with pytest.raises(ValueError, match="row 5 "):  # the 6th row of the batch holding row 55
+        model.update(bad, rows=np.arange(50, 60))
+    assert model.n_seen == 20
+    for old, new in zip(before, model.snapshot()):
+        np.testing.assert_array_equal(old, new)
 
 
 def test_memory_mapped_fit_equals_the_in_memory_fit(tmp_path: Path) -> None:

@@ -204,6 +204,16 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         self._cache = None
         return self
 
+    def discard_average(self) -> MiniBatchEM:
+        """Stop averaging and forget the averages; the model itself does not change.
+
+        Returns
+        -------
+        self
+        """
+        self._core.discard_average()
+        return self
+
     @property
     def n_averaged(self) -> int | None:
         """Batches averaged since :meth:`start_average`, or None when not averaging."""
@@ -424,7 +434,7 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
         if averaged:
             model.apply_average()
         history.scores.append(float(np.mean(_log_prob(held, *model.snapshot()))))
-        if tol > 0 and _stalled(history.scores, tol):
+        if tol > 0 and _stalled(history.scores, tol, PATIENCE):
             history.converged = True
             break
     return history
@@ -448,17 +458,17 @@ def _one_pass(model: Any, arr: Any, chunk: int, shuffle: str, in_place: bool, rn
             on_rows(index.shape[0])
 
 
-def _stalled(scores: list[float], tol: float) -> bool:
-    """Whether the last ``PATIENCE`` passes all failed to beat the best earlier score by
+def _stalled(scores: list[float], tol: float, patience: int) -> bool:
+    """Whether the last ``patience`` passes all failed to beat the best earlier score by
     ``tol`` · max(1, |best|) (relative for scores far from 0: the average log-likelihood grows with D).
 
-    A single pass is not enough evidence: mini-batch statistics are noisy, and one pass can score a little
-    below the previous one while the fit is still improving.
+    For the plain streaming models a single pass is not enough evidence (``PATIENCE`` = 2): their statistics
+    are noisy, and one pass can score a little below the previous one while the fit is still improving.
     """
-    if len(scores) <= PATIENCE:
+    if len(scores) <= patience:
         return False
-    best_before = max(scores[:-PATIENCE])
-    return max(scores[-PATIENCE:]) < best_before + tol * max(1.0, abs(best_before))
+    best_before = max(scores[:-patience])
+    return max(scores[-patience:]) < best_before + tol * max(1.0, abs(best_before))
 
 
 class NpyRows:

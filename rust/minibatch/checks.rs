@@ -1,31 +1,25 @@
-//! Per-batch input checks and the running mean of a mini-batch model, over a batch given as row slices.
+//! The bad-input error and the running mean of a mini-batch model, over a batch given as row slices.
 
 use ndarray::{Array1, Zip};
-use rayon::prelude::*;
 
-use crate::error::{FaError, Result};
+use crate::error::FaError;
 use crate::scalar::Real;
 
-/// Reject NaN, ±Inf and magnitudes above `X::MAX_INPUT`, naming the first bad row. The common case (all
-/// good) is one branch-free sweep per row, rows in parallel; only a failing batch is searched for its first bad value.
-pub(super) fn check_rows<X: Real>(rows: &[&[X]]) -> Result<()> {
-    let bad_row = rows
-        .par_iter()
-        .position_first(|r| r.iter().fold(false, |bad, v| bad | !(v.to_f64().abs() <= X::MAX_INPUT)));
-    let Some(row) = bad_row else {
-        return Ok(());
-    };
-    let v = rows[row]
-        .iter()
-        .map(|v| v.to_f64())
-        .find(|v| !(v.abs() <= X::MAX_INPUT))
-        .unwrap_or(f64::NAN);
+/// The error for a batch known to hold a NaN, ±Inf or a magnitude above `X::MAX_INPUT`, naming its first
+/// bad row (the kernels detect bad values while reading; only a failing batch is searched here).
+pub(super) fn bad_value_error<X: Real>(rows: &[&[X]]) -> FaError {
+    let is_bad = |v: &X| !(v.to_f64().abs() <= X::MAX_INPUT);
+    let row = rows.iter().position(|r| r.iter().any(is_bad)).unwrap_or(0);
+    let v = rows
+        .get(row)
+        .and_then(|r| r.iter().find(|v| is_bad(v)))
+        .map_or(f64::NAN, |v| v.to_f64());
     let kind = if v.is_finite() {
         format!("a value with |x| > {:e}", X::MAX_INPUT)
     } else {
         "NaN or infinity".into()
     };
-    Err(FaError::BadValue { row, kind })
+    FaError::BadValue { row, kind }
 }
 
 /// θ̄ after `n_after` rows: θ̄ + (Σ_i x_i − B θ̄) / n_after, the exact running mean.

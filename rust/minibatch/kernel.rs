@@ -185,7 +185,9 @@ unsafe fn project_fma<X: Real, const NV: usize>(
 ///
 /// Each task first packs the deviations of its features from every row into a B×32 buffer (one sequential
 /// read of each row's piece, prefetched a few rows ahead, so shuffled rows cost no more than contiguous ones),
-/// then sweeps the buffer once per 4-feature tile.
+/// then sweeps the buffer once per 4-feature tile. Packing also checks every value: the result is false if
+/// some x is NaN, ±Inf or above `X::MAX_INPUT` in magnitude (then the outputs are meaningless).
+#[must_use]
 pub(crate) fn cross<X: Real>(
     isa: Isa,
     rows: &[&[X]],
@@ -194,37 +196,44 @@ pub(crate) fn cross<X: Real>(
     kp: usize,
     a: &mut [f64],
     q: &mut [f64],
-) {
+) -> bool {
     let d = mean.len();
     assert!(m.len() == rows.len() * kp && a.len() == d * kp && q.len() == d && kp % 4 == 0);
     assert!(rows.iter().all(|r| r.len() == d));
     a.par_chunks_mut(CROSS_TASK_FEATURES * kp)
         .zip(q.par_chunks_mut(CROSS_TASK_FEATURES))
         .enumerate()
-        .for_each_init(Vec::new, |packed, (task, (a, q))| {
+        .map_init(Vec::new, |packed, (task, (a, q))| {
             let f0 = task * CROSS_TASK_FEATURES;
-            pack_deviations(rows, mean, f0, q.len(), packed);
+            let valid = pack_deviations(rows, mean, f0, q.len(), packed);
             for (t, q4) in q.chunks_mut(4).enumerate() {
                 let a4 = &mut a[4 * t * kp..(4 * t + q4.len()) * kp];
                 cross_tile(isa, packed, 4 * t, m, kp, a4, q4);
             }
-        });
+            valid
+        })
+        .reduce(|| true, |x, y| x && y)
 }
 
-/// packed[i][l] = x_i[f0 + l] − θ̄[f0 + l] for l < width, 0 for width ≤ l < 32 (B×32 row-major).
-fn pack_deviations<X: Real>(rows: &[&[X]], mean: &[f64], f0: usize, width: usize, packed: &mut Vec<f64>) {
+/// packed[i][l] = x_i[f0 + l] − θ̄[f0 + l] for l < width, 0 for width ≤ l < 32 (B×32 row-major); false if
+/// some x_i[f0 + l] is NaN, ±Inf or above `X::MAX_INPUT` in magnitude.
+fn pack_deviations<X: Real>(rows: &[&[X]], mean: &[f64], f0: usize, width: usize, packed: &mut Vec<f64>) -> bool {
     const AHEAD: usize = 8;
     packed.clear();
     packed.resize(rows.len() * CROSS_TASK_FEATURES, 0.0);
     let c = &mean[f0..f0 + width];
+    let mut bad = false;
     for (i, (out, row)) in packed.chunks_mut(CROSS_TASK_FEATURES).zip(rows).enumerate() {
         if let Some(next) = rows.get(i + AHEAD) {
             prefetch(&next[f0..f0 + width]);
         }
         for ((o, &v), &cv) in out.iter_mut().zip(&row[f0..f0 + width]).zip(c) {
-            *o = v.to_f64() - cv;
+            let v = v.to_f64();
+            bad |= !(v.abs() <= X::MAX_INPUT);
+            *o = v - cv;
         }
     }
+    !bad
 }
 
 /// Hint the cache lines of `piece` into the cache (a no-op off x86-64).
@@ -368,7 +377,7 @@ mod tests {
             let mut m = vec![0.0; b * kp];
             project(isa, &rows, &mean, &w, kp, &mut m);
             let (mut a, mut q) = (vec![0.0; d * kp], vec![0.0; d]);
-            cross(isa, &rows, &mean, &m_in, kp, &mut a, &mut q);
+            assert!(cross(isa, &rows, &mean, &m_in, kp, &mut a, &mut q));
             for i in 0..b {
                 for j in 0..kp {
                     let want: f64 = (0..d)
@@ -427,10 +436,32 @@ mod tests {
                 let mut m = vec![0.0; b * kp];
                 project(Isa::detect(), &rows, &mean, &w, kp, &mut m);
                 let (mut a, mut q) = (vec![0.0; d * kp], vec![0.0; d]);
-                cross(Isa::detect(), &rows, &mean, &m, kp, &mut a, &mut q);
+                assert!(cross(Isa::detect(), &rows, &mean, &m, kp, &mut a, &mut q));
                 (m, a, q)
             })
         };
         assert_eq!(run(1), run(3));
+    }
+
+    #[test]
+    fn cross_reports_bad_values_in_any_task() {
+        let (b, d, k) = (9, 70, 3);
+        let kp = padded(k);
+        let mean = vec![0.0; d];
+        let m = padded_matrix(b, k, kp, 1);
+        for (row, col, v) in [
+            (0, 0, f64::NAN),
+            (8, 69, f64::INFINITY),
+            (4, 33, 2e100),
+            (5, 40, -1e101),
+        ] {
+            let mut data = filled(b * d, 2);
+            data[row * d + col] = v;
+            let rows: Vec<&[f64]> = data.chunks(d).collect();
+            for isa in isas() {
+                let (mut a, mut q) = (vec![0.0; d * kp], vec![0.0; d]);
+                assert!(!cross(isa, &rows, &mean, &m, kp, &mut a, &mut q), "{row} {col} {v}");
+            }
+        }
     }
 }

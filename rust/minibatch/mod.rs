@@ -213,7 +213,6 @@ impl MiniBatchEm {
                 got: vec![rows.len(), width.unwrap_or(d)],
             });
         }
-        check_rows(rows)?;
         let b = rows.len();
         let n_after = self.n_seen + b as u64;
         let mean = if self.fixed {
@@ -266,7 +265,9 @@ impl MiniBatchEm {
         kernel::project(isa, rows, &mean, &w, kp, &mut m);
         let mut a = vec![0.0; d * kp];
         let mut squares = vec![0.0; d];
-        kernel::cross(isa, rows, &mean, &m, kp, &mut a, &mut squares);
+        if !kernel::cross(isa, rows, &mean, &m, kp, &mut a, &mut squares) {
+            return Err(bad_value_error(rows));
+        }
         let m = ArrayView2::from_shape((b, kp), &m).map_err(|_| FaError::NotPositiveDefinite("E-step shapes"))?;
         let m = m.slice(s![.., ..k]);
         let a = ArrayView2::from_shape((d, kp), &a).map_err(|_| FaError::NotPositiveDefinite("E-step shapes"))?;
@@ -341,6 +342,17 @@ impl MiniBatchEm {
     /// Replace the statistics by their averages since [`MiniBatchEm::start_average`] and F, ψ by the
     /// M-step of the averages, and stop averaging (with no batch averaged, only stop). Atomic.
     pub fn apply_average(&mut self) -> Result<()> {
+        *self = self.with_average_applied()?;
+        Ok(())
+    }
+
+    /// Stop averaging and forget the averages (the model itself does not change).
+    pub fn discard_average(&mut self) {
+        self.average = None;
+    }
+
+    /// The model [`MiniBatchEm::apply_average`] would make, leaving this one as it is.
+    pub fn with_average_applied(&self) -> Result<Self> {
         let Some(average) = &self.average else {
             return Err(FaError::CallOrder("apply_average needs start_average first".into()));
         };
@@ -353,8 +365,7 @@ impl MiniBatchEm {
             next.dsq = average.dsq.clone();
             next.finish_mstep(&(sigma + &next.b_bar))?;
         }
-        *self = next;
-        Ok(())
+        Ok(next)
     }
 }
 
@@ -394,7 +405,7 @@ mod parts;
 pub use parts::MiniBatchParts;
 
 use average::StatAverage;
-use checks::{check_rows, column_squares, running_mean};
+use checks::{bad_value_error, column_squares, running_mean};
 
 #[cfg(test)]
 mod tests {

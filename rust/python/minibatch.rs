@@ -133,6 +133,14 @@ impl MiniBatchEMCore {
         py.detach(|| lock(&self.inner)?.apply_average().map_err(to_py_err))
     }
 
+    /// Stop averaging and forget the averages.
+    fn discard_average(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            lock(&self.inner)?.discard_average();
+            Ok(())
+        })
+    }
+
     /// Batches averaged since `start_average`, or None when not averaging.
     #[getter]
     fn n_averaged(&self, py: Python<'_>) -> PyResult<Option<u64>> {
