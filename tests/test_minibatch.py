@@ -142,6 +142,62 @@ def test_averaging_matches_the_numpy_transcription(whiten: bool) -> None:
     np.testing.assert_allclose(model.loadings, reference.f, rtol=1e-9, atol=1e-9)
 
 
+def reference_exact_step(x: np.ndarray, mean: np.ndarray, f: np.ndarray, psi: np.ndarray, floor: float
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """One exact PX-EM step for factor analysis (Rubin & Thayer's EM, then the whitening rotation)."""
+    k = f.shape[1]
+    dev = x - mean
+    sigma = np.linalg.inv(np.eye(k) + (f / psi[:, None]).T @ f)
+    m = dev @ ((f / psi[:, None]) @ sigma)
+    a, b, dsq = dev.T @ m / len(x), m.T @ m / len(x), (dev**2).mean(axis=0)
+    r_inv = np.linalg.inv(np.linalg.cholesky(sigma + b))
+    f_new = a @ r_inv.T
+    return f_new, np.maximum(dsq - np.sum(f_new * f_new, axis=1), floor)
+
+
+def test_exact_step_matches_the_numpy_transcription_and_never_lowers_the_likelihood() -> None:
+    x, _ = fa_data(700, 12, 3, 9)
+    moments = {"mean": x.mean(axis=0), "variance": x.var(axis=0)}
+    model = MiniBatchEM(12, 3, batch_size=64, seed=2, **moments).update(x[:128])  # far from converged
+    scores = [model.log_prob(x).mean()]
+    for _ in range(8):
+        f, psi = reference_exact_step(x, model.mean, model.loadings, model.noise_variance,
+                                      1e-10 * x.var(axis=0).mean())
+        n_batches = model.n_batches
+        model.exact_step(x)  # 11 batches of 64 rows, sums added in order
+        assert model.n_batches == n_batches
+        np.testing.assert_allclose(model.loadings @ model.loadings.T, f @ f.T, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(model.noise_variance, psi, rtol=1e-9)
+        scores.append(model.log_prob(x).mean())
+    # EM never lowers the likelihood of the rows it is computed on (up to rounding)
+    assert all(b >= a - 1e-10 * abs(a) for a, b in zip(scores, scores[1:]))
+    assert scores[-1] > scores[0]
+
+
+def test_exact_step_refuses_bad_input_and_an_unfitted_model() -> None:
+    x, _ = fa_data(100, 6, 2, 10)
+    with pytest.raises(RuntimeError, match="fitted"):
+        MiniBatchEM(6, 2, batch_size=50, seed=0).exact_step(x)
+    model = MiniBatchEM(6, 2, batch_size=50, seed=0).update(x)
+    before = [np.array(v) for v in model.snapshot()]
+    bad = x.copy()
+    bad[70, 4] = np.inf
+    with pytest.raises(ValueError, match="row 20 "):  # the second batch's 21st row
+        model.exact_step(bad)
+    with pytest.raises(ValueError):
+        model.exact_step(x[:, :5])
+    core = model._core
+    a, b, q, n = core.exact_sums(x)
+    with pytest.raises(ValueError, match="exact EM sums"):
+        core.apply_exact(a, b, -q, n)
+    with pytest.raises(ValueError, match="exact EM sums"):
+        core.apply_exact(a[:, :1], b, q, n)
+    with pytest.raises(ValueError, match="exact EM sums"):
+        core.apply_exact(a, b, q, 0)
+    for old, new in zip(before, model.snapshot()):
+        np.testing.assert_array_equal(old, new)
+
+
 def test_averaging_call_order_and_checkpoints(tmp_path: Path) -> None:
     x, _ = fa_data(300, 8, 2, 5)
     model = MiniBatchEM(8, 2, batch_size=50, seed=0).update(x[:100])
@@ -193,7 +249,7 @@ def test_whole_data_fit_is_close_to_scikit_learn() -> None:
     assert error(model.loadings, model.noise_variance) <= 1.1 * error(batch.components_.T, batch.noise_variance_)
     ours, theirs = model.log_prob(test).mean(), batch.score(test)
     assert abs(ours - theirs) <= 2e-3 * abs(theirs)
-    assert 2 <= history.n_passes <= 10 and history.converged
+    assert 2 <= history.n_passes <= 10 and history.converged and history.n_exact_steps >= 1
 
 
 def test_data_moments_are_exact_in_chunks(tmp_path: Path) -> None:

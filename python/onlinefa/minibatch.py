@@ -174,10 +174,11 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
     def start_average(self) -> MiniBatchEM:
         """Start averaging the statistics over the batches that follow (Polyak–Ruppert averaging).
 
-        Every later batch adds its stepwise statistics (Ā, B̄, Σ + B̄, d̄²) to running means, until
-        :meth:`apply_average`. Calling it again restarts the window. :func:`fit_minibatch` averages over
-        each pass: the iterate of stepwise EM keeps only the last ~1/ρ_t batches' worth of rows, the
-        average of a pass all of them.
+        Every later batch adds its stepwise statistics (Ā, B̄, d̄²) to running means, until
+        :meth:`apply_average`; the model itself keeps moving as without averaging. Calling it again
+        restarts the window. The iterate of stepwise EM keeps the noise of the last ~1/ρ_t batches only;
+        the average over many batches removes it. :func:`fit_minibatch` averages over the last half of its
+        passes and returns the averaged model.
 
         Returns
         -------
@@ -202,6 +203,32 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         """
         self._core.apply_average()
         self._cache = None
+        return self
+
+    def exact_step(self, X: ArrayLike) -> MiniBatchEM:
+        """One exact (batch) EM step over all rows of ``X``: the E-step of every row with the current F
+        and Ψ (read in batches of ``batch_size`` rows), then one M-step from the totals (Rubin & Thayer's EM
+        for factor analysis, with the whitening step when ``whiten=True``). It cannot lower the likelihood
+        of ``X`` and has no step-size noise; :func:`fit_minibatch` switches to it once its passes stall. The
+        step counters do not change and any averaging stops.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        RuntimeError
+            No batch has been applied yet (the step starts from a fitted model).
+        ValueError
+            Wrong shape, NaN/±Inf/too large values; the model is unchanged.
+        """
+        arr = as_sample_matrix(X, self._n_features)
+        _exact_em_step(self, (arr[start:start + self._batch_size] for start in range(0, arr.shape[0], self._batch_size)))
         return self
 
     def discard_average(self) -> MiniBatchEM:
@@ -309,6 +336,8 @@ class FitHistory:
 
     scores: list[float] = field(default_factory=list)
     converged: bool = False
+    #: How many of the passes were exact EM steps (mini-batch EM switches to them once its passes stall).
+    n_exact_steps: int = 0
 
     @property
     def n_passes(self) -> int:
@@ -373,6 +402,10 @@ def fit_minibatch(
     shuffled passes of mini-batch EM, stopping when two consecutive passes fail to improve the best average
     log-likelihood L (on a fixed sample of at most 5,000 rows) by ``tol`` · max(1, ``|L|``) nats per row.
 
+    The statistics are averaged (:meth:`MiniBatchEM.start_average`) over the last half of the passes (the
+    window restarts at passes 1, 2, 3, 5, 9, ...); each pass is scored, and the model returned, as the
+    M-step of that average (Polyak–Ruppert averaging), which removes the step-size noise of the iterate.
+
     Parameters
     ----------
     X : array-like of shape (n_samples, n_features), or the path of a ``.npy`` file
@@ -427,17 +460,43 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
     history = FitHistory()
     averaged = isinstance(model, MiniBatchEM)
     in_place = averaged and shuffle == "rows" and _rows_readable_in_place(arr)
-    for _ in range(max_iter):
-        if averaged:
-            model.start_average()
-        _one_pass(model, arr, chunk, shuffle, in_place, rng, on_rows)
-        if averaged:
-            model.apply_average()
-        history.scores.append(float(np.mean(_log_prob(held, *model.snapshot()))))
-        if tol > 0 and _stalled(history.scores, tol, PATIENCE):
+    exact = False
+    for p in range(max_iter):
+        if exact:
+            _exact_em_step(model, _batches(arr, chunk, "none", rng))
+            history.n_exact_steps += 1
+        else:
+            if averaged and p & (p - 1) == 0:  # p = 0, 1, 2, 4, ...: the window is the last half of the passes
+                model.start_average()
+            _one_pass(model, arr, chunk, shuffle, in_place, rng, on_rows)
+        # Mini-batch EM is judged by its tail average; the iterate runs on freely (feeding the average back
+        # after each pass slowed convergence on ill-conditioned data).
+        snapshot = model._core.averaged_snapshot()[1:] if averaged and not exact else model.snapshot()
+        history.scores.append(float(np.mean(_log_prob(held, *snapshot))))
+        # An exact step or an averaged pass is not noisy: one pass without gain is evidence enough.
+        if tol > 0 and _stalled(history.scores, tol, 1 if averaged else PATIENCE):
+            if averaged and not exact:
+                model.apply_average()
+                exact = True  # finish with exact EM steps, which cannot lower the likelihood
+                continue
             history.converged = True
             break
+    if averaged and not exact:
+        model.apply_average()
     return history
+
+
+def _exact_em_step(model: MiniBatchEM, batches: Any) -> None:
+    """One exact EM step: the E-step sums of every batch with the current F, Ψ, added in order, then one
+    M-step from the totals."""
+    total: list[Any] | None = None
+    for batch in batches:
+        sums = model._core.exact_sums(batch)
+        total = list(sums) if total is None else [t + s for t, s in zip(total, sums)]
+    if total is None:
+        raise ValueError("an exact EM step needs at least one row")
+    model._core.apply_exact(*total)
+    model._cache = None
 
 
 def _one_pass(model: Any, arr: Any, chunk: int, shuffle: str, in_place: bool, rng: np.random.Generator,

@@ -13,7 +13,8 @@
 //! one basis. The averaged model is the M-step of the means with the current posterior covariance
 //! Σ = (I + Fᵀ Ψ⁻¹ F)⁻¹, as every stepwise M-step uses the latest Σ: H̄ = Σ + B̄_avg, F = Ā_avg H̄⁻¹ (or its
 //! whitened form) and ψ = d̄²_avg − rowsum(F ⊙ Ā_avg). (Averaging Σ_t as well carries the early batches'
-//! large posterior covariances into H̄ and measurably worsened the fit after one pass.) Stepwise EM with ρ_t ∝ t^−κ, κ < 1, forgets all but the last ~1/ρ_t
+//! large posterior covariances into H̄ and measurably worsened the fit after one pass.) The iterate itself
+//! runs on as without averaging; the whole-data fit averages over the last half of its passes. Stepwise EM with ρ_t ∝ t^−κ, κ < 1, forgets all but the last ~1/ρ_t
 //! batches, so its iterate keeps the noise of that many rows; the average over a pass uses every row of it.
 
 use ndarray::{Array1, Array2};

@@ -204,15 +204,7 @@ impl MiniBatchEm {
     /// Apply one mini-batch given as B >= 1 rows of D values each (e.g. rows of a larger array picked by a
     /// shuffled index, read where they lie). Atomic: on error nothing changes.
     pub fn update_rows<X: Real>(&mut self, rows: &[&[X]]) -> Result<()> {
-        let d = self.mean.len();
-        let width = rows.iter().map(|r| r.len()).find(|&len| len != d);
-        if rows.is_empty() || width.is_some() {
-            return Err(FaError::Shape {
-                what: "batch",
-                expected: format!("(n_samples >= 1, {d})"),
-                got: vec![rows.len(), width.unwrap_or(d)],
-            });
-        }
+        self.check_rows_shape(rows)?;
         let b = rows.len();
         let n_after = self.n_seen + b as u64;
         let mean = if self.fixed {
@@ -244,6 +236,20 @@ impl MiniBatchEm {
         Ok(())
     }
 
+    /// A batch must have B >= 1 rows of D values each.
+    fn check_rows_shape<X>(&self, rows: &[&[X]]) -> Result<()> {
+        let d = self.mean.len();
+        let width = rows.iter().map(|r| r.len()).find(|&len| len != d);
+        if rows.is_empty() || width.is_some() {
+            return Err(FaError::Shape {
+                what: "batch",
+                expected: format!("(n_samples >= 1, {d})"),
+                got: vec![rows.len(), width.unwrap_or(d)],
+            });
+        }
+        Ok(())
+    }
+
     /// d̄² ← (1 − ρ) d̄² + ρ q / B, from the per-feature sums of squared deviations q of a batch of B rows.
     fn average_squares(&mut self, q: &[f64], b: usize, rho: f64) {
         Zip::from(&mut self.dsq)
@@ -252,7 +258,7 @@ impl MiniBatchEm {
     }
 
     /// E-step (4.23) for every row of the batch: C = Fᵀ Ψ⁻¹, Σ = (I + C F)⁻¹, W = Cᵀ Σ = Ψ⁻¹ F Σ,
-    /// M = D_b W (B×K), then D_bᵀ M / B (D×K), Mᵀ M / B (K×K) and the sums of squared deviations (D).
+    /// M = D_b W (B×K), then the sums D_bᵀ M (D×K), Mᵀ M (K×K) and Σ_i d_i² per feature (D).
     fn estep<X: Real>(&self, rows: &[&[X]]) -> Result<BatchStats> {
         let (d, k) = self.loadings.dim();
         let b = rows.len();
@@ -273,9 +279,10 @@ impl MiniBatchEm {
         let a = ArrayView2::from_shape((d, kp), &a).map_err(|_| FaError::NotPositiveDefinite("E-step shapes"))?;
         Ok(BatchStats {
             sigma,
-            a: a.slice(s![.., ..k]).to_owned() / b as f64,
-            b: m.t().dot(&m) / b as f64,
+            a: a.slice(s![.., ..k]).to_owned(),
+            b: m.t().dot(&m),
             squares,
+            n: b,
         })
     }
 
@@ -288,8 +295,9 @@ impl MiniBatchEm {
 
     /// Stepwise statistics with step size `rho`, then the M-step (4.33, 4.35) and the optional whitening.
     fn mstep(&mut self, stats: &BatchStats, rho: f64) -> Result<()> {
-        self.a_bar = &self.a_bar * (1.0 - rho) + &(&stats.a * rho);
-        self.b_bar = &self.b_bar * (1.0 - rho) + &(&stats.b * rho);
+        let weight = rho / stats.n as f64;
+        self.a_bar = &self.a_bar * (1.0 - rho) + &(&stats.a * weight);
+        self.b_bar = &self.b_bar * (1.0 - rho) + &(&stats.b * weight);
         let h_bar = &stats.sigma + &self.b_bar;
         if let Some(average) = &mut self.average {
             average.include(&self.a_bar, &self.b_bar, &self.dsq);
@@ -369,12 +377,13 @@ impl MiniBatchEm {
     }
 }
 
-/// One batch's E-step results: Σ (K×K), D_bᵀ M / B (D×K), Mᵀ M / B (K×K), Σ_i d_i² per feature (D).
+/// One batch's E-step results: Σ (K×K), the sums D_bᵀ M (D×K), Mᵀ M (K×K), Σ_i d_i² per feature (D) and B.
 struct BatchStats {
     sigma: Array2<f64>,
     a: Array2<f64>,
     b: Array2<f64>,
     squares: Vec<f64>,
+    n: usize,
 }
 
 /// Fᵀ Ψ⁻¹ F (K×K).
@@ -398,6 +407,7 @@ fn padded_weights(f: &Array2<f64>, psi: &Array1<f64>, sigma: &Array2<f64>, kp: u
 
 pub mod average;
 mod checks;
+pub mod exact;
 mod kernel;
 pub mod moments;
 mod parts;

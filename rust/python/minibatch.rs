@@ -20,44 +20,57 @@ pub struct MiniBatchEMCore {
     inner: Mutex<crate::minibatch::MiniBatchEm>,
 }
 
-impl MiniBatchEMCore {
-    /// Apply `arr` (or its rows `rows`, in that order) as one mini-batch, read in place.
-    fn apply<X: Real + Element>(
-        &self,
-        py: Python<'_>,
-        arr: &Bound<'_, PyArray2<X>>,
-        rows: Option<&PyReadonlyArray1<'_, i64>>,
-    ) -> PyResult<()> {
-        let ro = arr.readonly();
-        let view: ArrayView2<X> = checked_view(&ro, "X")?;
-        let Some(rows) = rows else {
-            return py.detach(|| lock(&self.inner)?.update(view).map_err(to_py_err));
-        };
-        let index = rows.as_array();
-        let n = view.nrows();
-        if let Some(&bad) = index.iter().find(|&&i| i < 0 || i as u64 >= n as u64) {
-            return Err(PyIndexError::new_err(format!(
-                "rows: index {bad} is out of bounds for X with {n} rows"
-            )));
-        }
-        let picked = if view.ncols() == 0 || view.row(0).as_slice().is_some() {
-            None
-        } else {
-            // Rows that are not contiguous are copied (only the picked ones).
-            Some(view.select(Axis(0), &index.iter().map(|&i| i as usize).collect::<Vec<_>>()))
-        };
-        py.detach(|| {
-            let mut model = lock(&self.inner)?;
-            match &picked {
-                Some(copy) => model.update(copy.view()),
-                None => {
-                    let slices: Vec<&[X]> = index.iter().filter_map(|&i| view.row(i as usize).to_slice()).collect();
-                    model.update_rows(&slices)
-                }
+/// Run `f` on the rows of `arr` (all, or those at `rows`, in that order) as row slices read in place, with
+/// the GIL released. Indices are checked first; non-contiguous rows are copied (only the picked ones).
+fn with_batch<X: Real + Element, R: Send>(
+    py: Python<'_>,
+    arr: &Bound<'_, PyArray2<X>>,
+    rows: Option<&PyReadonlyArray1<'_, i64>>,
+    f: impl FnOnce(&[&[X]]) -> PyResult<R> + Send,
+) -> PyResult<R> {
+    let ro = arr.readonly();
+    let view: ArrayView2<X> = checked_view(&ro, "X")?;
+    let n = view.nrows();
+    let index: Vec<usize> = match rows {
+        None => (0..n).collect(),
+        Some(rows) => {
+            let index = rows.as_array();
+            if let Some(&bad) = index.iter().find(|&&i| i < 0 || i as u64 >= n as u64) {
+                return Err(PyIndexError::new_err(format!(
+                    "rows: index {bad} is out of bounds for X with {n} rows"
+                )));
             }
-            .map_err(to_py_err)
-        })
-    }
+            index.iter().map(|&i| i as usize).collect()
+        }
+    };
+    let contiguous = view.ncols() == 0 || n == 0 || view.row(0).as_slice().is_some();
+    let copy = (!contiguous).then(|| view.select(Axis(0), &index));
+    py.detach(|| match &copy {
+        Some(picked) => {
+            let slices: Vec<&[X]> = picked.rows().into_iter().filter_map(|r| r.to_slice()).collect();
+            f(&slices)
+        }
+        None => {
+            let slices: Vec<&[X]> = index.iter().filter_map(|&i| view.row(i).to_slice()).collect();
+            f(&slices)
+        }
+    })
+}
+
+/// Dispatch `$body` (a closure over row slices of either float type) on a float64 or float32 2-D array.
+macro_rules! on_float_batch {
+    ($py:expr, $x:expr, $rows:expr, $what:literal, |$r:ident| $body:expr) => {
+        if let Ok(arr) = $x.cast::<PyArray2<f64>>() {
+            with_batch($py, arr, $rows, |$r: &[&[f64]]| $body)
+        } else if let Ok(arr) = $x.cast::<PyArray2<f32>>() {
+            with_batch($py, arr, $rows, |$r: &[&[f32]]| $body)
+        } else {
+            Err(PyTypeError::new_err(concat!(
+                $what,
+                " expects a 2-D float32 or float64 numpy array"
+            )))
+        }
+    };
 }
 
 #[pymethods]
@@ -109,15 +122,52 @@ impl MiniBatchEMCore {
     /// Apply one mini-batch (2-D float32 or float64 array, or the rows `rows` of one), with the GIL released.
     #[pyo3(signature = (x, rows=None))]
     fn update(&self, py: Python<'_>, x: &Bound<'_, PyAny>, rows: Option<PyReadonlyArray1<'_, i64>>) -> PyResult<()> {
-        if let Ok(arr) = x.cast::<PyArray2<f64>>() {
-            self.apply(py, arr, rows.as_ref())
-        } else if let Ok(arr) = x.cast::<PyArray2<f32>>() {
-            self.apply(py, arr, rows.as_ref())
-        } else {
-            Err(PyTypeError::new_err(
-                "update expects a 2-D float32 or float64 numpy array",
-            ))
-        }
+        on_float_batch!(py, x, rows.as_ref(), "update", |r| lock(&self.inner)?
+            .update_rows(r)
+            .map_err(to_py_err))
+    }
+
+    /// The sums (A: D×K, B: K×K, q: D, n) of an exact E-step of the rows with the current F, Ψ.
+    #[pyo3(signature = (x, rows=None))]
+    #[allow(clippy::type_complexity)]
+    fn exact_sums<'py>(
+        &self,
+        py: Python<'py>,
+        x: &Bound<'py, PyAny>,
+        rows: Option<PyReadonlyArray1<'_, i64>>,
+    ) -> PyResult<(
+        Bound<'py, PyArray2<f64>>,
+        Bound<'py, PyArray2<f64>>,
+        Bound<'py, PyArray1<f64>>,
+        u64,
+    )> {
+        let sums = on_float_batch!(py, x, rows.as_ref(), "exact_sums", |r| lock(&self.inner)?
+            .exact_sums(r)
+            .map_err(to_py_err))?;
+        Ok((
+            sums.a.into_pyarray(py),
+            sums.b.into_pyarray(py),
+            sums.squares.into_pyarray(py),
+            sums.n,
+        ))
+    }
+
+    /// One exact M-step from sums over the whole data set (see `exact_sums`).
+    fn apply_exact(
+        &self,
+        py: Python<'_>,
+        a: PyReadonlyArray2<'_, f64>,
+        b: PyReadonlyArray2<'_, f64>,
+        squares: PyReadonlyArray1<'_, f64>,
+        n: u64,
+    ) -> PyResult<()> {
+        let sums = crate::minibatch::exact::ExactSums {
+            a: owned_copy(&a)?,
+            b: owned_copy(&b)?,
+            squares: owned_copy(&squares)?,
+            n,
+        };
+        py.detach(|| lock(&self.inner)?.apply_exact(&sums).map_err(to_py_err))
     }
 
     /// Start averaging the statistics over the batches that follow.
@@ -139,6 +189,23 @@ impl MiniBatchEMCore {
             lock(&self.inner)?.discard_average();
             Ok(())
         })
+    }
+
+    /// (n_seen, mean, loadings, noise_variance) of the model `apply_average` would make (no change here).
+    #[allow(clippy::type_complexity)]
+    fn averaged_snapshot<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        u64,
+        Bound<'py, PyArray1<f64>>,
+        Bound<'py, PyArray2<f64>>,
+        Bound<'py, PyArray1<f64>>,
+    )> {
+        let m = py.detach(|| lock(&self.inner)?.with_average_applied().map_err(to_py_err))?;
+        let (t, mean) = (m.n_seen(), m.mean().to_owned());
+        let (f, psi) = (m.loadings().to_owned(), m.noise_variance().to_owned());
+        Ok((t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
     }
 
     /// Batches averaged since `start_average`, or None when not averaging.
