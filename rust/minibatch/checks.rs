@@ -5,10 +5,17 @@ use ndarray::{Array1, Zip};
 use crate::error::FaError;
 use crate::scalar::Real;
 
+/// Whether an input value is NaN, ±Inf or above `X::MAX_INPUT` in magnitude (written so NaN counts as bad).
+#[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+pub(super) fn is_bad_input<X: Real>(v: f64) -> bool {
+    !(v.abs() <= X::MAX_INPUT)
+}
+
 /// The error for a batch known to hold a NaN, ±Inf or a magnitude above `X::MAX_INPUT`, naming its first
 /// bad row (the kernels detect bad values while reading; only a failing batch is searched here).
 pub(super) fn bad_value_error<X: Real>(rows: &[&[X]]) -> FaError {
-    let is_bad = |v: &X| !(v.to_f64().abs() <= X::MAX_INPUT);
+    let is_bad = |v: &X| is_bad_input::<X>(v.to_f64());
     let row = rows.iter().position(|r| r.iter().any(is_bad)).unwrap_or(0);
     let v = rows
         .get(row)

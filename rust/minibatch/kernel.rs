@@ -229,7 +229,7 @@ fn pack_deviations<X: Real>(rows: &[&[X]], mean: &[f64], f0: usize, width: usize
         }
         for ((o, &v), &cv) in out.iter_mut().zip(&row[f0..f0 + width]).zip(c) {
             let v = v.to_f64();
-            bad |= !(v.abs() <= X::MAX_INPUT);
+            bad |= super::checks::is_bad_input::<X>(v);
             *o = v - cv;
         }
     }

@@ -17,6 +17,7 @@
 
 use rayon::prelude::*;
 
+use super::checks::is_bad_input;
 use crate::error::{FaError, Result};
 use crate::scalar::Real;
 
@@ -102,7 +103,7 @@ fn group_moments<X: Real>(rows: &[&[X]]) -> std::result::Result<Moments, usize> 
             let width = BLOCK_FEATURES.min(d - f0);
             let (cm, cs) = (&mut chunk_mean[..width], &mut chunk_squares[..width]);
             if !piece_moments(chunk, f0, cm, cs) {
-                let bad = |r: &&[X]| r.iter().any(|v| !(v.to_f64().abs() <= X::MAX_INPUT));
+                let bad = |r: &&[X]| r.iter().any(|v| is_bad_input::<X>(v.to_f64()));
                 return Err(c * CHUNK_ROWS + chunk.iter().position(bad).unwrap_or(0));
             }
             acc.combine(f0, chunk.len(), cm, cs);
@@ -120,7 +121,7 @@ fn piece_moments<X: Real>(chunk: &[&[X]], f0: usize, mean: &mut [f64], squares: 
     for row in chunk {
         for (s, &v) in mean.iter_mut().zip(&row[f0..f0 + width]) {
             let v = v.to_f64();
-            bad |= !(v.abs() <= X::MAX_INPUT);
+            bad |= is_bad_input::<X>(v);
             *s += v;
         }
     }
