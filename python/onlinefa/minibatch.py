@@ -228,7 +228,8 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
             Wrong shape, NaN/±Inf/too large values; the model is unchanged.
         """
         arr = as_sample_matrix(X, self._n_features)
-        _exact_em_step(self, (arr[start:start + self._batch_size] for start in range(0, arr.shape[0], self._batch_size)))
+        step = self._batch_size
+        _exact_em_step(self, (arr[start:start + step] for start in range(0, arr.shape[0], step)))
         return self
 
     def discard_average(self) -> MiniBatchEM:
@@ -463,7 +464,7 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
     exact = False
     for p in range(max_iter):
         if exact:
-            _exact_em_step(model, _batches(arr, chunk, "none", rng))
+            _exact_em_step(model, _batches(arr, chunk, "none", rng), on_rows)
             history.n_exact_steps += 1
         else:
             if averaged and p & (p - 1) == 0:  # p = 0, 1, 2, 4, ...: the window is the last half of the passes
@@ -486,13 +487,15 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
     return history
 
 
-def _exact_em_step(model: MiniBatchEM, batches: Any) -> None:
+def _exact_em_step(model: MiniBatchEM, batches: Any, on_rows: Callable[[int], None] | None = None) -> None:
     """One exact EM step: the E-step sums of every batch with the current F, Ψ, added in order, then one
     M-step from the totals."""
     total: list[Any] | None = None
     for batch in batches:
         sums = model._core.exact_sums(batch)
         total = list(sums) if total is None else [t + s for t, s in zip(total, sums)]
+        if on_rows is not None:
+            on_rows(batch.shape[0])
     if total is None:
         raise ValueError("an exact EM step needs at least one row")
     model._core.apply_exact(*total)
