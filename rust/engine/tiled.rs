@@ -77,14 +77,14 @@ impl TiledIsa {
 }
 
 /// a·b + c, fused or not.
-trait MulAdd {
+pub(crate) trait MulAdd {
     fn mul_add(a: f64, b: f64, c: f64) -> f64;
 }
 
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
-struct Fused;
+pub(crate) struct Fused;
 #[cfg_attr(target_arch = "aarch64", allow(dead_code))]
-struct Separate;
+pub(crate) struct Separate;
 
 impl MulAdd for Fused {
     #[inline(always)]
@@ -100,10 +100,12 @@ impl MulAdd for Separate {
     }
 }
 
+/// The multiply-add of the portable path: fused on aarch64 (part of its base ISA), separate elsewhere.
 #[cfg(target_arch = "aarch64")]
-type PortableMulAdd = Fused;
+pub(crate) type PortableMulAdd = Fused;
+/// The multiply-add of the portable path: fused on aarch64 (part of its base ISA), separate elsewhere.
 #[cfg(not(target_arch = "aarch64"))]
-type PortableMulAdd = Separate;
+pub(crate) type PortableMulAdd = Separate;
 
 /// out = a · M for `nbp` rows (a multiple of [`TILE_ROWS`]): out[r][j] = Σ_i a[r][i] M[i][j], i ascending over
 /// the non-zero rows of M's column tile. a, out: nbp×kp row-major (padding columns of a must be zero).

@@ -22,7 +22,7 @@
 
 use rayon::prelude::*;
 
-use crate::engine::tiled::TiledIsa as Isa;
+use crate::engine::tiled::{MulAdd, PortableMulAdd, TiledIsa as Isa};
 use crate::scalar::Real;
 
 /// Rows of M per parallel task of `project` (a multiple of the 4-row tile).
@@ -41,35 +41,6 @@ pub(crate) fn padded(k: usize) -> usize {
 fn chunks(kp: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..kp).step_by(CHUNK).map(move |j0| (j0, (kp - j0).min(CHUNK)))
 }
-
-/// a·b + c, fused or not.
-trait MulAdd {
-    fn mul_add(a: f64, b: f64, c: f64) -> f64;
-}
-
-#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
-struct Fused;
-#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
-struct Separate;
-
-impl MulAdd for Fused {
-    #[inline(always)]
-    fn mul_add(a: f64, b: f64, c: f64) -> f64 {
-        a.mul_add(b, c)
-    }
-}
-
-impl MulAdd for Separate {
-    #[inline(always)]
-    fn mul_add(a: f64, b: f64, c: f64) -> f64 {
-        a * b + c
-    }
-}
-
-#[cfg(target_arch = "aarch64")]
-type PortableMulAdd = Fused;
-#[cfg(not(target_arch = "aarch64"))]
-type PortableMulAdd = Separate;
 
 /// M = (X_b − 1 θ̄ᵀ) W. rows: B slices of D values; mean: θ̄ (D); w: D×kp row-major (columns ≥ K zero);
 /// out: B×kp row-major, overwritten.

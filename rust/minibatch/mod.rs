@@ -198,6 +198,11 @@ impl MiniBatchEm {
             owned.view()
         };
         let rows: Vec<&[X]> = x.rows().into_iter().filter_map(|r| r.to_slice()).collect();
+        if rows.len() != b {
+            return Err(FaError::InvalidState(
+                "batch rows could not be read as contiguous slices".into(),
+            ));
+        }
         self.update_rows(&rows)
     }
 

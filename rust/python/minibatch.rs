@@ -44,16 +44,16 @@ fn with_batch<X: Real + Element, R: Send>(
         }
     };
     let contiguous = view.ncols() == 0 || n == 0 || view.row(0).as_slice().is_some();
-    let copy = (!contiguous).then(|| view.select(Axis(0), &index));
-    py.detach(|| match &copy {
-        Some(picked) => {
-            let slices: Vec<&[X]> = picked.rows().into_iter().filter_map(|r| r.to_slice()).collect();
-            f(&slices)
+    let copy = (!contiguous).then(|| view.select(Axis(0), &index).as_standard_layout().into_owned());
+    py.detach(|| {
+        let slices: Vec<&[X]> = match &copy {
+            Some(picked) => picked.rows().into_iter().filter_map(|r| r.to_slice()).collect(),
+            None => index.iter().filter_map(|&i| view.row(i).to_slice()).collect(),
+        };
+        if slices.len() != index.len() {
+            return Err(PyValueError::new_err("X: rows could not be read as contiguous slices"));
         }
-        None => {
-            let slices: Vec<&[X]> = index.iter().filter_map(|&i| view.row(i).to_slice()).collect();
-            f(&slices)
-        }
+        f(&slices)
     })
 }
 
@@ -192,20 +192,13 @@ impl MiniBatchEMCore {
     }
 
     /// (n_seen, mean, loadings, noise_variance) of the model `apply_average` would make (no change here).
-    #[allow(clippy::type_complexity)]
-    fn averaged_snapshot<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<(
-        u64,
-        Bound<'py, PyArray1<f64>>,
-        Bound<'py, PyArray2<f64>>,
-        Bound<'py, PyArray1<f64>>,
-    )> {
-        let m = py.detach(|| lock(&self.inner)?.with_average_applied().map_err(to_py_err))?;
-        let (t, mean) = (m.n_seen(), m.mean().to_owned());
-        let (f, psi) = (m.loadings().to_owned(), m.noise_variance().to_owned());
-        Ok((t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
+    fn averaged_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Snapshot<'py>> {
+        let parts = py.detach(|| {
+            Ok::<_, PyErr>(owned_snapshot(
+                &lock(&self.inner)?.with_average_applied().map_err(to_py_err)?,
+            ))
+        })?;
+        Ok(to_python(py, parts))
     }
 
     /// Batches averaged since `start_average`, or None when not averaging.
@@ -339,27 +332,35 @@ impl MiniBatchEMCore {
     }
 
     /// (n_seen, mean, loadings, noise_variance) read under one lock: one consistent state.
-    #[allow(clippy::type_complexity)]
-    fn snapshot<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<(
-        u64,
-        Bound<'py, PyArray1<f64>>,
-        Bound<'py, PyArray2<f64>>,
-        Bound<'py, PyArray1<f64>>,
-    )> {
-        let (t, mean, f, psi) = py.detach(|| {
-            let m = lock(&self.inner)?;
-            Ok::<_, PyErr>((
-                m.n_seen(),
-                m.mean().to_owned(),
-                m.loadings().to_owned(),
-                m.noise_variance().to_owned(),
-            ))
-        })?;
-        Ok((t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Snapshot<'py>> {
+        let parts = py.detach(|| Ok::<_, PyErr>(owned_snapshot(&*lock(&self.inner)?)))?;
+        Ok(to_python(py, parts))
     }
+}
+
+/// (n_seen, mean, loadings, noise_variance) as NumPy arrays.
+type Snapshot<'py> = (
+    u64,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray2<f64>>,
+    Bound<'py, PyArray1<f64>>,
+);
+
+/// (n_seen, mean, loadings, noise_variance) copied out of a model.
+fn owned_snapshot(m: &crate::minibatch::MiniBatchEm) -> (u64, ndarray::Array1<f64>, Array2<f64>, ndarray::Array1<f64>) {
+    (
+        m.n_seen(),
+        m.mean().to_owned(),
+        m.loadings().to_owned(),
+        m.noise_variance().to_owned(),
+    )
+}
+
+fn to_python<'py>(
+    py: Python<'py>,
+    (t, mean, f, psi): (u64, ndarray::Array1<f64>, Array2<f64>, ndarray::Array1<f64>),
+) -> Snapshot<'py> {
+    (t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py))
 }
 
 fn moments_of<X: Real + Element>(
@@ -377,6 +378,9 @@ fn moments_of<X: Real + Element>(
         owned.view()
     };
     let rows: Vec<&[X]> = view.rows().into_iter().filter_map(|r| r.to_slice()).collect();
+    if rows.len() != view.nrows() {
+        return Err(PyValueError::new_err("X: rows could not be read as contiguous slices"));
+    }
     match py.detach(|| crate::minibatch::moments::column_moments(&rows)) {
         Err(crate::error::FaError::BadValue { row, .. }) => Err(PyValueError::new_err(format!(
             "row {} contains NaN, infinity or a value with magnitude above {:e}",
