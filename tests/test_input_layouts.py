@@ -333,3 +333,23 @@ def test_states_of_any_layout_are_restored_exactly(state_dtype: str) -> None:
     restored = type(model._core).from_state(moved)
     assert {k: (v.tobytes() if isinstance(v, np.ndarray) else v) for k, v in restored.get_state().items()} == {
         k: (v.tobytes() if isinstance(v, np.ndarray) else v) for k, v in state.items()}
+
+
+@LAYOUT_SETTINGS
+@given(layout=layouts(), input_dtype=st.sampled_from(["float64", "float32"]), n_rows=st.integers(2, 30),
+       pick=st.booleans())
+def test_minibatch_reads_any_layout(layout: LayoutFactory, input_dtype: str, n_rows: int, pick: bool) -> None:
+    # update (whole array or picked rows, read in place), the exact step and the data moments must read every
+    # layout as the canonical copy's values, bit for bit.
+    values = _data(n_rows, input_dtype, n_rows + 7)
+    strided = layout(values)
+    canonical = _canonical(strided)
+    rows = np.random.default_rng(n_rows).permutation(n_rows)[: max(1, n_rows // 2)] if pick else None
+    moments = [onlinefa.minibatch.data_moments(x) for x in (strided, canonical)]
+    for got, want in zip(*moments):
+        _assert_same_bits(got, want)
+    models = [onlinefa.MiniBatchEM(D, K, batch_size=4, seed=1) for _ in range(2)]
+    for model, x in zip(models, (strided, canonical)):
+        model.update(x, rows=rows)
+        model.exact_step(x)
+    assert _state(models[0]) == _state(models[1])
