@@ -139,9 +139,11 @@ class OnlineFactorAnalysis(EstimatorBase):
     max_iter : int, default=1
         Passes of :meth:`fit` over ``X``. 1 streams the rows once, in order. More passes visit the rows in
         a new random order each time and stop early once two consecutive passes fail to raise the best
-        average log-likelihood L (of at most 5,000 rows of ``X``) by ``tol`` · max(1, ``|L|``); with
-        ``batch_size > 1``, :meth:`fit` first computes ``X``'s exact mean. :meth:`partial_fit` always
-        streams its rows once.
+        average log-likelihood L (of at most 5,000 rows of ``X``) by ``tol`` · max(1, ``|L|``). With
+        ``batch_size > 1``, :meth:`fit` first computes ``X``'s exact mean, and passes run as in
+        :func:`onlinefa.fit_minibatch`: the statistics are averaged over the last half of the passes and,
+        once a pass fails to gain, exact EM steps finish the fit. :meth:`partial_fit` always streams its
+        rows once.
     tol : float, default=1e-5
         Relative stopping threshold of ``max_iter > 1`` (0 runs every pass).
 
