@@ -1,7 +1,8 @@
 //! The saved state of a [`super::Vifa`]: hyper-parameters, counters, parameters and Adam moments.
 
 use super::config::validate_vifa_dims;
-use super::params::{Moments, Params};
+use super::fused::Kernel;
+use super::params::{sqrt_noise, Moments, Params};
 use super::update::LOG_NOISE_LIMIT;
 use super::{LearningRates, Optimizer, Vifa, VifaConfig};
 use crate::error::{FaError, Result};
@@ -102,6 +103,8 @@ impl<T: StateReal> Checkpoint for Vifa<T> {
             n_draws,
             n_pending,
             n_steps: r.int("n_steps")?,
+            sqrt_psi: Vec::new(),
+            kernel: Kernel::choose(k),
             params: read_params(&r, "", d, k)?,
             moments,
             m_inv: None,
@@ -117,6 +120,7 @@ impl<T: StateReal> Checkpoint for Vifa<T> {
                 "entry `log_noise` has |β| > {LOG_NOISE_LIMIT}"
             )));
         }
+        model.sqrt_psi = sqrt_noise(&model.params.beta);
         model.m_inv = Some(model.recompute_m_inv().map_err(bad)?);
         Ok(model)
     }

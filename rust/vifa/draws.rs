@@ -57,8 +57,7 @@ impl<T: Real> Vifa<T> {
                     let r = row0 + i;
                     let f_row = &self.params.f[r * k..(r + 1) * k];
                     let fh: f64 = f_row.iter().zip(h.iter()).map(|(f, h)| f.to_f64() * h).sum();
-                    let beta = self.params.beta[r].to_f64();
-                    *t = fh + self.params.c[r].to_f64() + (0.5 * beta).exp() * z;
+                    *t = fh + self.params.c[r].to_f64() + self.sqrt_psi[r] * z;
                 }
             }
         });

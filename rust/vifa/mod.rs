@@ -36,7 +36,12 @@
 mod checkpoint;
 mod config;
 mod draws;
+mod fused;
+mod fused_tasks;
 mod gradient;
+#[cfg(test)]
+mod kernel_tests;
+mod lanes;
 mod params;
 mod step;
 #[cfg(test)]
@@ -46,19 +51,19 @@ mod update;
 use ndarray::{Array1, Array2};
 
 use crate::error::{invalid, FaError, Result};
+use crate::pass::{BLOCK_ROWS, TASK_ROWS};
 use crate::scalar::Real;
 
 pub(crate) use config::validate_vifa_dims;
 pub use config::{LearningRates, Optimizer, VifaConfig, VifaInit, ADAM_BETA1, ADAM_BETA2, ADAM_EPS};
-use params::{checked_vector, Moments, Params};
+use fused::Kernel;
+use params::{checked_vector, sqrt_noise, Moments, Params};
 
-/// Rows per rayon task.
-const TASK_ROWS: usize = 8192;
-/// Rows per block inside a task; also the row block of the counter-based noise z.
-const BLOCK_ROWS: usize = 256;
+// The engine's partition (`crate::pass`): tasks of TASK_ROWS rows, on rayon past its size gate, in blocks
+// of BLOCK_ROWS rows.
 const _: () = assert!(
     TASK_ROWS % BLOCK_ROWS == 0,
-    "noise blocks must align with task boundaries"
+    "row blocks must align with task boundaries"
 );
 
 /// VIFA with the D-sized state stored in `T` (f32 or f64); all K×K algebra and all sums are f64.
@@ -77,6 +82,11 @@ pub struct Vifa<T: Real> {
     pub(crate) n_steps: u64,
     pub(crate) params: Params<T>,
     pub(crate) moments: Option<Moments<T>>,
+    /// ψ^{1/2} = exp(β/2) of the stored β (D): derived from `params.beta` (never saved), kept so that a
+    /// sample and a step need one exp per row between them instead of three.
+    pub(crate) sqrt_psi: Vec<f64>,
+    /// The kernels of the passes (fused for K ≤ 16; chosen once, never saved).
+    pub(crate) kernel: Kernel,
     /// (I + B)⁻¹ with B = Fᵀ Ψ⁻¹ F of the current parameters (K×K); None once the parameters diverged.
     pub(crate) m_inv: Option<Array2<f64>>,
     /// Index of this model's first row in the whole vector when the rows are split across processes (0
@@ -137,6 +147,8 @@ impl<T: Real> Vifa<T> {
             n_draws: 0,
             n_pending: 0,
             n_steps: 0,
+            sqrt_psi: sqrt_noise(&beta),
+            kernel: Kernel::choose(k),
             params: Params { c, f, beta },
             moments,
             m_inv: None,

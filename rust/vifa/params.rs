@@ -39,6 +39,22 @@ impl<T: Real> Params<T> {
     }
 }
 
+impl<T> RowsMut<'_, T> {
+    /// Rows b0 … b0 + nb − 1 of these rows (F K wide).
+    pub(super) fn block(&mut self, k: usize, b0: usize, nb: usize) -> RowsMut<'_, T> {
+        RowsMut {
+            c: &mut self.c[b0..b0 + nb],
+            f: &mut self.f[b0 * k..(b0 + nb) * k],
+            beta: &mut self.beta[b0..b0 + nb],
+        }
+    }
+}
+
+/// ψ^{1/2} = exp(β/2) of each stored β (as f64): the state's cache of the square-root noise.
+pub(super) fn sqrt_noise<T: Real>(beta: &[T]) -> Vec<f64> {
+    beta.iter().map(|b| (0.5 * b.to_f64()).exp()).collect()
+}
+
 /// Adam's first (m) and second (v) moment estimates, laid out like the parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Moments<T> {

@@ -6,7 +6,8 @@
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::config::{ADAM_BETA1, ADAM_BETA2};
+use super::fused::{Kernel, StepConsts};
+use super::fused_tasks;
 use super::gradient::{accumulate_gram, block_gradients, GradCtx, Scratch};
 use super::params::RowsMut;
 use super::update::{clip_scales, update_task, StepTask, UpdateRule};
@@ -17,25 +18,28 @@ use crate::pass::{use_parallel, validate_batch};
 use crate::scalar::Real;
 
 impl<T: Real> Vifa<T> {
-    /// (I + Fᵀ Ψ⁻¹ F)⁻¹ from the stored parameters, by the same block kernel the step uses.
+    /// (I + Fᵀ Ψ⁻¹ F)⁻¹ from the stored parameters, by the same block kernel the step uses (a restored
+    /// model has bit-identical (I + B)⁻¹).
     pub(super) fn recompute_m_inv(&self) -> Result<Array2<f64>> {
         let (d, k) = (self.n_features, self.n_components);
-        let partials = run_tasks(
-            (0..d.div_ceil(TASK_ROWS)).collect(),
-            use_parallel(d, k),
-            |task: usize| {
-                let lo = task * TASK_ROWS;
-                let hi = (lo + TASK_ROWS).min(d);
-                let mut s = Scratch::new(k);
-                let mut gram = Array2::zeros((k, k));
-                for b0 in (lo..hi).step_by(BLOCK_ROWS) {
-                    let nb = (hi - b0).min(BLOCK_ROWS);
-                    s.load(&self.params, b0, nb);
-                    accumulate_gram(&mut s, nb, &mut gram);
-                }
-                gram
-            },
-        );
+        let tasks: Vec<(usize, usize)> = (0..d.div_ceil(TASK_ROWS))
+            .map(|t| (t * TASK_ROWS, ((t + 1) * TASK_ROWS).min(d)))
+            .collect();
+        let fused = matches!(self.kernel, Kernel::Fused(_));
+        let partials = run_tasks(tasks, use_parallel(d, k), |(lo, hi)| {
+            if fused {
+                let gram = fused_tasks::gram_task(k, &self.params, &self.sqrt_psi, (lo, hi));
+                return square(k, gram);
+            }
+            let mut s = Scratch::new(k);
+            let mut gram = Array2::zeros((k, k));
+            for b0 in (lo..hi).step_by(BLOCK_ROWS) {
+                let nb = (hi - b0).min(BLOCK_ROWS);
+                s.load(&self.params, b0, nb);
+                accumulate_gram(&mut s, nb, &mut gram);
+            }
+            gram
+        });
         precision_inverse(k, partials)
     }
 
@@ -83,12 +87,7 @@ impl<T: Real> Vifa<T> {
         let h = self.pending_latents();
         let ctx = self.grad_ctx(h.view(), grads, m_inv.view());
         let t = self.n_steps + 1;
-        let rule = UpdateRule {
-            lr: self.config.lr.as_array(),
-            scale,
-            bias1: 1.0 - ADAM_BETA1.powf(t as f64),
-            bias2: 1.0 - ADAM_BETA2.powf(t as f64),
-        };
+        let rule = UpdateRule::new(self.config.lr.as_array(), scale, t);
         let (gram, finite) = self.update_pass(&ctx, &rule);
         self.n_steps = t;
         self.n_pending = 0;
@@ -142,31 +141,33 @@ impl<T: Real> Vifa<T> {
     /// ‖∇_c‖², ‖∇_F‖², ‖∇_β‖² of the averaged negative-ELBO gradient (a read-only pass).
     pub(super) fn gradient_norms<X: Real>(&self, ctx: &GradCtx<X>) -> [f64; 3] {
         let (d, k) = (self.n_features, self.n_components);
-        let partials = run_tasks(
-            (0..d.div_ceil(TASK_ROWS)).collect(),
-            use_parallel(d, k),
-            |task: usize| {
-                let lo = task * TASK_ROWS;
-                let hi = (lo + TASK_ROWS).min(d);
-                let mut s = Scratch::new(k);
-                let mut sq = [0.0; 3];
-                for b0 in (lo..hi).step_by(BLOCK_ROWS) {
-                    let nb = (hi - b0).min(BLOCK_ROWS);
-                    s.load(&self.params, b0, nb);
-                    block_gradients(ctx, &mut s, b0, nb);
-                    sq[0] += s.grad_c[..nb].iter().map(|g| g * g).sum::<f64>();
-                    sq[1] += s.grad_f[..nb * k].iter().map(|g| g * g).sum::<f64>();
-                    sq[2] += s.grad_b[..nb].iter().map(|g| g * g).sum::<f64>();
-                }
-                sq
-            },
-        );
+        let tasks: Vec<(usize, usize)> = (0..d.div_ceil(TASK_ROWS))
+            .map(|t| (t * TASK_ROWS, ((t + 1) * TASK_ROWS).min(d)))
+            .collect();
+        let (kernel, h, m_inv) = (self.kernel, flat(ctx.h), flat(ctx.m_inv));
+        let partials = run_tasks(tasks, use_parallel(d, k), |(lo, hi)| {
+            if let Kernel::Fused(isa) = kernel {
+                return fused_tasks::norms_task(isa, &self.params, &self.sqrt_psi, (lo, hi), ctx, &h, &m_inv);
+            }
+            let mut s = Scratch::new(k);
+            let mut sq = [0.0; 3];
+            for b0 in (lo..hi).step_by(BLOCK_ROWS) {
+                let nb = (hi - b0).min(BLOCK_ROWS);
+                s.load(&self.params, b0, nb);
+                block_gradients(ctx, &mut s, b0, nb);
+                sq[0] += s.grad_c[..nb].iter().map(|g| g * g).sum::<f64>();
+                sq[1] += s.grad_f[..nb * k].iter().map(|g| g * g).sum::<f64>();
+                sq[2] += s.grad_b[..nb].iter().map(|g| g * g).sum::<f64>();
+            }
+            sq
+        });
         partials
             .iter()
             .fold([0.0; 3], |acc, p| [acc[0] + p[0], acc[1] + p[1], acc[2] + p[2]])
     }
 
-    /// The fused pass: gradients, optimiser update, and B of the new parameters. Returns (B, all finite).
+    /// The step pass: gradients, optimiser update, and B of the new parameters, in one read and one write
+    /// of each row (the model's `kernel`: fused for K ≤ 16, blocked GEMMs above). Returns (B, all finite).
     pub(super) fn update_pass<X: Real>(&mut self, ctx: &GradCtx<X>, rule: &UpdateRule) -> (Array2<f64>, bool) {
         let (d, k) = (self.n_features, self.n_components);
         let n_tasks = d.div_ceil(TASK_ROWS);
@@ -177,19 +178,44 @@ impl<T: Real> Vifa<T> {
         let tasks: Vec<StepTask<T>> = self
             .params
             .task_rows(k)
+            .zip(self.sqrt_psi.chunks_mut(TASK_ROWS))
             .zip(moments)
             .enumerate()
-            .map(|(i, (p, m))| StepTask {
+            .map(|(i, ((p, sqrt_psi), m))| StepTask {
                 lo: i * TASK_ROWS,
                 p,
+                sqrt_psi,
                 m,
             })
             .collect();
-        let partials = run_tasks(tasks, use_parallel(d, k), |task| update_task(task, ctx, rule));
+        let (kernel, h, m_inv) = (self.kernel, flat(ctx.h), flat(ctx.m_inv));
+        let consts = StepConsts {
+            k,
+            m_inv: &m_inv,
+            alpha: ctx.alpha,
+            rule,
+        };
+        let partials = run_tasks(tasks, use_parallel(d, k), |task| {
+            if let Kernel::Fused(isa) = kernel {
+                let (gram, finite) = fused_tasks::update_task(isa, task, ctx, &h, &consts);
+                return (square(k, gram), finite);
+            }
+            update_task(task, ctx, rule)
+        });
         let finite = partials.iter().all(|(_, ok)| *ok);
         let gram = partials.into_iter().fold(Array2::zeros((k, k)), |acc, (g, _)| acc + g);
         (gram, finite)
     }
+}
+
+/// A K×K row-major vector as a matrix.
+fn square(k: usize, v: Vec<f64>) -> Array2<f64> {
+    Array2::from_shape_vec((k, k), v).expect("K×K values")
+}
+
+/// The values of a small matrix, row-major.
+fn flat(m: ArrayView2<f64>) -> Vec<f64> {
+    m.iter().copied().collect()
 }
 
 /// Run `kernel` on every task (on rayon if `parallel`) and return the results in task order.

@@ -2,7 +2,7 @@ use super::*;
 use crate::init::{fill_standard_normal, orthonormal_loadings};
 use nalgebra::DMatrix;
 
-fn config(optimizer: Optimizer, n_grad_samples: usize) -> VifaConfig {
+pub(super) fn config(optimizer: Optimizer, n_grad_samples: usize) -> VifaConfig {
     VifaConfig {
         prior_precision: 0.3,
         lr: LearningRates {
@@ -17,7 +17,7 @@ fn config(optimizer: Optimizer, n_grad_samples: usize) -> VifaConfig {
 }
 
 /// A model with non-trivial c, F, ψ.
-fn model<T: Real>(d: usize, k: usize, cfg: VifaConfig, seed: u64) -> Vifa<T> {
+pub(super) fn model<T: Real>(d: usize, k: usize, cfg: VifaConfig, seed: u64) -> Vifa<T> {
     let f = orthonormal_loadings(d, k, seed).expect("init") * 1.3;
     let mut c = Array1::zeros(d);
     fill_standard_normal(c.view_mut().insert_axis(ndarray::Axis(1)), seed + 1);

@@ -3,18 +3,35 @@
 
 use ndarray::Array2;
 
-use super::config::{ADAM_BETA1, ADAM_BETA2, ADAM_EPS};
+use super::config::{ADAM_BETA1, ADAM_BETA2};
 use super::gradient::{accumulate_gram, block_gradients, GradCtx, Scratch};
+use super::lanes::{adam, sgd};
 use super::params::RowsMut;
 use super::BLOCK_ROWS;
-use crate::scalar::{stored, Real};
+use crate::scalar::Real;
 
-/// Learning rates, clipping factors and Adam bias corrections (1 − β₁ᵗ, 1 − β₂ᵗ) of one step.
+/// Learning rates η, clipping factors and Adam's bias corrections of one step (per group c, F, β).
 pub(super) struct UpdateRule {
     pub(super) lr: [f64; 3],
     pub(super) scale: [f64; 3],
-    pub(super) bias1: f64,
-    pub(super) bias2: f64,
+    /// η / (1 − β₁ᵗ): Adam's step on m (m̂ = m / (1 − β₁ᵗ)).
+    pub(super) adam_lr: [f64; 3],
+    /// 1 / √(1 − β₂ᵗ): √v̂ = √v / √(1 − β₂ᵗ).
+    pub(super) inv_sqrt_bias2: f64,
+}
+
+impl UpdateRule {
+    /// The rule of step t (t ≥ 1).
+    pub(super) fn new(lr: [f64; 3], scale: [f64; 3], t: u64) -> Self {
+        let bias1 = 1.0 - ADAM_BETA1.powf(t as f64);
+        let bias2 = 1.0 - ADAM_BETA2.powf(t as f64);
+        UpdateRule {
+            lr,
+            scale,
+            adam_lr: lr.map(|eta| eta / bias1),
+            inv_sqrt_bias2: 1.0 / bias2.sqrt(),
+        }
+    }
 }
 
 /// Per-group factor min(1, max / ‖g‖).
@@ -33,6 +50,8 @@ pub(super) fn clip_scales(sq_norms: [f64; 3], max: f64) -> [f64; 3] {
 pub(super) struct StepTask<'a, T> {
     pub(super) lo: usize,
     pub(super) p: RowsMut<'a, T>,
+    /// ψ^{1/2} of the rows (the state's cache), rewritten from the new β.
+    pub(super) sqrt_psi: &'a mut [f64],
     pub(super) m: Option<(RowsMut<'a, T>, RowsMut<'a, T>)>,
 }
 
@@ -58,7 +77,7 @@ pub(super) fn apply_group<T: Real>(
     match moments {
         None => {
             for ((p_s, p), g) in params {
-                let (new_s, new) = stored::<T>(*p - lr * (scale * g));
+                let (new_s, new) = sgd::<T>(*p, *g, lr, scale);
                 finite &= new.is_finite();
                 *p_s = new_s;
                 *p = new;
@@ -66,12 +85,7 @@ pub(super) fn apply_group<T: Real>(
         }
         Some((first, second)) => {
             for (((p_s, p), g), (m, v)) in params.zip(first.iter_mut().zip(second.iter_mut())) {
-                let g = scale * g;
-                let (m_s, m1) = stored::<T>(ADAM_BETA1 * m.to_f64() + (1.0 - ADAM_BETA1) * g);
-                let (v_s, v1) = stored::<T>(ADAM_BETA2 * v.to_f64() + (1.0 - ADAM_BETA2) * g * g);
-                *m = m_s;
-                *v = v_s;
-                let (new_s, new) = stored::<T>(*p - lr * (m1 / rule.bias1) / ((v1 / rule.bias2).sqrt() + ADAM_EPS));
+                let (new_s, new) = adam::<T>(*p, *g, m, v, rule.adam_lr[group], scale, rule.inv_sqrt_bias2);
                 finite &= new.is_finite();
                 *p_s = new_s;
                 *p = new;
@@ -89,7 +103,7 @@ pub(super) fn update_task<T: Real, X: Real>(
     rule: &UpdateRule,
 ) -> (Array2<f64>, bool) {
     let k = ctx.k;
-    let StepTask { lo, p, mut m } = task;
+    let StepTask { lo, p, sqrt_psi, mut m } = task;
     let n = p.c.len();
     let mut s = Scratch::new(k);
     let mut gram = Array2::zeros((k, k));
@@ -118,6 +132,7 @@ pub(super) fn update_task<T: Real, X: Real>(
         finite &= s.beta[..nb].iter().all(|b| b.abs() <= LOG_NOISE_LIMIT);
         // Line 11 for the next step: B += Aᵀ F over the rows just written (as stored).
         accumulate_gram(&mut s, nb, &mut gram);
+        sqrt_psi[b0..b0 + nb].copy_from_slice(&s.sqrt_psi[..nb]);
     }
     (gram, finite)
 }
