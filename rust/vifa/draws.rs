@@ -4,6 +4,8 @@
 
 use ndarray::{Array1, Array2};
 
+use super::fused::Kernel;
+use super::sample_kernel::{run_theta_block, SampleRows};
 use super::step::run_tasks;
 use super::{Vifa, BLOCK_ROWS, TASK_ROWS};
 use crate::error::{FaError, Result};
@@ -41,6 +43,7 @@ impl<T: Real> Vifa<T> {
     pub(super) fn theta(&self, draw: u64) -> Array1<f64> {
         let (d, k) = (self.n_features, self.n_components);
         let h = latent_draw(self.seed, draw, k);
+        let h_slice = h.as_slice().expect("a new vector is contiguous");
         let mut out = vec![0.0; d];
         let tasks: Vec<(usize, &mut [f64])> = out
             .chunks_mut(TASK_ROWS)
@@ -53,6 +56,16 @@ impl<T: Real> Vifa<T> {
                 let row0 = lo + b * BLOCK_ROWS;
                 let nb = o_blk.len();
                 fill_noise(self.seed, draw, self.row_offset + row0, &mut z[..nb]);
+                if let Kernel::Fused(isa) = self.kernel {
+                    let rows = SampleRows {
+                        c: &self.params.c[row0..row0 + nb],
+                        f: &self.params.f[row0 * k..(row0 + nb) * k],
+                        beta: &self.params.beta[row0..row0 + nb],
+                        sqrt_psi: &self.sqrt_psi[row0..row0 + nb],
+                    };
+                    run_theta_block(isa, &rows, h_slice, &z[..nb], o_blk);
+                    continue;
+                }
                 for (i, (t, z)) in o_blk.iter_mut().zip(z.iter()).enumerate() {
                     let r = row0 + i;
                     let f_row = &self.params.f[r * k..(r + 1) * k];

@@ -9,7 +9,7 @@
 //! Shapes: a block has nb ≤ `BLOCK_ROWS` rows; c, β, ψ^{1/2} hold nb values, F nb×K row-major; `gram` is
 //! K×K row-major and accumulated. Each kernel is compiled for a portable and an AVX2 path, chosen at run time.
 
-use super::lanes::{self, Draws, Lanes, NewLanes, W};
+use super::lanes::{self, Draws, Lanes, W};
 use super::params::RowsMut;
 use super::update::{UpdateRule, LOG_NOISE_LIMIT};
 use crate::engine::em_kernel::Isa;
@@ -69,12 +69,18 @@ fn update_block<T: Real, const K: usize>(
         let x: Lanes<K> = lanes::load(p.c, p.f, p.beta, sqrt_psi, r0, n);
         let g = lanes::gradient::<K>(&x, draws, &m_inv, consts.alpha, r0, n);
         // Lines 17–19 on c, β and each column of F.
-        let (c_new, b_new, f_new): (NewLanes<T>, NewLanes<T>, [NewLanes<T>; K]) = match moments.as_deref_mut() {
-            None => (
-                lanes::sgd_lanes(&x.c, &g.c, lr[0], scale[0]),
-                lanes::sgd_lanes(&x.beta, &g.beta, lr[2], scale[2]),
-                std::array::from_fn(|j| lanes::sgd_lanes(&x.f[j], &g.f[j], lr[1], scale[1])),
-            ),
+        let (c_new, b_new);
+        let mut f_vals = [[0.0; W]; K];
+        let mut f_stored = [[T::default(); W]; K];
+        match moments.as_deref_mut() {
+            None => {
+                c_new = lanes::sgd_lanes::<T>(&x.c, &g.c, lr[0], scale[0]);
+                b_new = lanes::sgd_lanes::<T>(&x.beta, &g.beta, lr[2], scale[2]);
+                for j in 0..K {
+                    let col = lanes::sgd_lanes::<T>(&x.f[j], &g.f[j], lr[1], scale[1]);
+                    (f_stored[j], f_vals[j]) = (col.stored, col.vals);
+                }
+            }
             Some((first, second)) => {
                 let mut m_c = lanes::load_values(first.c, r0, n);
                 let mut v_c = lanes::load_values(second.c, r0, n);
@@ -82,23 +88,21 @@ fn update_block<T: Real, const K: usize>(
                 let mut v_b = lanes::load_values(second.beta, r0, n);
                 let mut m_f = lanes::load_rows::<T, K>(first.f, r0, n);
                 let mut v_f = lanes::load_rows::<T, K>(second.f, r0, n);
-                let c_new = lanes::adam_lanes(&x.c, &g.c, &mut m_c, &mut v_c, adam_lr[0], scale[0], isb2);
-                let b_new = lanes::adam_lanes(&x.beta, &g.beta, &mut m_b, &mut v_b, adam_lr[2], scale[2], isb2);
-                let f_new = std::array::from_fn(|j| {
-                    lanes::adam_lanes(&x.f[j], &g.f[j], &mut m_f[j], &mut v_f[j], adam_lr[1], scale[1], isb2)
-                });
-                first.c[r0..r0 + n].copy_from_slice(&m_c[..n]);
-                second.c[r0..r0 + n].copy_from_slice(&v_c[..n]);
-                first.beta[r0..r0 + n].copy_from_slice(&m_b[..n]);
-                second.beta[r0..r0 + n].copy_from_slice(&v_b[..n]);
+                c_new = lanes::adam_lanes(&x.c, &g.c, &mut m_c, &mut v_c, adam_lr[0], scale[0], isb2);
+                b_new = lanes::adam_lanes(&x.beta, &g.beta, &mut m_b, &mut v_b, adam_lr[2], scale[2], isb2);
+                for j in 0..K {
+                    let col = lanes::adam_lanes(&x.f[j], &g.f[j], &mut m_f[j], &mut v_f[j], adam_lr[1], scale[1], isb2);
+                    (f_stored[j], f_vals[j]) = (col.stored, col.vals);
+                }
+                lanes::store_values(first.c, &m_c, r0, n);
+                lanes::store_values(second.c, &v_c, r0, n);
+                lanes::store_values(first.beta, &m_b, r0, n);
+                lanes::store_values(second.beta, &v_b, r0, n);
                 lanes::store_rows::<T, K>(first.f, &m_f, r0, n);
                 lanes::store_rows::<T, K>(second.f, &v_f, r0, n);
-                (c_new, b_new, f_new)
             }
-        };
+        }
         // Write the new values; ψ'^{1/2} = exp(β'/2) of the stored β' (one exp per row).
-        let f_vals: [[f64; W]; K] = std::array::from_fn(|j| f_new[j].vals);
-        let f_stored: [[T; W]; K] = std::array::from_fn(|j| f_new[j].stored);
         let mut sqrt_new = [1.0; W];
         for l in 0..n {
             let (c_v, b_v) = (c_new.vals[l], b_new.vals[l]);
@@ -108,9 +112,9 @@ fn update_block<T: Real, const K: usize>(
             }
             sqrt_new[l] = (0.5 * b_v).exp();
         }
-        p.c[r0..r0 + n].copy_from_slice(&c_new.stored[..n]);
-        p.beta[r0..r0 + n].copy_from_slice(&b_new.stored[..n]);
-        sqrt_psi[r0..r0 + n].copy_from_slice(&sqrt_new[..n]);
+        lanes::store_values(p.c, &c_new.stored, r0, n);
+        lanes::store_values(p.beta, &b_new.stored, r0, n);
+        lanes::store_values(sqrt_psi, &sqrt_new, r0, n);
         lanes::store_rows::<T, K>(p.f, &f_stored, r0, n);
         // Line 11 for the next step, from the values just stored.
         lanes::accumulate_gram::<K>(&f_vals, &sqrt_new, &mut s);
@@ -246,6 +250,8 @@ macro_rules! for_k {
         }
     };
 }
+
+pub(super) use for_k;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]

@@ -130,3 +130,17 @@ fn fused_restore_is_bit_identical_in_float64() {
     let restored = Vifa::<f64>::from_state(&vi.to_state()).expect("restore");
     assert_eq!(vi, restored);
 }
+
+#[test]
+fn vectorised_draws_equal_the_scalar_loop() {
+    for k in [1, 6, 16] {
+        let mut fused = model::<f32>(1037, k, settings(Optimizer::Sgd, false), 4);
+        let mut scalar = fused.clone();
+        scalar.kernel = Kernel::Blocked;
+        let mut portable = fused.clone();
+        portable.kernel = Kernel::Fused(Isa::Portable);
+        let theta = fused.sample().expect("sample");
+        assert_eq!(theta, scalar.sample().expect("sample"), "K = {k}");
+        assert_eq!(theta, portable.sample().expect("sample"), "K = {k}");
+    }
+}

@@ -42,15 +42,24 @@ pub(super) fn load<T: Real, const K: usize>(
     n: usize,
 ) -> Lanes<K> {
     if n == W {
-        // A whole group: build each lane-array from its W values at once (no partial writes to memory
-        // that a vector load would then have to wait for).
-        let rows: [&[T]; W] = std::array::from_fn(|l| &f[(r0 + l) * K..(r0 + l + 1) * K]);
-        return Lanes {
-            c: std::array::from_fn(|l| c[r0 + l].to_f64()),
-            beta: std::array::from_fn(|l| beta[r0 + l].to_f64()),
-            sqrt_psi: std::array::from_fn(|l| sqrt_psi[r0 + l]),
-            f: std::array::from_fn(|j| std::array::from_fn(|l| rows[l][j].to_f64())),
+        // A whole group: constant bounds, so the lane-arrays are built in registers (no partial writes to
+        // memory that a vector load would then wait for).
+        let rows = &f[r0 * K..(r0 + W) * K];
+        let mut x = Lanes {
+            c: [0.0; W],
+            beta: [0.0; W],
+            sqrt_psi: [1.0; W],
+            f: [[0.0; W]; K],
         };
+        for l in 0..W {
+            x.c[l] = c[r0 + l].to_f64();
+            x.beta[l] = beta[r0 + l].to_f64();
+            x.sqrt_psi[l] = sqrt_psi[r0 + l];
+            for j in 0..K {
+                x.f[j][l] = rows[l * K + j].to_f64();
+            }
+        }
+        return x;
     }
     let mut x = Lanes {
         c: [0.0; W],
@@ -73,6 +82,15 @@ pub(super) fn load<T: Real, const K: usize>(
 /// Transpose K lane-arrays back into n row-major rows (K wide) of `dst` starting at row r0.
 #[inline(always)]
 pub(super) fn store_rows<T: Copy + Default, const K: usize>(dst: &mut [T], cols: &[[T; W]; K], r0: usize, n: usize) {
+    if n == W {
+        let rows = &mut dst[r0 * K..(r0 + W) * K];
+        for l in 0..W {
+            for j in 0..K {
+                rows[l * K + j] = cols[j][l];
+            }
+        }
+        return;
+    }
     for l in 0..n {
         let row = &mut dst[(r0 + l) * K..(r0 + l + 1) * K];
         for j in 0..K {
@@ -81,11 +99,23 @@ pub(super) fn store_rows<T: Copy + Default, const K: usize>(dst: &mut [T], cols:
     }
 }
 
+/// Write the first n lanes of `vals` to `dst[r0 …]`.
+#[inline(always)]
+pub(super) fn store_values<T: Copy>(dst: &mut [T], vals: &[T; W], r0: usize, n: usize) {
+    if n == W {
+        dst[r0..r0 + W].copy_from_slice(vals);
+    } else {
+        dst[r0..r0 + n].copy_from_slice(&vals[..n]);
+    }
+}
+
 /// n values of `src` starting at r0 as one lane-array (zeros past n).
 #[inline(always)]
 pub(super) fn load_values<T: Real>(src: &[T], r0: usize, n: usize) -> [T; W] {
     if n == W {
-        return std::array::from_fn(|l| src[r0 + l]);
+        let mut out = [T::default(); W];
+        out.copy_from_slice(&src[r0..r0 + W]);
+        return out;
     }
     let mut out = [T::default(); W];
     out[..n].copy_from_slice(&src[r0..r0 + n]);
@@ -96,8 +126,14 @@ pub(super) fn load_values<T: Real>(src: &[T], r0: usize, n: usize) -> [T; W] {
 #[inline(always)]
 pub(super) fn load_rows<T: Real, const K: usize>(src: &[T], r0: usize, n: usize) -> [[T; W]; K] {
     if n == W {
-        let rows: [&[T]; W] = std::array::from_fn(|l| &src[(r0 + l) * K..(r0 + l + 1) * K]);
-        return std::array::from_fn(|j| std::array::from_fn(|l| rows[l][j]));
+        let rows = &src[r0 * K..(r0 + W) * K];
+        let mut cols = [[T::default(); W]; K];
+        for l in 0..W {
+            for j in 0..K {
+                cols[j][l] = rows[l * K + j];
+            }
+        }
+        return cols;
     }
     let mut cols = [[T::default(); W]; K];
     for l in 0..n {
@@ -257,20 +293,24 @@ pub(super) fn adam_lanes<T: Real>(
     scale: f64,
     inv_sqrt_bias2: f64,
 ) -> NewLanes<T> {
-    let gs: [f64; W] = std::array::from_fn(|l| scale * g[l]);
-    let m1: [f64; W] = std::array::from_fn(|l| ADAM_BETA1 * m[l].to_f64() + (1.0 - ADAM_BETA1) * gs[l]);
-    let v1: [f64; W] = std::array::from_fn(|l| ADAM_BETA2 * v[l].to_f64() + (1.0 - ADAM_BETA2) * gs[l] * gs[l]);
-    *m = m1.map(T::from_f64);
-    *v = v1.map(T::from_f64);
-    let m1: [f64; W] = std::array::from_fn(|l| m[l].to_f64());
-    let v1: [f64; W] = std::array::from_fn(|l| v[l].to_f64());
-    let denom: [f64; W] = std::array::from_fn(|l| v1[l].sqrt() * inv_sqrt_bias2 + ADAM_EPS);
-    let new: [f64; W] = std::array::from_fn(|l| p[l] - adam_lr * m1[l] / denom[l]);
-    let stored = new.map(T::from_f64);
-    NewLanes {
-        stored,
-        vals: stored.map(T::to_f64),
+    let mut out = NewLanes {
+        stored: [T::default(); W],
+        vals: [0.0; W],
+    };
+    let (mut m1, mut v1) = ([0.0; W], [0.0; W]);
+    for l in 0..W {
+        let gs = scale * g[l];
+        (m[l], m1[l]) = stored::<T>(ADAM_BETA1 * m[l].to_f64() + (1.0 - ADAM_BETA1) * gs);
+        (v[l], v1[l]) = stored::<T>(ADAM_BETA2 * v[l].to_f64() + (1.0 - ADAM_BETA2) * gs * gs);
     }
+    let mut denom = [0.0; W];
+    for l in 0..W {
+        denom[l] = v1[l].sqrt() * inv_sqrt_bias2 + ADAM_EPS;
+    }
+    for l in 0..W {
+        (out.stored[l], out.vals[l]) = stored::<T>(p[l] - adam_lr * m1[l] / denom[l]);
+    }
+    out
 }
 
 /// S += a' f'ᵀ over the group (upper triangle, S[i][j] for j ≥ i, one W-lane partial sum each) with
@@ -296,7 +336,11 @@ pub(super) fn accumulate_gram<const K: usize>(f: &[[f64; W]; K], sqrt_psi: &[f64
 /// A K×K row-major matrix as an array of rows.
 #[inline(always)]
 pub(super) fn square<const K: usize>(m: &[f64]) -> [[f64; K]; K] {
-    std::array::from_fn(|i| std::array::from_fn(|j| m[i * K + j]))
+    let mut out = [[0.0; K]; K];
+    for (i, row) in out.iter_mut().enumerate() {
+        row.copy_from_slice(&m[i * K..(i + 1) * K]);
+    }
+    out
 }
 
 /// Add the W-lane partial sums of S (upper triangle) into `gram` (K×K row-major, both triangles).

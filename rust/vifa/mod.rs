@@ -43,6 +43,7 @@ mod gradient;
 mod kernel_tests;
 mod lanes;
 mod params;
+mod sample_kernel;
 mod step;
 #[cfg(test)]
 mod tests;
