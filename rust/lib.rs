@@ -10,6 +10,8 @@ pub mod error;
 pub mod fork;
 pub mod gfa;
 pub mod init;
+#[cfg(test)]
+mod layering;
 pub mod linalg;
 pub mod minibatch;
 pub mod noise;

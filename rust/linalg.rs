@@ -1,9 +1,14 @@
-//! K×K linear algebra (nalgebra Cholesky). Nothing here is ever D-sized.
+//! K×K linear algebra (nalgebra Cholesky) and latent-space rotations (`rotation`). Nothing here is ever
+//! D-sized.
 
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::error::{FaError, Result};
+
+mod rotation;
+pub(crate) use rotation::symmetrise;
+pub use rotation::Rotation;
 
 fn to_na(m: ArrayView2<f64>) -> DMatrix<f64> {
     let (r, c) = m.dim();

@@ -15,6 +15,7 @@ use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
 use crate::engine::tiled::{Tiled, TiledIsa};
 use crate::engine::{advance, Advanced};
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
+use crate::linalg::Rotation;
 use crate::linalg::SpdFactor;
 use crate::pass::{
     accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel,
@@ -23,7 +24,6 @@ use crate::pass::{
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
-use crate::vbfa::transform::Rotation;
 
 /// Hyper-parameters of [`OnlineEm`].
 #[derive(Debug, Clone, PartialEq)]

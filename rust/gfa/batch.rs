@@ -15,6 +15,7 @@ use super::rotation::{maximise_group_rotation, maximise_group_rotation_fixed};
 use super::{GfaConfig, Groups, NoiseModel};
 use crate::error::{invalid, FaError, Result};
 use crate::init::fill_standard_normal;
+use crate::linalg::Rotation;
 use crate::scalar::Real;
 use crate::vbfa::special::GammaQ;
 use crate::vbfa::stats::{is_bad_entry, ColumnStats, LatentCovs, MissingPattern};
@@ -22,7 +23,7 @@ use crate::vbfa::updates::{
     bias_row, expected_squared_error, gaussian_from_natural, latent_row, loading_row, map_rows, second_moment,
     ColumnMoments, GaussianRow,
 };
-use crate::vbfa::{usable_variances, Rotation, TranslationSystem};
+use crate::vbfa::{usable_variances, TranslationSystem};
 
 /// The bound, the number of factors and the time after one sweep of [`GfaBatch::fit`].
 #[derive(Debug, Clone, Copy, PartialEq)]

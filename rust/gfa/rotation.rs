@@ -14,7 +14,7 @@ use ndarray::{Array2, ArrayView2};
 
 use super::lbfgs::maximise;
 use crate::error::{FaError, Result};
-use crate::vbfa::Rotation;
+use crate::linalg::Rotation;
 
 /// Maximum number of L-BFGS iterations per rotation.
 const MAX_ITER: usize = 200;

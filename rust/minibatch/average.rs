@@ -19,7 +19,7 @@
 
 use ndarray::{Array1, Array2};
 
-use crate::vbfa::transform::Rotation;
+use crate::linalg::Rotation;
 
 /// Running means of the statistics over the averaging window: Ā (D×K), B̄ (K×K), d̄² (D).
 #[derive(Debug, Clone, PartialEq)]

@@ -23,10 +23,10 @@ use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis, Zip};
 
 use crate::engine::tiled::TiledIsa as Isa;
 use crate::error::{invalid, FaError, Result};
+use crate::linalg::Rotation;
 use crate::linalg::SpdFactor;
 use crate::scalar::Real;
 use crate::schedule::StepSize;
-use crate::vbfa::transform::Rotation;
 
 /// Hyper-parameters of [`MiniBatchEm`].
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -13,7 +13,7 @@ use ndarray::{Array1, Array2, Array3, ArrayView2, Axis};
 use super::elbo::{bound, BoundTerms};
 use super::special::GammaQ;
 use super::stats::{is_bad_entry, ColumnStats, LatentCovs, MissingPattern};
-use super::transform::{mean_translation, optimal_rotation, Rotation, TranslationSystem};
+use super::transform::{mean_translation, optimal_rotation, TranslationSystem};
 use super::updates::{
     ard_factors, bias_row, expected_squared_error, gaussian_from_natural, latent_row, loading_row, map_rows, noise_row,
     second_moment, ColumnMoments, GaussianRow,
@@ -21,6 +21,7 @@ use super::updates::{
 use super::{usable_variances, AlphaFactor, Globals, Prior, Step, Translation, VbfaConfig};
 use crate::error::{invalid, FaError, Result};
 use crate::init::fill_standard_normal;
+use crate::linalg::Rotation;
 use crate::scalar::Real;
 
 /// The bound and the wall-clock time after one sweep of [`VbfaBatch::fit`].

@@ -29,9 +29,10 @@ use ndarray::{Array1, Array2};
 pub use batch::{SweepRecord, VbfaBatch};
 pub use online::{OnlineConfig, VbfaOnline};
 pub use predict::plugin_log_likelihood;
-pub use transform::{
-    mean_translation, optimal_rotation, rotation_objective, LoadingPrior, Rotation, TranslationSystem,
-};
+pub use transform::{mean_translation, optimal_rotation, rotation_objective, LoadingPrior, TranslationSystem};
+
+/// The latent-space rotation lives in the linear-algebra layer (online EM's whitening uses it too).
+pub use crate::linalg::Rotation;
 
 use crate::error::{invalid, Result};
 use special::GammaQ;

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use super::special::GammaQ;
 use super::stats::{is_bad_entry, ColumnStats};
-use super::transform::{mean_translation, optimal_rotation, Rotation, TranslationSystem};
+use super::transform::{mean_translation, optimal_rotation, TranslationSystem};
 use super::updates::{
     ard_factors, bias_row, expected_squared_error, gaussian_from_natural, loading_row, noise_row, second_moment,
     ColumnMoments,
@@ -22,6 +22,7 @@ use super::updates::{
 use super::{usable_variances, AlphaFactor, Globals, Prior, Translation, VbfaConfig};
 use crate::error::{invalid, FaError, Result};
 use crate::init::fill_standard_normal;
+use crate::linalg::Rotation;
 use crate::schedule::StepSize;
 
 /// Columns per task of the rebuild loop (fixed, so results do not depend on the thread count).

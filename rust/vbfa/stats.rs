@@ -8,7 +8,7 @@
 
 use ndarray::{Array1, Array2, Array3, ArrayView1, ArrayView2, Axis};
 
-use super::transform::Rotation;
+use crate::linalg::Rotation;
 use crate::scalar::Real;
 
 /// Σ_{n∈O_d} ⟨h_n h_nᵀ⟩ for every column d: one K×K matrix when no value is missing, else D of them.

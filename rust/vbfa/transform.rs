@@ -23,7 +23,7 @@ use nalgebra::DMatrix;
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::error::{FaError, Result};
-use crate::linalg::{lower_triangular_inverse, symmetric_eigen_desc, SpdFactor};
+use crate::linalg::{lower_triangular_inverse, symmetric_eigen_desc, symmetrise, Rotation, SpdFactor};
 
 /// How the loadings enter the bound, which decides the optimal rotation's scale.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,68 +45,6 @@ pub enum LoadingPrior {
         /// Prior rate b ≥ 0.
         rate: f64,
     },
-}
-
-/// A rotation R of the latent space with its inverse: h ← R⁻¹ h, F ← F R.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Rotation {
-    /// R (K×K).
-    pub r: Array2<f64>,
-    /// R⁻¹ (K×K).
-    pub r_inv: Array2<f64>,
-    /// ln |det R|.
-    pub log_abs_det: f64,
-}
-
-impl Rotation {
-    /// The whitening rotation R = L of a latent second moment M = L Lᵀ (L lower-triangular, K×K, e.g. the
-    /// Cholesky factor of OnlineEM's H̄ = Σ + B̄): afterwards R⁻¹ M R⁻ᵀ = I. This is OnlineEM's
-    /// `whiten=True` step (PX-EM; the point-estimate rotation without the orthogonal factor E).
-    pub fn whitening(lower: ArrayView2<f64>) -> Result<Self> {
-        let r_inv = lower_triangular_inverse(lower)?;
-        let log_abs_det = lower.diag().iter().map(|v| v.abs().ln()).sum();
-        Ok(Rotation {
-            r: lower.to_owned(),
-            r_inv,
-            log_abs_det,
-        })
-    }
-
-    /// The row-major K×K matrix W = R⁻ᵀ that maps row vectors of a cross-moment with the latents, e.g.
-    /// Ā = avg(d mᵀ) ← Ā W (D×K rows times W).
-    pub fn cross_moment_map(&self) -> Array2<f64> {
-        self.r_inv.t().as_standard_layout().into_owned()
-    }
-
-    /// Rows f̄_d ← Rᵀ f̄_d, i.e. F ← F R (D×K in, D×K out).
-    pub fn loadings(&self, f: ArrayView2<f64>) -> Array2<f64> {
-        f.dot(&self.r)
-    }
-
-    /// Rows h̄_n ← R⁻¹ h̄_n, i.e. H ← H R⁻ᵀ (N×K in, N×K out).
-    pub fn latents(&self, h: ArrayView2<f64>) -> Array2<f64> {
-        h.dot(&self.r_inv.t())
-    }
-
-    /// One latent vector h ← R⁻¹ h (K).
-    pub fn latent(&self, h: ArrayView1<f64>) -> Array1<f64> {
-        self.r_inv.dot(&h)
-    }
-
-    /// Σ_f ← Rᵀ Σ_f R for a K×K second moment of a loading row (or a sum of them, e.g. ⟨FᵀF⟩).
-    pub fn loading_moment(&self, m: ArrayView2<f64>) -> Array2<f64> {
-        symmetrise(self.r.t().dot(&m).dot(&self.r))
-    }
-
-    /// Σ_h ← R⁻¹ Σ_h R⁻ᵀ for a K×K second moment of a latent vector (or a sum of them).
-    pub fn latent_moment(&self, m: ArrayView2<f64>) -> Array2<f64> {
-        symmetrise(self.r_inv.dot(&m).dot(&self.r_inv.t()))
-    }
-}
-
-/// (M + Mᵀ)/2.
-pub(crate) fn symmetrise(m: Array2<f64>) -> Array2<f64> {
-    (&m + &m.t()) * 0.5
 }
 
 /// The positive root of A s² + B s + C = 0 when there is exactly one (A ≥ 0, C ≤ 0), computed without

@@ -1,0 +1,81 @@
+//! Dependency rules between the crate's layers, checked on the source text.
+//!
+//! The streaming models (online EM, online SGA, mini-batch fitting and the engine they share) and the
+//! linear-algebra layer must not depend on the VB-FA or group-FA packages: those build on the lower
+//! layers, never the other way round.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Files and folders (relative to `rust/`) of the layers below VB-FA.
+const LOWER_LAYERS: [&str; 9] = [
+    "online_em.rs",
+    "online_sga.rs",
+    "minibatch.rs",
+    "minibatch",
+    "engine",
+    "pass.rs",
+    "small_k.rs",
+    "linalg.rs",
+    "linalg",
+];
+
+/// Paths a lower layer must not name.
+const FORBIDDEN: [&str; 4] = ["crate::vbfa", "crate::gfa", "super::vbfa", "super::gfa"];
+
+/// Every `.rs` file at `path` (the file itself, or the files of the folder and its sub-folders).
+fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
+    if path.is_file() {
+        out.push(path.to_path_buf());
+    } else if let Ok(entries) = fs::read_dir(path) {
+        for entry in entries.flatten() {
+            let p = entry.path();
+            if p.is_dir() || p.extension().is_some_and(|e| e == "rs") {
+                rust_files(&p, out);
+            }
+        }
+    }
+}
+
+#[test]
+fn streaming_and_linear_algebra_do_not_use_vbfa_or_gfa() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("rust");
+    let mut files = Vec::new();
+    for part in LOWER_LAYERS {
+        rust_files(&root.join(part), &mut files);
+    }
+    for required in ["online_em.rs", "online_sga.rs", "linalg.rs"] {
+        assert!(
+            files.contains(&root.join(required)),
+            "rust/{required} not found: update LOWER_LAYERS"
+        );
+    }
+    for file in &files {
+        let text = fs::read_to_string(file).expect("readable source file");
+        for (number, line) in text.lines().enumerate() {
+            for path in FORBIDDEN {
+                assert!(
+                    !line.contains(path),
+                    "{}:{}: a lower layer names `{path}`",
+                    file.display(),
+                    number + 1
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_check_sees_a_forbidden_import() {
+    // The scan above must be able to fail: the VB-FA package itself names the linear-algebra layer and
+    // group FA names VB-FA, so scanning gfa/ for `crate::vbfa` finds it.
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("rust").join("gfa"),
+        &mut files,
+    );
+    let found = files
+        .iter()
+        .any(|f| fs::read_to_string(f).is_ok_and(|t| t.contains("crate::vbfa")));
+    assert!(found, "gfa/ should import from crate::vbfa");
+}
