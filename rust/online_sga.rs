@@ -6,17 +6,20 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
+use crate::engine::em_kernel::to_loadings_space;
+use crate::engine::sga::SgaPath;
+use crate::engine::sga_kernel::{SgaBlockIo, SgaConsts, SgaStep, Start};
+use crate::engine::sga_wide::SgaWideScratch;
 use crate::error::{invalid, try_filled, FaError, Result};
 use crate::linalg::SpdFactor;
 use crate::online_em::{check_floor_fits, checked_init, validate_dims, StepSums};
 use crate::pass::{
-    accumulate_estep, block_times, load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block, Scratch, Sums,
-    BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
+    load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block, Scratch, Sums, BLOCK_ROWS,
+    SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
 };
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
-use crate::small_k::try_sga_step;
 
 /// Hyper-parameters of [`OnlineSga`].
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +57,16 @@ pub(crate) struct Pending {
     pub(crate) p: Array2<f64>,
 }
 
+impl Pending {
+    /// The step as the engine's kernels read it (m and P as flat slices).
+    fn step(&self) -> SgaStep<'_> {
+        SgaStep {
+            m: self.m.as_slice().expect("m is allocated contiguous"),
+            p: self.p.as_slice().expect("P is allocated contiguous"),
+        }
+    }
+}
+
 /// Online SGA factor analysis with state stored in `T` (f32 or f64).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OnlineSga<T: Real> {
@@ -68,38 +81,17 @@ pub struct OnlineSga<T: Real> {
     pub(crate) pending: Option<Pending>,
     /// σ̂² = (1/D) Σ_d d̄²_d over the warm-up samples (`Scaling::Data`; frozen once warm-up ends).
     pub(crate) scale_sq: f64,
+    /// The engine kernel that runs the passes after warm-up (chosen once, for K and this CPU).
+    pub(crate) path: SgaPath<T>,
 }
 
-/// The data-scaled start applied by the first pass after warm-up (`Scaling::Data`): F ← σ F₀ and
-/// ψ ← max(d̄², floor) (ψ's storage holds the warm-up's running d̄²), or ψ ← 1 and F₀ kept when σ̂ = 0.
-#[derive(Clone, Copy)]
-struct Start {
-    sigma: f64,
-    degenerate: bool,
-}
-
+/// One task's rows of the state.
 struct Rows<'a, T> {
     lo: usize,
     f: &'a mut [T],
     psi: &'a mut [T],
     mean: &'a mut [T],
     d_last: &'a mut [T],
-}
-
-struct PassCtx<'a> {
-    pending: Option<&'a Pending>,
-    active: bool,
-    /// Step size of the running mean.
-    rho: f64,
-    lr: f64,
-    floor: f64,
-    k: usize,
-    /// Warm-up under `Scaling::Data`: ψ's storage accumulates the running d̄² (step `rho`).
-    track_dsq: bool,
-    /// The data-scaled start, on the first pass after warm-up.
-    start: Option<Start>,
-    /// F step preconditioned by ψ (`Scaling::Data`).
-    precondition: bool,
 }
 
 impl<T: Real> OnlineSga<T> {
@@ -123,6 +115,7 @@ impl<T: Real> OnlineSga<T> {
             d_last: try_filled(n_features, T::default(), "n_features")?,
             pending: None,
             scale_sq: 0.0,
+            path: SgaPath::detect(n_components),
         })
     }
 
@@ -242,23 +235,26 @@ impl<T: Real> OnlineSga<T> {
         self.finish(&inner, n_features_total)
     }
 
-    /// The fused pass of sample n_seen + 1 over every row: pending gradient step, running mean, E-step sums.
+    /// The fused pass of sample n_seen + 1 over every row: pending gradient step, running mean, E-step sums
+    /// (after warm-up, through the engine's SGA kernel; during warm-up only the running mean moves).
     fn pass<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) {
         let t = self.n_seen + 1;
         let active = t > self.config.n_warmup;
         let data = self.config.scaling == Scaling::Data;
-        let ctx = PassCtx {
-            pending: self.pending.as_ref(),
-            active,
-            rho: self.config.scaling.mean_rho(self.config.step_size.rho(t), t),
+        let rho = self.config.scaling.mean_rho(self.config.step_size.rho(t), t);
+        let k = self.n_components;
+        let consts = SgaConsts {
+            step: self.pending.as_ref().map(Pending::step),
+            start: (data && t == self.config.n_warmup + 1).then(|| self.start()),
             lr: self.config.lr,
             floor: self.floor(),
-            k: self.n_components,
-            track_dsq: data && !active,
-            start: (data && t == self.config.n_warmup + 1).then(|| self.start()),
+            rho,
             precondition: data,
         };
-        let k = self.n_components;
+        let kernel = self
+            .path
+            .for_pass(k, self.pending.as_ref().and_then(|p| p.p.as_slice()));
+        let track_dsq = data && !active;
         let tasks: Vec<Rows<T>> = self
             .f
             .chunks_mut(TASK_ROWS * k)
@@ -276,8 +272,43 @@ impl<T: Real> OnlineSga<T> {
             .collect();
         let parallel = use_parallel(self.n_features, k);
         reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| {
-            sga_task(rows, &x, &ctx, blk, part)
+            let n = rows.mean.len();
+            for b0 in (0..n).step_by(BLOCK_ROWS) {
+                let nb = (n - b0).min(BLOCK_ROWS);
+                let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
+                for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
+                    *dst = xi.to_f64();
+                }
+                if !active {
+                    let psi = track_dsq.then(|| &mut rows.psi[b0..b0 + nb]);
+                    let (mean, d_last) = (&mut rows.mean[b0..b0 + nb], &mut rows.d_last[b0..b0 + nb]);
+                    part.dsq += warmup_rows(mean, d_last, psi, &blk.d[..nb], rho);
+                    continue;
+                }
+                // While active, `part.dsq` is not tracked: it counts the features whose ψ step diverged.
+                let mut io = SgaBlockIo {
+                    f: &mut rows.f[b0 * k..(b0 + nb) * k],
+                    psi: &mut rows.psi[b0..b0 + nb],
+                    mean: &mut rows.mean[b0..b0 + nb],
+                    d_last: &mut rows.d_last[b0..b0 + nb],
+                    x: &blk.d[..nb],
+                    overshoot: &mut part.dsq,
+                    u: part.u.as_slice_mut().expect("sums are allocated contiguous"),
+                    s: part.s.as_slice_mut().expect("sums are allocated contiguous"),
+                };
+                let mut wide = SgaWideScratch {
+                    f: &mut blk.a,
+                    g: &mut blk.f,
+                    y: &mut blk.tmp,
+                };
+                kernel.run(&consts, &mut io, &mut wide);
+            }
         });
+        if active {
+            let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
+            let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
+            to_loadings_space(k, None, s, u);
+        }
     }
 
     /// (4.23) for sample n_seen + 1 from the sums of its pass (all rows of the model: `n_total` of them).
@@ -343,30 +374,62 @@ impl<T: Real> OnlineSga<T> {
     /// Call `visit(first_row, F rows (nb×K), ψ (nb))` for consecutive blocks of the current parameters (pending
     /// step applied), in f64: the streaming form of [`Self::loadings`] used by the queries (`crate::query`).
     pub(crate) fn visit_current(&self, visit: &mut dyn FnMut(usize, &[f64], &[f64]) -> Result<()>) -> Result<()> {
+        // The pass's own kernel on a copy of each block (same F and ψ, bit for bit, as the next pass stores),
+        // with a zero sample whose sums are discarded.
         let k = self.n_components;
+        let data = self.config.scaling == Scaling::Data;
+        let consts = SgaConsts {
+            step: self.pending.as_ref().map(Pending::step),
+            start: (data && !self.is_fitted()).then(|| self.start()),
+            lr: self.config.lr,
+            floor: self.floor(),
+            rho: 0.0,
+            precondition: data,
+        };
+        let kernel = self
+            .path
+            .for_pass(k, self.pending.as_ref().and_then(|p| p.p.as_slice()));
         let mut blk = Block::new(k);
-        let chunks = self
+        let mut f = vec![T::default(); BLOCK_ROWS * k];
+        let (mut psi, mut mean, mut d_last) = (
+            vec![T::default(); BLOCK_ROWS],
+            vec![T::default(); BLOCK_ROWS],
+            vec![T::default(); BLOCK_ROWS],
+        );
+        let mut discard = Sums::zeros(k);
+        let mut out_psi = vec![0.0; BLOCK_ROWS];
+        blk.d.fill(0.0);
+        for (i, ((f_src, psi_src), d_src)) in self
             .f
             .chunks(BLOCK_ROWS * k)
             .zip(self.psi.chunks(BLOCK_ROWS))
-            .zip(self.d_last.chunks(BLOCK_ROWS));
-        let start = (self.config.scaling == Scaling::Data && !self.is_fitted()).then(|| self.start());
-        for (i, ((f, psi), d_last)) in chunks.enumerate() {
-            let nb = psi.len();
-            load_block(&mut blk, f, psi);
-            if let Some(start) = start {
-                start_block::<T>(&mut blk, start, self.floor(), nb);
-            }
-            apply_gradient::<T>(
-                &mut blk,
-                d_last,
-                self.pending.as_ref(),
-                self.config.lr,
-                self.floor(),
-                self.config.scaling == Scaling::Data,
-                nb,
-            );
-            visit(i * BLOCK_ROWS, &blk.f[..nb * k], &blk.psi[..nb])?;
+            .zip(self.d_last.chunks(BLOCK_ROWS))
+            .enumerate()
+        {
+            let nb = psi_src.len();
+            f[..nb * k].copy_from_slice(f_src);
+            psi[..nb].copy_from_slice(psi_src);
+            d_last[..nb].copy_from_slice(d_src);
+            mean[..nb].fill(T::default());
+            let mut io = SgaBlockIo {
+                f: &mut f[..nb * k],
+                psi: &mut psi[..nb],
+                mean: &mut mean[..nb],
+                d_last: &mut d_last[..nb],
+                x: &blk.d[..nb],
+                overshoot: &mut discard.dsq,
+                u: discard.u.as_slice_mut().expect("sums are allocated contiguous"),
+                s: discard.s.as_slice_mut().expect("sums are allocated contiguous"),
+            };
+            let mut wide = SgaWideScratch {
+                f: &mut blk.a,
+                g: &mut blk.f,
+                y: &mut blk.tmp,
+            };
+            kernel.run(&consts, &mut io, &mut wide);
+            load_rows(&f[..nb * k], &mut blk.tmp);
+            load_rows(&psi[..nb], &mut out_psi);
+            visit(i * BLOCK_ROWS, &blk.tmp[..nb * k], &out_psi[..nb])?;
         }
         Ok(())
     }
@@ -387,28 +450,14 @@ impl<T: Real> OnlineSga<T> {
     }
 }
 
-/// Growth factor of ψ_d in one step, beyond both its previous value and the step's squared deviation d²,
-/// that no convergent run reaches (see [`overshooting_features`]).
-const MAX_PSI_OVERSHOOT: f64 = 1e6;
-
-/// Number of features whose ψ step diverged: ψ_new > 10⁶ · max(ψ_old, d²), with d the deviation the step
-/// used. The step is ψ_new = ψ_old · exp(α ∇β) with ∇β ≈ ½ (r / ψ_old − 1) and r the sample's squared
-/// residual, whose fixed point is ψ = E[r]; for data whose variance is many orders above ψ_old (badly
-/// scaled features under unit scaling with a fixed α) the exponent is in the hundreds and ψ jumps far past
-/// every scale of the data (to 10¹⁴⁹ in a fuzz), after which F and ψ never return. A convergent step moves
-/// log ψ by O(α · r/ψ), far from ln 10⁶ ≈ 13.8 beyond ln(r/ψ); data scaling bounds the step to ±1 and
-/// never meets the test. Shapes: all nb.
-fn overshooting_features<T: Real>(psi_before: &[f64], psi_after: &[f64], d: &[T]) -> usize {
-    psi_before
-        .iter()
-        .zip(psi_after)
-        .zip(d)
-        .filter(|((&old, &new), &d)| {
-            let d = d.to_f64();
-            new > MAX_PSI_OVERSHOOT * old.max(d * d)
-        })
-        .count()
-}
+/// Growth factor of ψ_d in one step, beyond both its previous value and the step's squared deviation d², that no
+/// convergent run reaches. The step is ψ_new = ψ_old · exp(α ∇β) with ∇β ≈ ½ (r / ψ_old − 1) and r the
+/// sample's squared residual, whose fixed point is ψ = E[r]; for data whose variance is many orders above ψ_old
+/// (badly scaled features under unit scaling with a fixed α) the exponent is in the hundreds and ψ jumps far
+/// past every scale of the data (to 10¹⁴⁹ in a fuzz), after which F and ψ never return. A convergent step
+/// moves log ψ by O(α · r/ψ), far from ln 10⁶ ≈ 13.8 beyond ln(r/ψ); data scaling bounds the step to ±1 and
+/// never meets the test. The engine's kernels count the features with ψ_new > 10⁶ · max(ψ_old, d²).
+pub(crate) const MAX_PSI_OVERSHOOT: f64 = 1e6;
 
 /// (4.23) from the sums: Σ = (I + C F)⁻¹, m = Σ C d, and P = Σ + m mᵀ for the gradients. A pass that
 /// counted diverged ψ steps (`sums.dsq` > 0 while active) is refused as a breakdown (and rolled back).
@@ -436,79 +485,6 @@ fn estep(sums: &Sums, k: usize) -> Result<Pending> {
         ));
     }
     Ok(Pending { m, p })
-}
-
-fn load_block<T: Real>(blk: &mut Block, f: &[T], psi: &[T]) {
-    load_rows(f, &mut blk.f);
-    load_rows(psi, &mut blk.psi);
-}
-
-/// The data-scaled start on a block (F₀ in blk.f, the warm-up's d̄² in blk.psi): F ← σ F₀, ψ ← max(d̄², floor),
-/// rounded to storage precision; when σ̂ = 0 (every warm-up sample identical) F₀ and ψ = 1 are kept instead.
-fn start_block<T: Real>(blk: &mut Block, start: Start, floor: f64, nb: usize) {
-    let k = blk.k;
-    if start.degenerate {
-        blk.psi[..nb].fill(1.0);
-        return;
-    }
-    for v in blk.f[..nb * k].iter_mut() {
-        *v = stored::<T>(*v * start.sigma).1;
-    }
-    for v in blk.psi[..nb].iter_mut() {
-        *v = stored::<T>(v.max(floor)).1;
-    }
-}
-
-/// Lines 10–14 of Algorithm 1 on a block of rows (F in blk.f, ψ in blk.psi), rounded to storage precision:
-/// ∇F = ψ⁻¹ ⊙ (d mᵀ − F P) (4.24), ∇β = ½ψ⁻¹ ⊙ (d² − 2 d ⊙ F m + rowsum(F P ⊙ F)) − ½ (4.25, 4.26),
-/// F ← F + α ∇F, β ← β + α ∇β with ψ = exp β, i.e. ψ ← ψ·exp(α ∇β), floored. With `precondition` the F step
-/// is α ψ ⊙ ∇F = α (d mᵀ − F P), which is free of the data's units (`Scaling::Data`). Entries of F and ψ are
-/// clipped to ±`T::MAX_STATE` so a divergent step (learning rate too large for the data) stays finite;
-/// for any stable run the clip is inactive and the result is Algorithm 1. Shapes: blk.f nb×K,
-/// P = Σ + m mᵀ K×K, m K.
-fn apply_gradient<T: Real>(
-    blk: &mut Block,
-    d_last: &[T],
-    pending: Option<&Pending>,
-    lr: f64,
-    floor: f64,
-    precondition: bool,
-    nb: usize,
-) {
-    let Some(p) = pending else { return };
-    let k = blk.k;
-    let m = p.m.as_slice().expect("m is contiguous");
-    block_times(&blk.f, p.p.view(), &mut blk.tmp, nb);
-    load_rows(&d_last[..nb], &mut blk.d_prev);
-    let (f, fp, psi, d) = (&mut blk.f, &blk.tmp, &mut blk.psi, &blk.d_prev);
-    if !try_sga_step(k, f, fp, psi, d, m, lr, floor, precondition, T::MAX_STATE, nb) {
-        let rows = f[..nb * k].chunks_exact_mut(k).zip(fp[..nb * k].chunks_exact(k));
-        for (((f_row, fp_row), psi), &d) in rows.zip(psi[..nb].iter_mut()).zip(d.iter()) {
-            let inv_psi = 1.0 / *psi;
-            let mut f_m = 0.0;
-            let mut fp_f = 0.0;
-            for ((&f, &fp), &m_j) in f_row.iter().zip(fp_row.iter()).zip(m.iter()) {
-                f_m += f * m_j;
-                fp_f += fp * f;
-            }
-            let grad_beta = 0.5 * inv_psi * (d * d - 2.0 * d * f_m + fp_f) - 0.5;
-            let f_scale = if precondition { 1.0 } else { inv_psi };
-            for ((f, &fp), &m_j) in f_row.iter_mut().zip(fp_row.iter()).zip(m.iter()) {
-                let grad_f = f_scale * (d * m_j - fp);
-                *f = bounded(*f + lr * grad_f, -T::MAX_STATE, T::MAX_STATE);
-            }
-            // ψ·exp(α ∇β), kept inside [floor, MAX_STATE]: an SGD step far too large for the data's scale
-            // (learning rate vs. variance) is clipped instead of overflowing to inf.
-            *psi = bounded(
-                *psi * log_psi_step(lr * grad_beta, precondition).exp(),
-                floor,
-                T::MAX_STATE,
-            );
-        }
-    }
-    for v in blk.f[..nb * k].iter_mut().chain(blk.psi[..nb].iter_mut()) {
-        *v = stored::<T>(*v).1;
-    }
 }
 
 /// Largest latent second moment an SGA step accepts: the gradient multiplies it by loadings of up to
@@ -540,62 +516,27 @@ pub(crate) fn log_psi_step(step: f64, precondition: bool) -> f64 {
     }
 }
 
-/// The fused pass over one task's rows: pending gradient step, running mean, E-step sums.
-fn sga_task<T: Real, X: Real>(rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx, blk: &mut Block, sums: &mut Sums) {
-    let k = ctx.k;
-    let n = rows.mean.len();
-    for b0 in (0..n).step_by(BLOCK_ROWS) {
-        let nb = (n - b0).min(BLOCK_ROWS);
-        if ctx.active {
-            let f_rows = &mut rows.f[b0 * k..(b0 + nb) * k];
-            let psi_rows = &mut rows.psi[b0..b0 + nb];
-            load_block(blk, f_rows, psi_rows);
-            if let Some(start) = ctx.start {
-                start_block::<T>(blk, start, ctx.floor, nb);
-            }
-            if ctx.pending.is_some() || ctx.start.is_some() {
-                let d_last = &rows.d_last[b0..b0 + nb];
-                let mut psi_before = [0.0; BLOCK_ROWS];
-                psi_before[..nb].copy_from_slice(&blk.psi[..nb]);
-                apply_gradient::<T>(blk, d_last, ctx.pending, ctx.lr, ctx.floor, ctx.precondition, nb);
-                // While active, `sums.dsq` is not tracked: it counts the features whose ψ step diverged.
-                sums.dsq += overshooting_features(&psi_before[..nb], &blk.psi[..nb], d_last) as f64;
-                for (dst, src) in f_rows.iter_mut().zip(blk.f.iter()) {
-                    *dst = T::from_f64(*src);
-                }
-                for (dst, src) in psi_rows.iter_mut().zip(blk.psi.iter()) {
-                    *dst = T::from_f64(*src);
-                }
-            }
-        }
-        let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
-        let state = rows.mean[b0..b0 + nb]
-            .iter_mut()
-            .zip(rows.d_last[b0..b0 + nb].iter_mut());
-        for (((mean, d_last), xi), d_out) in state.zip(x_blk.iter()).zip(blk.d.iter_mut()) {
-            let xi = xi.to_f64();
-            let m0 = mean.to_f64();
-            let (mean_s, m1) = stored::<T>(m0 + ctx.rho * (xi - m0));
-            *mean = mean_s;
-            let d = xi - m1;
-            *d_last = T::from_f64(d);
-            *d_out = d;
-        }
-        if ctx.track_dsq {
-            // ψ's storage holds the warm-up's running d̄² (exact mean, d̄²_t = d̄²_{t−1} + (d² − d̄²_{t−1})/t).
-            let mut dsq_sum = 0.0;
-            for (v, &d) in rows.psi[b0..b0 + nb].iter_mut().zip(blk.d[..nb].iter()) {
-                let v0 = v.to_f64();
-                let (s, v1) = stored::<T>(v0 + ctx.rho * (d * d - v0));
-                *v = s;
-                dsq_sum += v1;
-            }
-            sums.dsq += dsq_sum;
-        }
-        if ctx.active {
-            accumulate_estep(blk, nb, sums);
-        }
+/// A warm-up pass over rows (θ̄, d_last, x: nb each): θ̄ ← θ̄ + ρ (x − θ̄) and d_last ← d = x − θ̄ (lines 5, 6),
+/// and, under `Scaling::Data`, ψ's storage (`dsq`) ← the running d̄² (d̄²_t = d̄²_{t−1} + ρ (d² − d̄²_{t−1})).
+/// Returns Σ d̄² over the rows (0 without `dsq`).
+fn warmup_rows<T: Real>(mean: &mut [T], d_last: &mut [T], dsq: Option<&mut [T]>, x: &[f64], rho: f64) -> f64 {
+    let mut d = [0.0f64; BLOCK_ROWS];
+    for (((m, last), &xi), d_out) in mean.iter_mut().zip(d_last.iter_mut()).zip(x).zip(d.iter_mut()) {
+        let m0 = m.to_f64();
+        let (mean_s, m1) = stored::<T>(m0 + rho * (xi - m0));
+        *m = mean_s;
+        *d_out = xi - m1;
+        *last = T::from_f64(*d_out);
     }
+    let Some(dsq) = dsq else { return 0.0 };
+    let mut sum = 0.0;
+    for (v, &dv) in dsq.iter_mut().zip(&d) {
+        let v0 = v.to_f64();
+        let (s, v1) = stored::<T>(v0 + rho * (dv * dv - v0));
+        *v = s;
+        sum += v1;
+    }
+    sum
 }
 
 #[cfg(test)]
@@ -665,6 +606,141 @@ mod tests {
         sga.update(x.view()).expect("update");
         assert_eq!(sga.loadings(), f0);
         assert!(sga.noise_variance().iter().all(|&p| p == 1.0));
+    }
+
+    use crate::engine::em_kernel::Isa;
+    use crate::engine::sga_kernel::MAX_K;
+    use crate::engine::tiled::TiledIsa;
+
+    fn stream(n: usize, d: usize, seed: u64) -> Array2<f64> {
+        let mut x = Array2::zeros((n, d));
+        fill_standard_normal(x.view_mut(), seed);
+        // Different scales per feature and a shared factor, so F and ψ move.
+        for mut row in x.rows_mut() {
+            let common = row[0];
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = *v * (1.0 + (j % 7) as f64 * 0.3) + common * 1.5;
+            }
+        }
+        x
+    }
+
+    fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+        let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        a.iter().zip(b).fold(0.0f64, |m, (p, q)| m.max((p - q).abs() / scale))
+    }
+
+    /// The model after `x` with the given kernel path, and its F, ψ, θ̄ as f64.
+    fn run_with<T: Real>(model: &OnlineSga<T>, path: SgaPath<T>, x: ArrayView2<f64>) -> [Vec<f64>; 3] {
+        let mut m = model.clone();
+        m.path = path;
+        m.update(x).expect("update");
+        let to64 = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+        [to64(&m.f), to64(&m.psi), to64(&m.mean)]
+    }
+
+    fn model<T: Real>(d: usize, k: usize, scaling: Scaling) -> OnlineSga<T> {
+        let f0 = orthonormal_loadings(d, k, k as u64 + 3).expect("init");
+        let cfg = SgaConfig {
+            n_warmup: 3,
+            lr: 0.02,
+            scaling,
+            ..SgaConfig::default()
+        };
+        OnlineSga::<T>::new(d, k, f0.view(), cfg).expect("new")
+    }
+
+    #[test]
+    fn simd_path_equals_portable_path() {
+        // The row kernel's AVX2 copy is bit-identical to the portable one; the wide kernel's FMA path agrees
+        // with its portable path to rounding. Warm-up, the data-scaled start and pending steps all run.
+        for k in [1usize, 3, 10, 16, 17, 24] {
+            for scaling in [Scaling::Unit, Scaling::Data] {
+                let d = 2 * BLOCK_ROWS + 3 * k + 5;
+                let sga = model::<f64>(d, k, scaling);
+                let x = stream(8, d, 50 + k as u64);
+                let detected = run_with(&sga, SgaPath::detect(k), x.view());
+                let portable = run_with(&sga, SgaPath::with(k, Isa::Portable, TiledIsa::Portable), x.view());
+                for (a, b) in detected.iter().zip(&portable) {
+                    if k <= MAX_K {
+                        assert_eq!(a, b, "K = {k}");
+                    } else {
+                        assert!(max_rel(a, b) < 1e-12, "K = {k}: {}", max_rel(a, b));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_kernel_equals_wide_kernel() {
+        // Two implementations of the same pass (row-SIMD with per-lane sums; tiled block products): for K the
+        // row kernel handles they agree to rounding, in f64 and in f32 state.
+        for k in [1usize, 2, 5, 10, 16] {
+            for scaling in [Scaling::Unit, Scaling::Data] {
+                let d = BLOCK_ROWS + 2 * k + 101;
+                let x = stream(10, d, 70 + k as u64);
+                let sga = model::<f64>(d, k, scaling);
+                let rows = run_with(&sga, SgaPath::detect(k), x.view());
+                let wide = run_with(&sga, SgaPath::Wide(TiledIsa::Portable), x.view());
+                for (a, b) in rows.iter().zip(&wide) {
+                    assert!(max_rel(a, b) < 1e-12, "K = {k}: {}", max_rel(a, b));
+                }
+                let sga = model::<f32>(d, k, scaling);
+                let rows = run_with(&sga, SgaPath::detect(k), x.view());
+                let wide = run_with(&sga, SgaPath::Wide(TiledIsa::detect()), x.view());
+                for (a, b) in rows.iter().zip(&wide) {
+                    assert!(max_rel(a, b) < 1e-5, "K = {k} f32: {}", max_rel(a, b));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn queries_see_what_the_next_pass_stores() {
+        // `loadings`/`noise_variance` apply the pending step with the pass's own kernel: after the next pass
+        // (which applies it), the stored F and ψ equal what the queries returned before it, bit for bit.
+        for k in [4usize, 20] {
+            for scaling in [Scaling::Unit, Scaling::Data] {
+                let d = 300;
+                let mut sga = model::<f32>(d, k, scaling);
+                let x = stream(9, d, 90 + k as u64);
+                for row in x.rows() {
+                    let (f, psi) = (sga.loadings(), sga.noise_variance());
+                    let mut probe = sga.clone();
+                    probe.pass(row, &mut Scratch::new(d, k), &mut Sums::zeros(k));
+                    if sga.n_seen >= sga.config.n_warmup {
+                        let stored_f: Vec<f64> = probe.f.iter().map(|v| v.to_f64()).collect();
+                        let stored_psi: Vec<f64> = probe.psi.iter().map(|v| v.to_f64()).collect();
+                        assert_eq!(f.as_slice().expect("c"), &stored_f[..]);
+                        assert_eq!(psi.as_slice().expect("c"), &stored_psi[..]);
+                    }
+                    sga.update(row.insert_axis(Axis(0))).expect("update");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kernels_are_thread_count_independent() {
+        // Several rayon tasks (D > TASK_ROWS) and D·K above the parallel gate: 1 and 3 threads = default pool.
+        for k in [16usize, 20] {
+            let d = TASK_ROWS + 2 * BLOCK_ROWS + 5;
+            assert!(use_parallel(d, k));
+            let x = stream(6, d, 7);
+            let mut par = model::<f64>(d, k, Scaling::Data);
+            let fresh = par.clone();
+            par.update(x.view()).expect("update");
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("pool");
+                let mut other = fresh.clone();
+                pool.install(|| other.update(x.view())).expect("update");
+                assert_eq!(par, other, "K = {k}, {threads} threads");
+            }
+        }
     }
 
     #[test]
@@ -759,6 +835,7 @@ mod checkpoint {
                 d_last: r.array::<T>("d_last", &[d])?,
                 pending,
                 scale_sq,
+                path: SgaPath::detect(k),
             };
             crate::state_checks::online_sga(&sga)?;
             Ok(sga)

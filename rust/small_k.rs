@@ -106,49 +106,6 @@ fn estep_sums<const K: usize>(
     add_outer_products::<K>(y, f, s, nb);
 }
 
-/// Lines 10–14 of Algorithm 1 on `nb` rows, given fp = F P (P = Σ + m mᵀ) and the previous sample's d:
-/// F ← F + α ψ⁻¹ (d mᵀ − F P), ψ ← ψ·exp(α ∇β) with ∇β = ½ψ⁻¹(d² − 2 d F m + rowsum(F P ⊙ F)) − ½,
-/// both clipped to finite bounds (see `online_sga::apply_gradient`).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn sga_step<const K: usize>(
-    f: &mut [f64],
-    fp: &[f64],
-    psi: &mut [f64],
-    d: &[f64],
-    m: &[f64],
-    lr: f64,
-    floor: f64,
-    precondition: bool,
-    max_state: f64,
-    nb: usize,
-) {
-    let mut mm = [0.0f64; K];
-    mm.copy_from_slice(&m[..K]);
-    let rows = f[..nb * K].chunks_exact_mut(K).zip(fp[..nb * K].chunks_exact(K));
-    for (((f_row, fp_row), p), &di) in rows.zip(psi[..nb].iter_mut()).zip(d[..nb].iter()) {
-        let inv_psi = 1.0 / *p;
-        let mut f_m = 0.0;
-        let mut fp_f = 0.0;
-        for j in 0..K {
-            f_m += f_row[j] * mm[j];
-            fp_f += fp_row[j] * f_row[j];
-        }
-        let grad_beta = 0.5 * inv_psi * (di * di - 2.0 * di * f_m + fp_f) - 0.5;
-        // ∇F (4.24), or ψ ⊙ ∇F = d mᵀ − F P when preconditioned.
-        let f_scale = if precondition { 1.0 } else { inv_psi };
-        for j in 0..K {
-            let grad_f = f_scale * (di * mm[j] - fp_row[j]);
-            f_row[j] = crate::online_sga::bounded(f_row[j] + lr * grad_f, -max_state, max_state);
-        }
-        *p = crate::online_sga::bounded(
-            *p * crate::online_sga::log_psi_step(lr * grad_beta, precondition).exp(),
-            floor,
-            max_state,
-        );
-    }
-}
-
 macro_rules! multiversion {
     ($name:ident, $avx:ident, $generic:ident, ($($arg:ident: $ty:ty),*)) => {
         #[cfg(target_arch = "x86_64")]
@@ -173,9 +130,6 @@ macro_rules! multiversion {
 multiversion!(rows_times_dispatch, rows_times_avx2, rows_times, (a: &[f64], m: &[f64], out: &mut [f64], nb: usize));
 multiversion!(row_dots_dispatch, row_dots_avx2, row_dots, (x: &[f64], y: &[f64], out: &mut [f64], nb: usize));
 multiversion!(rank_one_dispatch, rank_one_avx2, rank_one_update, (a: &mut [f64], d: &[f64], m: &[f64], rho: f64, nb: usize));
-multiversion!(sga_step_dispatch, sga_step_avx2, sga_step,
-    (f: &mut [f64], fp: &[f64], psi: &mut [f64], d: &[f64], m: &[f64], lr: f64, floor: f64, precondition: bool,
-     max_state: f64, nb: usize));
 multiversion!(estep_sums_dispatch, estep_sums_avx2, estep_sums,
     (f: &[f64], psi: &[f64], d: &[f64], y: &mut [f64], u: &mut [f64], s: &mut [f64], nb: usize));
 
@@ -218,28 +172,6 @@ pub(crate) fn try_row_dots(k: usize, x: &[f64], y: &[f64], out: &mut [f64], nb: 
 /// a ← a + ρ (d mᵀ − a) for nb rows when K ≤ 16; returns false (doing nothing) for larger K.
 pub(crate) fn try_rank_one(k: usize, a: &mut [f64], d: &[f64], m: &[f64], rho: f64, nb: usize) -> bool {
     by_k!(k, rank_one_dispatch(a, d, m, rho, nb));
-    true
-}
-
-/// One SGA step on nb rows when K ≤ 16 (see `sga_step`); returns false (doing nothing) otherwise.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn try_sga_step(
-    k: usize,
-    f: &mut [f64],
-    fp: &[f64],
-    psi: &mut [f64],
-    d: &[f64],
-    m: &[f64],
-    lr: f64,
-    floor: f64,
-    precondition: bool,
-    max_state: f64,
-    nb: usize,
-) -> bool {
-    by_k!(
-        k,
-        sga_step_dispatch(f, fp, psi, d, m, lr, floor, precondition, max_state, nb)
-    );
     true
 }
 

@@ -2,10 +2,14 @@
 //!
 //! `em_kernel` is the online-EM pass for K ≤ 16 after warm-up, vectorised across rows and accumulating the
 //! E-step sums in the whitened latent space of Ā (see its module documentation); `em_wide` is the same pass
-//! for K > 16, built on the register-tiled products of `tiled`.
+//! for K > 16, built on the register-tiled products of `tiled`. `sga_kernel` and `sga_wide` are the same two
+//! passes for online SGA (sums f fᵀ/ψ and f d/ψ of the stored F and ψ), chosen once per model by `sga`.
 
 pub(crate) mod em_kernel;
 pub(crate) mod em_wide;
+pub(crate) mod sga;
+pub(crate) mod sga_kernel;
+pub(crate) mod sga_wide;
 pub(crate) mod tiled;
 
 use crate::scalar::{stored, Real};

@@ -1,0 +1,66 @@
+//! The online-SGA pass on the engine: the code path chosen once per model ([`SgaPath`]), resolved per pass
+//! with that pass's constants ([`SgaPass`]), and run over blocks of rows.
+
+use super::em_kernel::Isa;
+use super::sga_kernel::{SgaBlockIo, SgaConsts, SgaRowKernel};
+use super::sga_wide::{SgaWide, SgaWideScratch};
+use super::tiled::TiledIsa;
+use crate::scalar::Real;
+
+/// Which kernel runs a model's passes after warm-up: the row kernel (K ≤ 16) or the wide one, each on a code
+/// path chosen for this CPU. A function of (K, CPU) only, so it is not part of a model's value: any two paths
+/// compare equal.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SgaPath<T: Real> {
+    Rows(SgaRowKernel<T>),
+    Wide(TiledIsa),
+}
+
+impl<T: Real> PartialEq for SgaPath<T> {
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
+impl<T: Real> SgaPath<T> {
+    /// The best path on this CPU for K = `k`.
+    pub(crate) fn detect(k: usize) -> Self {
+        Self::with(k, Isa::detect(), TiledIsa::detect())
+    }
+
+    /// The path for K = `k` with the given code paths (the row kernel for K ≤ 16, else the wide kernel).
+    pub(crate) fn with(k: usize, isa: Isa, tiled: TiledIsa) -> Self {
+        match SgaRowKernel::select(k, isa) {
+            Some(kernel) => SgaPath::Rows(kernel),
+            None => SgaPath::Wide(tiled),
+        }
+    }
+
+    /// Resolve for one pass of K = `k` with the pending step's P (K×K row-major), if any.
+    pub(crate) fn for_pass(&self, k: usize, p: Option<&[f64]>) -> SgaPass<T> {
+        match self {
+            SgaPath::Rows(kernel) => SgaPass::Rows(*kernel),
+            SgaPath::Wide(isa) => SgaPass::Wide(SgaWide::new(k, p, *isa)),
+        }
+    }
+}
+
+/// One pass's kernel, with the constants it prepares once per pass (P tiled for the wide kernel).
+pub(crate) enum SgaPass<T: Real> {
+    Rows(SgaRowKernel<T>),
+    Wide(SgaWide),
+}
+
+impl<T: Real> SgaPass<T> {
+    /// Run the pass on the rows of `io` (nb = `io.mean.len()` rows); `wide` is the wide kernel's scratch
+    /// (buffers of at least [`SgaWide::scratch_len`] each).
+    pub(crate) fn run(&self, c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, wide: &mut SgaWideScratch<'_>) {
+        match self {
+            SgaPass::Rows(kernel) => {
+                let nb = io.mean.len();
+                kernel.run(c, io, nb)
+            }
+            SgaPass::Wide(kernel) => kernel.run(c, io, wide),
+        }
+    }
+}
