@@ -22,7 +22,6 @@ pub mod query;
 pub mod scalar;
 pub mod scaling;
 pub mod schedule;
-mod small_k;
 pub mod state;
 pub mod state_checks;
 pub mod vbfa;
@@ -31,8 +30,9 @@ pub mod vifa;
 #[cfg(feature = "python")]
 mod python;
 
+pub use engine::{StepSums, StreamingModel};
 pub use error::{FaError, Result};
-pub use online_em::{EmConfig, OnlineEm, StepSums};
+pub use online_em::{EmConfig, OnlineEm};
 pub use online_sga::{OnlineSga, SgaConfig};
 pub use scalar::Real;
 pub use scaling::Scaling;

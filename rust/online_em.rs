@@ -10,17 +10,18 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
+use crate::engine::block::{accumulate_estep, block_times, load_rows, outer, rank_one_update, row_dots};
 use crate::engine::em_kernel::{em_block_run, to_loadings_space, EmBlockIo, EmConsts, Isa, MAX_K};
 use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
+use crate::engine::partition::{
+    reduce_tasks, use_parallel, validate_batch, Block, Scratch, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
+};
 use crate::engine::tiled::{Tiled, TiledIsa};
 use crate::engine::{advance, Advanced};
+pub use crate::engine::{StepSums, StreamingModel};
 use crate::error::{checked_size, invalid, try_filled, FaError, Result};
 use crate::linalg::Rotation;
 use crate::linalg::SpdFactor;
-use crate::pass::{
-    accumulate_estep, block_times, load_rows, outer, rank_one_update, reduce_tasks, row_dots, use_parallel,
-    validate_batch, Block, Scratch, Sums, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
-};
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
@@ -75,29 +76,6 @@ pub(crate) struct Pending {
     pub(crate) m: Array1<f64>,
     /// Whitening transform W = R⁻ᵀ (K×K), if the last M-step whitened.
     pub(crate) transform: Option<Array2<f64>>,
-}
-
-/// The cross-row sums of one sample: S = Fᵀ Ψ⁻¹ F (K×K), u = Fᵀ Ψ⁻¹ d (K) over the rows of a model, and
-/// Σ d̄² over those rows after the sample. Sums over disjoint sets of rows add.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepSums {
-    pub s: Array2<f64>,
-    pub u: Array1<f64>,
-    pub dsq_sum: f64,
-}
-
-impl StepSums {
-    /// Check the shapes against a part of `n_features` rows of a K-factor model of `n_features_total` rows.
-    pub(crate) fn check(&self, k: usize, n_features: usize, n_features_total: usize) -> Result<()> {
-        if self.s.dim() != (k, k) || self.u.len() != k || n_features_total < n_features {
-            return Err(FaError::Shape {
-                what: "sums",
-                expected: format!("S ({k}, {k}), u ({k},), n_features_total >= {n_features}"),
-                got: vec![self.s.nrows(), self.s.ncols(), self.u.len(), n_features_total],
-            });
-        }
-        Ok(())
-    }
 }
 
 /// Online EM factor analysis with state stored in `T` (f32 or f64).
@@ -258,7 +236,7 @@ impl<T: Real> OnlineEm<T> {
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
         let mut scratch = Scratch::new(self.n_features, self.n_components);
-        let mut sums = Sums::zeros(self.n_components);
+        let mut sums = StepSums::zeros(self.n_components);
         let backup = (self.n_features * self.n_components <= SNAPSHOT_MAX_ELEMENTS).then(|| self.clone());
         for row in x.rows() {
             if let Err(err) = self.step(row, &mut scratch, &mut sums) {
@@ -280,7 +258,7 @@ impl<T: Real> OnlineEm<T> {
     /// float32 state runs the kernel in float32 arithmetic. Near the limits of the float32 range that can
     /// overflow or cancel where f64 arithmetic does not; a failed float32 step is therefore redone once from the
     /// stored state (its pending step consumed) with f64 arithmetic before a breakdown is reported.
-    fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
+    fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut StepSums) -> Result<()> {
         let mut result = self.step_inner(x, scratch, sums, true);
         if result.is_err() {
             self.pending = None;
@@ -299,7 +277,7 @@ impl<T: Real> OnlineEm<T> {
         &mut self,
         x: ArrayView1<X>,
         scratch: &mut Scratch,
-        sums: &mut Sums,
+        sums: &mut StepSums,
         allow_kernel: bool,
     ) -> Result<()> {
         let t = self.n_seen + 1;
@@ -315,48 +293,6 @@ impl<T: Real> OnlineEm<T> {
         validate_batch::<T, X>(&x, self.n_features)
     }
 
-    /// First half of one step, for models whose rows are split across processes: apply the previous sample's
-    /// pending row-local step to the rows this model holds and return their part of the cross-row sums of
-    /// the E-step (4.23) for sample `x` (this model's D entries). Sums from every part of the rows add up to
-    /// the sums of the whole model; [`OnlineEm::apply`] finishes the step from them. Until then the model is
-    /// the one before `x` (calling `local_sums` again recomputes the same sums); a failed `apply` leaves it so.
-    pub fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
-        validate_batch::<T, X>(&x.view().insert_axis(ndarray::Axis(0)), self.n_features)?;
-        let t = self.n_seen + 1;
-        let rho = self.config.step_size.rho(t);
-        let mut scratch = Scratch::new(self.n_features, self.n_components);
-        let mut sums = Sums::zeros(self.n_components);
-        self.pass_on(
-            x,
-            rho,
-            self.config.scaling.mean_rho(rho, t),
-            &mut scratch,
-            &mut sums,
-            Some(Isa::detect()),
-        );
-        self.pending = None;
-        Ok(StepSums {
-            s: sums.s,
-            u: sums.u,
-            dsq_sum: sums.dsq,
-        })
-    }
-
-    /// Second half of one step: the K×K part of Algorithm 2 from `sums` (the sum of every part's
-    /// [`OnlineEm::local_sums`] for the same sample), with `n_features_total` the D of the whole model (for the
-    /// data's scale σ̂² = Σ d̄² / D). Every part must apply the same sums; the K×K state then stays identical.
-    pub fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
-        sums.check(self.n_components, self.n_features, n_features_total)?;
-        let t = self.n_seen + 1;
-        let rho = self.config.step_size.rho(t);
-        let inner = Sums {
-            s: sums.s.clone(),
-            u: sums.u.clone(),
-            dsq: sums.dsq_sum,
-        };
-        self.finish(t, rho, self.config.scaling.mean_rho(rho, t), &inner, n_features_total)
-    }
-
     /// The pass, through the fused kernel on code path `isa` (or, for K > MAX_K, the wide kernel) when it
     /// applies (None: block-by-block path); returns whether a kernel ran.
     fn pass_on<X: Real>(
@@ -365,7 +301,7 @@ impl<T: Real> OnlineEm<T> {
         rho: f64,
         mean_rho: f64,
         scratch: &mut Scratch,
-        sums: &mut Sums,
+        sums: &mut StepSums,
         isa: Option<Isa>,
     ) -> bool {
         let floor = self.floor();
@@ -382,7 +318,7 @@ impl<T: Real> OnlineEm<T> {
         rho: f64,
         mean_rho: f64,
         scratch: &mut Scratch,
-        sums: &mut Sums,
+        sums: &mut StepSums,
         fast: Option<(EmConsts<T>, Isa)>,
         wide: Option<WideConsts>,
     ) -> bool {
@@ -494,7 +430,7 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
-    fn finish(&mut self, t: u64, rho: f64, mean_rho: f64, sums: &Sums, n_total: usize) -> Result<()> {
+    fn finish(&mut self, t: u64, rho: f64, mean_rho: f64, sums: &StepSums, n_total: usize) -> Result<()> {
         let k = self.n_components;
         // (4.23): Σ = (I + C F)⁻¹, m = Σ C d — by Cholesky of the K×K matrix I + C F.
         let precision = Array2::<f64>::eye(k) + &sums.s;
@@ -507,7 +443,7 @@ impl<T: Real> OnlineEm<T> {
             m.fill(0.0);
         }
         // Finite: every d̄²_d <= MAX_INPUT² (1e200 for f64 input), so the sum over D rows is too.
-        let scale_sq = sums.dsq / n_total as f64;
+        let scale_sq = sums.dsq_sum / n_total as f64;
         // Line 10: B̄_t = B̄_{t−1} + ρ_t (m mᵀ − B̄_{t−1}).
         let b_bar = &self.b_bar + &((outer(&m) - &self.b_bar) * rho);
         let mut transform = None;
@@ -676,7 +612,13 @@ fn apply_pending<T: Real>(blk: &mut Block, pending: Option<&Pending>, nb: usize)
 }
 
 /// The fused pass over one task's rows. Shapes: rows.a is n×K (row-major), the other slices n, x is D.
-fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx<T>, blk: &mut Block, sums: &mut Sums) {
+fn em_task<T: Real, X: Real>(
+    mut rows: Rows<T>,
+    x: &ArrayView1<X>,
+    ctx: &PassCtx<T>,
+    blk: &mut Block,
+    sums: &mut StepSums,
+) {
     let k = ctx.k;
     let n = rows.mean.len();
     if let Some((consts, isa)) = &ctx.fast {
@@ -717,7 +659,7 @@ fn em_task<T: Real, X: Real>(mut rows: Rows<T>, x: &ArrayView1<X>, ctx: &PassCtx
             *d_last = e_s;
             *d_out = adv.d;
         }
-        sums.dsq += dsq_sum;
+        sums.dsq_sum += dsq_sum;
         // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
         accumulate_estep(blk, nb, sums);
     }
@@ -753,7 +695,7 @@ fn fused_task<T: Real, X: Real>(
     consts: &EmConsts<T>,
     isa: Isa,
     blk: &mut Block,
-    sums: &mut Sums,
+    sums: &mut StepSums,
     k: usize,
 ) {
     let n = rows.mean.len();
@@ -772,7 +714,7 @@ fn fused_task<T: Real, X: Real>(
             d_last: &mut rows.d_last[b0..b0 + nb],
             x: &blk.d[..nb],
             consts,
-            dsq_sum: &mut sums.dsq,
+            dsq_sum: &mut sums.dsq_sum,
             u,
             s,
         };
@@ -786,7 +728,7 @@ fn wide_task<T: Real, X: Real>(
     x: &ArrayView1<X>,
     consts: &WideConsts,
     blk: &mut Block,
-    sums: &mut Sums,
+    sums: &mut StepSums,
 ) {
     let (n, k) = (rows.mean.len(), consts.k);
     let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
@@ -803,7 +745,7 @@ fn wide_task<T: Real, X: Real>(
             dsq: &mut rows.dsq[b0..b0 + nb],
             d_last: &mut rows.d_last[b0..b0 + nb],
             x: &blk.d[..nb],
-            dsq_sum: &mut sums.dsq,
+            dsq_sum: &mut sums.dsq_sum,
             u,
             s,
         };
@@ -837,6 +779,38 @@ fn loadings_block<T: Real>(blk: &mut Block, dsq: &[T], row0: usize, ctx: &PassCt
     row_dots(&blk.f, &blk.a, k, nb, &mut blk.psi);
     for (psi, dsq) in blk.psi[..nb].iter_mut().zip(dsq.iter()) {
         *psi = (dsq.to_f64() - *psi).max(ctx.floor);
+    }
+}
+
+impl<T: Real> StreamingModel for OnlineEm<T> {
+    fn n_features(&self) -> usize {
+        self.n_features
+    }
+
+    fn n_components(&self) -> usize {
+        self.n_components
+    }
+
+    /// Until [`StreamingModel::apply`] the model is the one before `x` (calling `local_sums` again recomputes
+    /// the same sums): the pass writes only the previous sample's pending row-local step, now applied.
+    fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
+        validate_batch::<T, X>(&x.view().insert_axis(ndarray::Axis(0)), self.n_features)?;
+        let t = self.n_seen + 1;
+        let rho = self.config.step_size.rho(t);
+        let mut scratch = Scratch::new(self.n_features, self.n_components);
+        let mut sums = StepSums::zeros(self.n_components);
+        let mean_rho = self.config.scaling.mean_rho(rho, t);
+        self.pass_on(x, rho, mean_rho, &mut scratch, &mut sums, Some(Isa::detect()));
+        self.pending = None;
+        Ok(sums)
+    }
+
+    /// The K×K part of Algorithm 2 from the sums, with σ̂² = Σ d̄² / `n_features_total`.
+    fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
+        sums.check(self.n_components, self.n_features, n_features_total)?;
+        let t = self.n_seen + 1;
+        let rho = self.config.step_size.rho(t);
+        self.finish(t, rho, self.config.scaling.mean_rho(rho, t), sums, n_features_total)
     }
 }
 
@@ -919,13 +893,13 @@ mod tests {
     }
 
     /// One pass through the fused kernel and through the block path (explicit F = Ā H̄⁻¹) from the same state.
-    fn both_paths<T: Real>(em: &OnlineEm<T>, x: ArrayView1<f64>, isa: Isa) -> [(OnlineEm<T>, Sums); 2] {
+    fn both_paths<T: Real>(em: &OnlineEm<T>, x: ArrayView1<f64>, isa: Isa) -> [(OnlineEm<T>, StepSums); 2] {
         let t = em.n_seen + 1;
         let rho = em.config.step_size.rho(t);
         let run = |isa: Option<Isa>| {
             let mut m = em.clone();
             let mut scratch = Scratch::new(m.n_features, m.n_components);
-            let mut sums = Sums::zeros(m.n_components);
+            let mut sums = StepSums::zeros(m.n_components);
             m.pass_on(x, rho, rho, &mut scratch, &mut sums, isa);
             (m, sums)
         };
@@ -964,7 +938,7 @@ mod tests {
                     max_rel(fs.u.as_slice().unwrap(), ss.u.as_slice().unwrap()) < 1e-12,
                     "u, K = {k}"
                 );
-                assert!((fs.dsq - ss.dsq).abs() < 1e-13 * ss.dsq);
+                assert!((fs.dsq_sum - ss.dsq_sum).abs() < 1e-13 * ss.dsq_sum);
                 assert_eq!(
                     (&fast.mean, &fast.dsq_bar, &fast.d_last),
                     (&slow.mean, &slow.dsq_bar, &slow.d_last)
@@ -1001,7 +975,7 @@ mod tests {
                     max_rel(ws.u.as_slice().unwrap(), ss.u.as_slice().unwrap()) < 1e-12,
                     "u, K = {k}"
                 );
-                assert!((ws.dsq - ss.dsq).abs() < 1e-13 * ss.dsq);
+                assert!((ws.dsq_sum - ss.dsq_sum).abs() < 1e-13 * ss.dsq_sum);
                 assert_eq!(
                     (&wide.mean, &wide.dsq_bar, &wide.d_last),
                     (&slow.mean, &slow.dsq_bar, &slow.d_last)
@@ -1013,7 +987,7 @@ mod tests {
                 let consts = em.wide_consts(rho, rho, em.floor(), TiledIsa::Portable).expect("wide");
                 let mut portable = em.clone();
                 let mut scratch = Scratch::new(d, k);
-                let mut sums = Sums::zeros(k);
+                let mut sums = StepSums::zeros(k);
                 assert!(portable.pass_with(x.row(n - 1), rho, rho, &mut scratch, &mut sums, None, Some(consts)));
                 assert!(max_rel(sums.s.as_slice().unwrap(), ws.s.as_slice().unwrap()) < 1e-12);
                 assert!(max_rel(sums.u.as_slice().unwrap(), ws.u.as_slice().unwrap()) < 1e-12);
@@ -1065,13 +1039,13 @@ mod tests {
             let [(detected, ds), _] = both_paths(&em64, x.row(39), Isa::detect());
             let [(portable, ps), _] = both_paths(&em64, x.row(39), Isa::Portable);
             assert_eq!(detected, portable);
-            assert_eq!((ds.s, ds.u, ds.dsq), (ps.s, ps.u, ps.dsq));
+            assert_eq!((ds.s, ds.u, ds.dsq_sum), (ps.s, ps.u, ps.dsq_sum));
             let mut em32 = OnlineEm::<f32>::new(d, k, f0.view(), cfg).expect("new");
             em32.update(x.slice(s![..39, ..])).expect("update");
             let [(detected, ds), (_, slow)] = both_paths(&em32, x.row(39), Isa::detect());
             let [(portable, ps), _] = both_paths(&em32, x.row(39), Isa::Portable);
             assert_eq!(detected, portable);
-            assert_eq!((&ds.s, &ds.u, ds.dsq), (&ps.s, &ps.u, ps.dsq));
+            assert_eq!((&ds.s, &ds.u, ds.dsq_sum), (&ps.s, &ps.u, ps.dsq_sum));
             // float32 arithmetic against the float64-arithmetic block path on the same float32 state.
             assert!(
                 max_rel(ds.s.as_slice().unwrap(), slow.s.as_slice().unwrap()) < 1e-4,

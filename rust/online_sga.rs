@@ -6,17 +6,18 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
 
+use crate::engine::block::{load_rows, outer};
 use crate::engine::em_kernel::to_loadings_space;
+use crate::engine::partition::{
+    reduce_tasks, use_parallel, validate_batch, Block, Scratch, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
+};
 use crate::engine::sga::SgaPath;
 use crate::engine::sga_kernel::{SgaBlockIo, SgaConsts, SgaStep, Start};
 use crate::engine::sga_wide::SgaWideScratch;
+use crate::engine::{StepSums, StreamingModel};
 use crate::error::{invalid, try_filled, FaError, Result};
 use crate::linalg::SpdFactor;
-use crate::online_em::{check_floor_fits, checked_init, validate_dims, StepSums};
-use crate::pass::{
-    load_rows, outer, reduce_tasks, use_parallel, validate_batch, Block, Scratch, Sums, BLOCK_ROWS,
-    SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
-};
+use crate::online_em::{check_floor_fits, checked_init, validate_dims};
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
@@ -146,7 +147,7 @@ impl<T: Real> OnlineSga<T> {
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
         let mut scratch = Scratch::new(self.n_features, self.n_components);
-        let mut sums = Sums::zeros(self.n_components);
+        let mut sums = StepSums::zeros(self.n_components);
         let backup = (self.n_features * self.n_components <= SNAPSHOT_MAX_ELEMENTS).then(|| self.clone());
         // Without a backup, a row changed by another thread between the validation and the pass would be
         // applied unchecked (a NaN mean poisons every later step): large models validate and read a private
@@ -196,7 +197,7 @@ impl<T: Real> OnlineSga<T> {
     }
 
     /// One sample: the fused pass (pending gradient step + running mean + E-step sums), then (4.23).
-    fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) -> Result<()> {
+    fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut StepSums) -> Result<()> {
         self.pass(x, scratch, sums);
         self.finish(sums, self.n_features)
     }
@@ -206,38 +207,9 @@ impl<T: Real> OnlineSga<T> {
         validate_batch::<T, X>(&x, self.n_features)
     }
 
-    /// First half of one step, for models whose rows are split across processes: apply the pending gradient
-    /// step and the running mean to the rows this model holds and return their part of the E-step sums
-    /// (4.23) for sample `x` (this model's D entries). The parts of every process add up to the sums of the
-    /// whole model; [`OnlineSga::apply`] finishes the step from them.
-    pub fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
-        validate_batch::<T, X>(&x.view().insert_axis(ndarray::Axis(0)), self.n_features)?;
-        let mut scratch = Scratch::new(self.n_features, self.n_components);
-        let mut sums = Sums::zeros(self.n_components);
-        self.pass(x, &mut scratch, &mut sums);
-        self.pending = None;
-        Ok(StepSums {
-            s: sums.s,
-            u: sums.u,
-            dsq_sum: sums.dsq,
-        })
-    }
-
-    /// Second half of one step: (4.23) from `sums` (the sum of every part's [`OnlineSga::local_sums`] for
-    /// the same sample), with `n_features_total` the D of the whole model (for σ̂² = Σ d̄² / D).
-    pub fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
-        sums.check(self.n_components, self.n_features, n_features_total)?;
-        let inner = Sums {
-            s: sums.s.clone(),
-            u: sums.u.clone(),
-            dsq: sums.dsq_sum,
-        };
-        self.finish(&inner, n_features_total)
-    }
-
     /// The fused pass of sample n_seen + 1 over every row: pending gradient step, running mean, E-step sums
     /// (after warm-up, through the engine's SGA kernel; during warm-up only the running mean moves).
-    fn pass<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut Sums) {
+    fn pass<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut StepSums) {
         let t = self.n_seen + 1;
         let active = t > self.config.n_warmup;
         let data = self.config.scaling == Scaling::Data;
@@ -282,17 +254,17 @@ impl<T: Real> OnlineSga<T> {
                 if !active {
                     let psi = track_dsq.then(|| &mut rows.psi[b0..b0 + nb]);
                     let (mean, d_last) = (&mut rows.mean[b0..b0 + nb], &mut rows.d_last[b0..b0 + nb]);
-                    part.dsq += warmup_rows(mean, d_last, psi, &blk.d[..nb], rho);
+                    part.dsq_sum += warmup_rows(mean, d_last, psi, &blk.d[..nb], rho);
                     continue;
                 }
-                // While active, `part.dsq` is not tracked: it counts the features whose ψ step diverged.
+                // While active, `part.dsq_sum` is not tracked: it counts the features whose ψ step diverged.
                 let mut io = SgaBlockIo {
                     f: &mut rows.f[b0 * k..(b0 + nb) * k],
                     psi: &mut rows.psi[b0..b0 + nb],
                     mean: &mut rows.mean[b0..b0 + nb],
                     d_last: &mut rows.d_last[b0..b0 + nb],
                     x: &blk.d[..nb],
-                    overshoot: &mut part.dsq,
+                    overshoot: &mut part.dsq_sum,
                     u: part.u.as_slice_mut().expect("sums are allocated contiguous"),
                     s: part.s.as_slice_mut().expect("sums are allocated contiguous"),
                 };
@@ -312,7 +284,7 @@ impl<T: Real> OnlineSga<T> {
     }
 
     /// (4.23) for sample n_seen + 1 from the sums of its pass (all rows of the model: `n_total` of them).
-    fn finish(&mut self, sums: &Sums, n_total: usize) -> Result<()> {
+    fn finish(&mut self, sums: &StepSums, n_total: usize) -> Result<()> {
         let t = self.n_seen + 1;
         let active = t > self.config.n_warmup;
         let track_dsq = self.config.scaling == Scaling::Data && !active;
@@ -322,7 +294,7 @@ impl<T: Real> OnlineSga<T> {
             None
         };
         if track_dsq {
-            self.scale_sq = sums.dsq / n_total as f64;
+            self.scale_sq = sums.dsq_sum / n_total as f64;
         }
         self.n_seen = t;
         Ok(())
@@ -396,7 +368,7 @@ impl<T: Real> OnlineSga<T> {
             vec![T::default(); BLOCK_ROWS],
             vec![T::default(); BLOCK_ROWS],
         );
-        let mut discard = Sums::zeros(k);
+        let mut discard = StepSums::zeros(k);
         let mut out_psi = vec![0.0; BLOCK_ROWS];
         blk.d.fill(0.0);
         for (i, ((f_src, psi_src), d_src)) in self
@@ -417,7 +389,7 @@ impl<T: Real> OnlineSga<T> {
                 mean: &mut mean[..nb],
                 d_last: &mut d_last[..nb],
                 x: &blk.d[..nb],
-                overshoot: &mut discard.dsq,
+                overshoot: &mut discard.dsq_sum,
                 u: discard.u.as_slice_mut().expect("sums are allocated contiguous"),
                 s: discard.s.as_slice_mut().expect("sums are allocated contiguous"),
             };
@@ -460,9 +432,9 @@ impl<T: Real> OnlineSga<T> {
 pub(crate) const MAX_PSI_OVERSHOOT: f64 = 1e6;
 
 /// (4.23) from the sums: Σ = (I + C F)⁻¹, m = Σ C d, and P = Σ + m mᵀ for the gradients. A pass that
-/// counted diverged ψ steps (`sums.dsq` > 0 while active) is refused as a breakdown (and rolled back).
-fn estep(sums: &Sums, k: usize) -> Result<Pending> {
-    if sums.dsq > 0.0 {
+/// counted diverged ψ steps (`sums.dsq_sum` > 0 while active) is refused as a breakdown (and rolled back).
+fn estep(sums: &StepSums, k: usize) -> Result<Pending> {
+    if sums.dsq_sum > 0.0 {
         return Err(FaError::Diverged(
             "the SGA step diverged (a noise variance grew more than 10^6-fold past the data's scale in one \
              step); lower lr or use scaling='data'",
@@ -537,6 +509,32 @@ fn warmup_rows<T: Real>(mean: &mut [T], d_last: &mut [T], dsq: Option<&mut [T]>,
         sum += v1;
     }
     sum
+}
+
+impl<T: Real> StreamingModel for OnlineSga<T> {
+    fn n_features(&self) -> usize {
+        self.n_features
+    }
+
+    fn n_components(&self) -> usize {
+        self.n_components
+    }
+
+    /// The pass applies the pending gradient step and moves the running mean of these rows.
+    fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
+        validate_batch::<T, X>(&x.view().insert_axis(ndarray::Axis(0)), self.n_features)?;
+        let mut scratch = Scratch::new(self.n_features, self.n_components);
+        let mut sums = StepSums::zeros(self.n_components);
+        self.pass(x, &mut scratch, &mut sums);
+        self.pending = None;
+        Ok(sums)
+    }
+
+    /// (4.23) from the sums, with σ̂² = Σ d̄² / `n_features_total` during a data-scaled warm-up.
+    fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
+        sums.check(self.n_components, self.n_features, n_features_total)?;
+        self.finish(sums, n_features_total)
+    }
 }
 
 #[cfg(test)]
@@ -708,7 +706,7 @@ mod tests {
                 for row in x.rows() {
                     let (f, psi) = (sga.loadings(), sga.noise_variance());
                     let mut probe = sga.clone();
-                    probe.pass(row, &mut Scratch::new(d, k), &mut Sums::zeros(k));
+                    probe.pass(row, &mut Scratch::new(d, k), &mut StepSums::zeros(k));
                     if sga.n_seen >= sga.config.n_warmup {
                         let stored_f: Vec<f64> = probe.f.iter().map(|v| v.to_f64()).collect();
                         let stored_psi: Vec<f64> = probe.psi.iter().map(|v| v.to_f64()).collect();

@@ -1,16 +1,25 @@
-//! The streaming engine: kernels that make one pass over the D-sized state per sample.
+//! The streaming engine: kernels that make one pass over the D-sized state per sample, the partition of the
+//! rows they run on (`partition`), the block path for passes no fused kernel runs (`block`), and the interface
+//! every streaming model offers on top of them (`model::StreamingModel`: local sums, then the K×K step).
 //!
 //! `em_kernel` is the online-EM pass for K ≤ 16 after warm-up, vectorised across rows and accumulating the
 //! E-step sums in the whitened latent space of Ā (see its module documentation); `em_wide` is the same pass
 //! for K > 16, built on the register-tiled products of `tiled`. `sga_kernel` and `sga_wide` are the same two
 //! passes for online SGA (sums f fᵀ/ψ and f d/ψ of the stored F and ψ), chosen once per model by `sga`.
 
+pub(crate) mod block;
 pub(crate) mod em_kernel;
 pub(crate) mod em_wide;
+pub(crate) mod model;
+pub(crate) mod partition;
 pub(crate) mod sga;
 pub(crate) mod sga_kernel;
 pub(crate) mod sga_wide;
 pub(crate) mod tiled;
+
+pub(crate) use block::block_times;
+pub use model::{StepSums, StreamingModel};
+pub(crate) use partition::{use_parallel, validate_batch};
 
 use crate::scalar::{stored, Real};
 

@@ -189,5 +189,5 @@ pub(crate) fn standard_normal_rows<'py>(
 /// models keep the samples before the failing one, see `OnlineEm::update`).
 #[pyfunction]
 pub(crate) fn snapshot_max_elements() -> usize {
-    crate::pass::SNAPSHOT_MAX_ELEMENTS
+    crate::engine::partition::SNAPSHOT_MAX_ELEMENTS
 }

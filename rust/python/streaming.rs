@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::common::*;
+use crate::engine::StreamingModel;
 use crate::fork::Mutex;
 use crate::init::orthonormal_loadings;
 use crate::online_em::{EmConfig, OnlineEm};
@@ -168,7 +169,7 @@ macro_rules! model_methods {
                 dsq_sum: f64,
                 n_features_total: usize,
             ) -> PyResult<()> {
-                let sums = crate::online_em::StepSums { s: owned_copy(&s)?, u: owned_copy(&u)?, dsq_sum };
+                let sums = crate::engine::StepSums { s: owned_copy(&s)?, u: owned_copy(&u)?, dsq_sum };
                 py.detach(|| {
                     let mut guard = lock(&self.inner)?;
                     with_model!(&mut *guard, m => m.apply(&sums, n_features_total)).map_err(to_py_err)

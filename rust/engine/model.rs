@@ -1,0 +1,164 @@
+//! The interface every streaming model offers on top of the engine: one step of a sample is split into the
+//! row-local pass ([`StreamingModel::local_sums`]) and the K×K step from the cross-row sums
+//! ([`StreamingModel::apply`]). Rows of D are independent except for those sums, so a model whose rows are
+//! split across processes (or threads) runs each part's `local_sums`, adds the sums, and every part `apply`s
+//! the total: the same model as one process, exactly.
+
+use ndarray::{Array1, Array2, ArrayView1};
+
+use crate::error::{FaError, Result};
+use crate::scalar::Real;
+
+/// The cross-row sums of one sample over a set of rows: S = Fᵀ Ψ⁻¹ F (K×K), u = Fᵀ Ψ⁻¹ d (K), and `dsq_sum`,
+/// Σ d̄² over those rows after the sample (the data's scale σ̂² = Σ d̄² / D; online SGA tracks it during a
+/// data-scaled warm-up only, and after warm-up counts there the rows whose ψ step diverged, which fails the
+/// step). Sums over disjoint sets of rows add.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepSums {
+    pub s: Array2<f64>,
+    pub u: Array1<f64>,
+    pub dsq_sum: f64,
+}
+
+impl StepSums {
+    /// All zero, for K = `k`.
+    pub fn zeros(k: usize) -> Self {
+        StepSums {
+            s: Array2::zeros((k, k)),
+            u: Array1::zeros(k),
+            dsq_sum: 0.0,
+        }
+    }
+
+    /// Check the shapes against a part of `n_features` rows of a K-factor model of `n_features_total` rows.
+    pub(crate) fn check(&self, k: usize, n_features: usize, n_features_total: usize) -> Result<()> {
+        if self.s.dim() != (k, k) || self.u.len() != k || n_features_total < n_features {
+            return Err(FaError::Shape {
+                what: "sums",
+                expected: format!("S ({k}, {k}), u ({k},), n_features_total >= {n_features}"),
+                got: vec![self.s.nrows(), self.s.ncols(), self.u.len(), n_features_total],
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A streaming model whose step splits into a row-local pass and a K×K step (online EM, online SGA).
+pub trait StreamingModel {
+    /// Number of rows (features) this model holds.
+    fn n_features(&self) -> usize;
+
+    /// K.
+    fn n_components(&self) -> usize;
+
+    /// First half of one step: apply the previous sample's pending row-local update to the rows this model
+    /// holds and return their part of the cross-row sums for sample `x` (this model's D entries). Until
+    /// [`StreamingModel::apply`] the model answers queries as before `x`.
+    fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums>;
+
+    /// Second half: finish the step from `sums`, the sum of every part's [`StreamingModel::local_sums`] for the
+    /// same sample (`n_features_total` rows in all). Every part must apply the same sums; a failed `apply`
+    /// leaves the model as before the sample.
+    fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::init::{fill_standard_normal, orthonormal_loadings};
+    use crate::{EmConfig, OnlineEm, OnlineSga, Scaling, SgaConfig};
+    use ndarray::{s, Array2, ArrayView2, Axis};
+
+    /// Run `x` through two parts (rows ..split and split..) with local sums added and applied to both, and
+    /// through `whole` with `update`; return the largest relative difference of the per-row fields of `state`
+    /// (each field's parts concatenated, relative to the field's largest entry).
+    fn split_vs_whole<M: StreamingModel + Clone>(
+        make: impl Fn(ArrayView2<f64>) -> M,
+        update: impl Fn(&mut M, ArrayView2<f64>),
+        state: impl Fn(&M) -> [Vec<f64>; 3],
+        f0: &Array2<f64>,
+        x: &Array2<f64>,
+        split: usize,
+    ) -> f64 {
+        let d = f0.nrows();
+        let mut whole = make(f0.view());
+        update(&mut whole, x.view());
+        let mut parts = [make(f0.slice(s![..split, ..])), make(f0.slice(s![split.., ..]))];
+        for row in x.rows() {
+            let rows = [row.slice(s![..split]), row.slice(s![split..])];
+            let sums: Vec<StepSums> = parts
+                .iter_mut()
+                .zip(rows)
+                .map(|(p, r)| p.local_sums(r).expect("sums"))
+                .collect();
+            let total = StepSums {
+                s: &sums[0].s + &sums[1].s,
+                u: &sums[0].u + &sums[1].u,
+                dsq_sum: sums[0].dsq_sum + sums[1].dsq_sum,
+            };
+            for p in parts.iter_mut() {
+                p.apply(&total, d).expect("apply");
+            }
+        }
+        let (a, b) = (state(&whole), state(&parts[0]));
+        let c = state(&parts[1]);
+        let mut worst = 0.0f64;
+        for (whole_field, (p0, p1)) in a.iter().zip(b.iter().zip(&c)) {
+            let scale = whole_field.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (p, q) in whole_field.iter().zip(p0.iter().chain(p1)) {
+                worst = worst.max((p - q).abs() / scale);
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn parts_through_the_trait_equal_the_whole_model() {
+        let (d, k, split) = (90, 4, 37);
+        let f0 = orthonormal_loadings(d, k, 1).expect("init");
+        let mut x = Array2::zeros((30, d));
+        fill_standard_normal(x.view_mut(), 2);
+        x.slice_mut(s![.., ..10]).mapv_inplace(|v| 3.0 * v + 1.0);
+        for scaling in [Scaling::Unit, Scaling::Data] {
+            let em = EmConfig {
+                n_warmup: 8,
+                scaling,
+                ..EmConfig::default()
+            };
+            let em_state = |m: &OnlineEm<f64>| {
+                let f = m.loadings();
+                [
+                    f.iter().copied().collect(),
+                    m.noise_variance().to_vec(),
+                    m.mean().to_vec(),
+                ]
+            };
+            let make_em = |f: ArrayView2<f64>| OnlineEm::<f64>::new(f.nrows(), k, f, em.clone()).expect("new");
+            let upd_em = |m: &mut OnlineEm<f64>, x: ArrayView2<f64>| m.update(x).expect("update");
+            let e = split_vs_whole(make_em, upd_em, em_state, &f0, &x, split);
+            assert!(e < 1e-12, "EM {scaling:?}: {e}");
+            let sga = SgaConfig {
+                n_warmup: 8,
+                lr: 0.02,
+                scaling,
+                ..SgaConfig::default()
+            };
+            let sga_state = |m: &OnlineSga<f64>| {
+                let f = m.loadings();
+                [
+                    f.iter().copied().collect(),
+                    m.noise_variance().to_vec(),
+                    m.mean().to_vec(),
+                ]
+            };
+            let make_sga = |f: ArrayView2<f64>| OnlineSga::<f64>::new(f.nrows(), k, f, sga.clone()).expect("new");
+            let upd_sga = |m: &mut OnlineSga<f64>, x: ArrayView2<f64>| {
+                for row in x.rows() {
+                    m.update(row.insert_axis(Axis(0))).expect("update");
+                }
+            };
+            let e = split_vs_whole(make_sga, upd_sga, sga_state, &f0, &x, split);
+            assert!(e < 1e-12, "SGA {scaling:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! The one partition policy of the engine: rows of the D-sized state are processed in tasks of
+//! [`TASK_ROWS`] rows (run on rayon when the state is large, see [`use_parallel`]) and, inside a task, in
+//! blocks of [`BLOCK_ROWS`] rows that stay in L1/L2. The partition does not depend on the number of threads
+//! and the per-task partial sums are added in task order, so results are bit-identical for any thread count.
+//! Also here: input validation, done before any row is touched.
+
+use ndarray::{ArrayView1, ArrayView2, Axis};
+use rayon::prelude::*;
+
+use super::model::StepSums;
+use crate::error::{FaError, Result};
+use crate::scalar::Real;
+
+/// Rows per rayon task.
+pub(crate) const TASK_ROWS: usize = 8192;
+/// Rows per GEMM block inside a task.
+pub(crate) const BLOCK_ROWS: usize = 256;
+/// Up to this many state elements (D·K) an update call keeps a copy of the state and restores it if a
+/// numerical breakdown interrupts the batch, so a failed call never leaves a half-applied state. Larger
+/// models skip the copy (it would double the memory traffic of an update); for them a breakdown — which
+/// needs inputs many orders of magnitude outside the data seen so far — is reported with the rows before
+/// the failing one applied (online EM leaves no part of the failing row applied: see `OnlineEm::step`).
+/// Shape, NaN/Inf and magnitude errors are caught before any row, at every size.
+pub(crate) const SNAPSHOT_MAX_ELEMENTS: usize = 1 << 18;
+/// Below this many state elements (D·K) a pass runs on the calling thread only.
+pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
+
+/// Whether a state of `d` rows × `k` columns is worth splitting across threads (and threads are usable:
+/// never in a forked child that inherited a used pool, see `crate::fork`). Small states never touch the
+/// pool, so they do not start it.
+pub(crate) fn use_parallel(d: usize, k: usize) -> bool {
+    d.saturating_mul(k.max(1)) >= PARALLEL_MIN_ELEMENTS && crate::fork::parallel_allowed()
+}
+
+/// Scratch buffers of one `update` call: a block and a partial sum per task, allocated once per call
+/// (not per sample) and reused by every row of the batch.
+pub(crate) struct Scratch {
+    blocks: Vec<Block>,
+    partials: Vec<StepSums>,
+}
+
+impl Scratch {
+    /// Buffers for a state of `n_rows` rows and K = `k`.
+    pub(crate) fn new(n_rows: usize, k: usize) -> Self {
+        let n_tasks = n_rows.div_ceil(TASK_ROWS).max(1);
+        Scratch {
+            blocks: (0..n_tasks).map(|_| Block::new(k)).collect(),
+            partials: (0..n_tasks).map(|_| StepSums::zeros(k)).collect(),
+        }
+    }
+}
+
+/// Run `kernel` on every task (with that task's block and zeroed partial sums) and add the partial sums
+/// in task order into `total`.
+pub(crate) fn reduce_tasks<W, F>(tasks: Vec<W>, scratch: &mut Scratch, parallel: bool, total: &mut StepSums, kernel: F)
+where
+    W: Send,
+    F: Fn(W, &mut Block, &mut StepSums) + Sync + Send,
+{
+    let work = tasks
+        .into_iter()
+        .zip(scratch.blocks.iter_mut().zip(scratch.partials.iter_mut()));
+    let run = |(task, (blk, sums)): (W, (&mut Block, &mut StepSums))| {
+        sums.s.fill(0.0);
+        sums.u.fill(0.0);
+        sums.dsq_sum = 0.0;
+        kernel(task, blk, sums);
+    };
+    if parallel {
+        work.collect::<Vec<_>>().into_par_iter().for_each(run);
+    } else {
+        work.for_each(run);
+    }
+    total.s.fill(0.0);
+    total.u.fill(0.0);
+    total.dsq_sum = 0.0;
+    for part in &scratch.partials {
+        total.s += &part.s;
+        total.u += &part.u;
+        total.dsq_sum += part.dsq_sum;
+    }
+}
+
+/// Per-task scratch: one block of rows in f64, each matrix row-major BLOCK_ROWS×K.
+pub(crate) struct Block {
+    /// Block of the stored matrix (Ā for EM, F for SGA).
+    pub(crate) a: Vec<f64>,
+    /// Loadings rows used by the E-step.
+    pub(crate) f: Vec<f64>,
+    /// Temporary product.
+    pub(crate) tmp: Vec<f64>,
+    /// ψ of each row.
+    pub(crate) psi: Vec<f64>,
+    /// Centred sample d of each row.
+    pub(crate) d: Vec<f64>,
+    /// The previous sample's d of each row (for the pending update).
+    pub(crate) d_prev: Vec<f64>,
+    /// K.
+    pub(crate) k: usize,
+}
+
+impl Block {
+    pub(crate) fn new(k: usize) -> Self {
+        Block {
+            a: vec![0.0; BLOCK_ROWS * k],
+            f: vec![0.0; BLOCK_ROWS * k],
+            tmp: vec![0.0; BLOCK_ROWS * k],
+            psi: vec![0.0; BLOCK_ROWS],
+            d: vec![0.0; BLOCK_ROWS],
+            d_prev: vec![0.0; BLOCK_ROWS],
+            k,
+        }
+    }
+}
+
+/// Check a batch before any row is applied: shape (n, D), every value finite and |x| ≤ T::MAX_INPUT.
+pub(crate) fn validate_batch<T: Real, X: Real>(x: &ArrayView2<X>, n_features: usize) -> Result<()> {
+    if x.ncols() != n_features {
+        return Err(FaError::Shape {
+            what: "X",
+            expected: format!("(n_samples, {n_features}) or ({n_features},)"),
+            got: x.shape().to_vec(),
+        });
+    }
+    let bad = |row: ArrayView1<X>| row.iter().any(|v| !(v.to_f64().abs() <= T::MAX_INPUT));
+    let first_bad = if x.len() >= PARALLEL_MIN_ELEMENTS && crate::fork::parallel_allowed() {
+        x.axis_iter(Axis(0)).into_par_iter().position_first(bad)
+    } else {
+        x.axis_iter(Axis(0)).position(bad)
+    };
+    match first_bad {
+        None => Ok(()),
+        Some(row) => {
+            let has_non_finite = x.row(row).iter().any(|v| !v.to_f64().is_finite());
+            let kind = if has_non_finite {
+                "NaN or infinity".to_string()
+            } else {
+                format!(
+                    "a value with |x| > {:e} (the largest accepted with {} state)",
+                    T::MAX_INPUT,
+                    T::NAME
+                )
+            };
+            Err(FaError::BadValue { row, kind })
+        }
+    }
+}
