@@ -8,13 +8,14 @@
 //! so it is left *pending* and applied by the next pass while that pass reads the same row to build the
 //! next E-step's sums S = C F and u = C d (4.23). The only cross-row quantities are S (K×K) and u (K).
 
-use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::engine::block::{accumulate_estep, block_times, load_rows, outer, rank_one_update, row_dots};
 use crate::engine::em_kernel::{em_block_run, to_loadings_space, EmBlockIo, EmConsts, Isa, MAX_K};
 use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
+use crate::engine::model::hooks::Pass;
 use crate::engine::partition::{
-    reduce_tasks, use_parallel, validate_batch, Block, Scratch, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
+    stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS,
 };
 use crate::engine::tiled::{Tiled, TiledIsa};
 use crate::engine::{advance, Advanced};
@@ -157,15 +158,6 @@ pub(crate) fn checked_init<T: Real>(init: ArrayView2<f64>, d: usize, k: usize) -
     Ok(init.iter().map(|&v| T::from_f64(v)).collect())
 }
 
-/// One task's rows of the state.
-struct Rows<'a, T> {
-    lo: usize,
-    a: &'a mut [T],
-    mean: &'a mut [T],
-    dsq: &'a mut [T],
-    d_last: &'a mut [T],
-}
-
 /// Everything a pass needs besides the rows.
 struct PassCtx<'a, T> {
     pending: Option<&'a Pending>,
@@ -285,12 +277,7 @@ impl<T: Real> OnlineEm<T> {
         let mean_rho = self.config.scaling.mean_rho(rho, t);
         let isa = allow_kernel.then(Isa::detect);
         self.pass_on(x, rho, mean_rho, scratch, sums, isa);
-        self.finish(t, rho, mean_rho, sums, self.n_features)
-    }
-
-    /// Validate a batch `x` (n×D) as [`Self::update`] does, without applying it.
-    pub fn check_batch<X: Real>(&self, x: ArrayView2<X>) -> Result<()> {
-        validate_batch::<T, X>(&x, self.n_features)
+        self.finish_step(t, rho, mean_rho, sums, self.n_features)
     }
 
     /// The pass, through the fused kernel on code path `isa` (or, for K > MAX_K, the wide kernel) when it
@@ -335,24 +322,14 @@ impl<T: Real> OnlineEm<T> {
             fast,
             wide,
         };
-        let tasks: Vec<Rows<T>> = self
-            .a_bar
-            .chunks_mut(TASK_ROWS * k)
-            .zip(self.mean.chunks_mut(TASK_ROWS))
-            .zip(self.dsq_bar.chunks_mut(TASK_ROWS))
-            .zip(self.d_last.chunks_mut(TASK_ROWS))
-            .enumerate()
-            .map(|(i, (((a, mean), dsq), d_last))| Rows {
-                lo: i * TASK_ROWS,
-                a,
-                mean,
-                dsq,
-                d_last,
-            })
-            .collect();
-        let parallel = use_parallel(self.n_features, k);
-        reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| {
-            em_task(rows, &x, &ctx, blk, part)
+        let state = StateRows {
+            matrix: &mut self.a_bar,
+            mean: &mut self.mean,
+            var: &mut self.dsq_bar,
+            d_last: &mut self.d_last,
+        };
+        stream_pass(state, k, &x, scratch, sums, |row0, rows, x, blk, part| {
+            em_block(row0, rows, x, &ctx, blk, part)
         });
         if let Some((consts, _)) = &ctx.fast {
             let upper: Option<Vec<f64>> = consts.upper.as_ref().map(|u| u.iter().map(|v| v.to_f64()).collect());
@@ -430,7 +407,7 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
-    fn finish(&mut self, t: u64, rho: f64, mean_rho: f64, sums: &StepSums, n_total: usize) -> Result<()> {
+    fn finish_step(&mut self, t: u64, rho: f64, mean_rho: f64, sums: &StepSums, n_total: usize) -> Result<()> {
         let k = self.n_components;
         // (4.23): Σ = (I + C F)⁻¹, m = Σ C d — by Cholesky of the K×K matrix I + C F.
         let precision = Array2::<f64>::eye(k) + &sums.s;
@@ -611,140 +588,43 @@ fn apply_pending<T: Real>(blk: &mut Block, pending: Option<&Pending>, nb: usize)
     }
 }
 
-/// The fused pass over one task's rows. Shapes: rows.a is n×K (row-major), the other slices n, x is D.
-fn em_task<T: Real, X: Real>(
-    mut rows: Rows<T>,
-    x: &ArrayView1<X>,
+/// The pass over one block of rows (first row `row0`; x: this sample's values for them): through the row-SIMD
+/// kernel or the wide kernel when one runs this pass, else the block path with explicit F. Shapes: rows.matrix
+/// (Ā) is nb×K row-major, the other rows and x are nb.
+fn em_block<T: Real>(
+    row0: usize,
+    rows: StateRows<'_, T>,
+    x: &[f64],
     ctx: &PassCtx<T>,
     blk: &mut Block,
     sums: &mut StepSums,
 ) {
     let k = ctx.k;
-    let n = rows.mean.len();
-    if let Some((consts, isa)) = &ctx.fast {
-        fused_task(&mut rows, x, consts, *isa, blk, sums, k);
-        return;
-    }
-    if let Some(consts) = &ctx.wide {
-        wide_task(&mut rows, x, consts, blk, sums);
-        return;
-    }
-    for b0 in (0..n).step_by(BLOCK_ROWS) {
-        let nb = (n - b0).min(BLOCK_ROWS);
-        // 1. The previous sample's pending moments (lines 5, 6, 14) and line 12: θ̄_{t−1}, d̄²_{t−1} and
-        //    Ā_{t−1} from the stored values; write them back.
-        pending_moments_block(&mut rows, b0, nb, ctx.pending, &mut blk.d_prev);
-        let a_rows = &mut rows.a[b0 * k..(b0 + nb) * k];
-        load_rows(a_rows, &mut blk.a);
-        if ctx.pending.is_some() {
-            apply_pending::<T>(blk, ctx.pending, nb);
-            for (dst, src) in a_rows.iter_mut().zip(blk.a.iter()) {
-                *dst = T::from_f64(*src);
-            }
-        }
-        // 2. F and ψ of the previous sample (lines 13, 15), or F₀ and ψ = 1 during warm-up.
-        loadings_block(blk, &rows.dsq[b0..b0 + nb], rows.lo + b0, ctx, nb);
-        // 3. This sample: innovation e = x_t − θ̄_{t−1} (stored in d_last), d_t and d̄²_t (registers only).
-        let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
-        let state = rows.mean[b0..b0 + nb]
-            .iter()
-            .zip(rows.dsq[b0..b0 + nb].iter())
-            .zip(rows.d_last[b0..b0 + nb].iter_mut());
-        let mut dsq_sum = 0.0;
-        for ((((mean, dsq), d_last), xi), d_out) in state.zip(x_blk.iter()).zip(blk.d.iter_mut()) {
-            let m0 = mean.to_f64();
-            let (e_s, e) = stored::<T>(xi.to_f64() - m0);
-            let adv = advance::<T>(m0, dsq.to_f64(), e, ctx.mean_rho, ctx.rho);
-            dsq_sum += adv.dsq.1;
-            *d_last = e_s;
-            *d_out = adv.d;
-        }
-        sums.dsq_sum += dsq_sum;
-        // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
-        accumulate_estep(blk, nb, sums);
-    }
-}
-
-/// Apply the previous sample's pending moments to rows b0..b0+nb of the task (writing θ̄, d̄²) and put the d
-/// its line-12 update uses into `d_prev`.
-fn pending_moments_block<T: Real>(
-    rows: &mut Rows<T>,
-    b0: usize,
-    nb: usize,
-    pending: Option<&Pending>,
-    d_prev: &mut [f64],
-) {
-    let moments = pending.and_then(|p| p.moments);
-    let state = rows.mean[b0..b0 + nb]
-        .iter_mut()
-        .zip(rows.dsq[b0..b0 + nb].iter_mut())
-        .zip(rows.d_last[b0..b0 + nb].iter());
-    for (((mean, dsq), last), out) in state.zip(d_prev.iter_mut()) {
-        *out = last.to_f64();
-        if let Some((mean_rho, rho)) = moments {
-            let adv = advance::<T>(mean.to_f64(), dsq.to_f64(), *out, mean_rho, rho);
-            (*mean, *dsq, *out) = (adv.mean.0, adv.dsq.0, adv.d);
-        }
-    }
-}
-
-/// The pass over one task's rows through the fused row-SIMD kernel (engine/em_kernel.rs): sums in Ā space.
-fn fused_task<T: Real, X: Real>(
-    rows: &mut Rows<T>,
-    x: &ArrayView1<X>,
-    consts: &EmConsts<T>,
-    isa: Isa,
-    blk: &mut Block,
-    sums: &mut StepSums,
-    k: usize,
-) {
-    let n = rows.mean.len();
+    let nb = rows.mean.len();
     let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
     let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
-    for b0 in (0..n).step_by(BLOCK_ROWS) {
-        let nb = (n - b0).min(BLOCK_ROWS);
-        let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
-        for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
-            *dst = xi.to_f64();
-        }
+    if let Some((consts, isa)) = &ctx.fast {
         let mut io = EmBlockIo {
-            a: &mut rows.a[b0 * k..(b0 + nb) * k],
-            mean: &mut rows.mean[b0..b0 + nb],
-            dsq: &mut rows.dsq[b0..b0 + nb],
-            d_last: &mut rows.d_last[b0..b0 + nb],
-            x: &blk.d[..nb],
+            a: rows.matrix,
+            mean: rows.mean,
+            dsq: rows.var,
+            d_last: rows.d_last,
+            x,
             consts,
             dsq_sum: &mut sums.dsq_sum,
             u,
             s,
         };
-        em_block_run(isa, k, &mut io, nb);
+        em_block_run(*isa, k, &mut io, nb);
+        return;
     }
-}
-
-/// The pass over one task's rows through the wide kernel (engine/em_wide.rs): sums in Ā space.
-fn wide_task<T: Real, X: Real>(
-    rows: &mut Rows<T>,
-    x: &ArrayView1<X>,
-    consts: &WideConsts,
-    blk: &mut Block,
-    sums: &mut StepSums,
-) {
-    let (n, k) = (rows.mean.len(), consts.k);
-    let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
-    let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
-    for b0 in (0..n).step_by(BLOCK_ROWS) {
-        let nb = (n - b0).min(BLOCK_ROWS);
-        let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
-        for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
-            *dst = xi.to_f64();
-        }
+    if let Some(consts) = &ctx.wide {
         let mut io = WideIo {
-            a: &mut rows.a[b0 * k..(b0 + nb) * k],
-            mean: &mut rows.mean[b0..b0 + nb],
-            dsq: &mut rows.dsq[b0..b0 + nb],
-            d_last: &mut rows.d_last[b0..b0 + nb],
-            x: &blk.d[..nb],
+            a: rows.matrix,
+            mean: rows.mean,
+            dsq: rows.var,
+            d_last: rows.d_last,
+            x,
             dsq_sum: &mut sums.dsq_sum,
             u,
             s,
@@ -756,6 +636,53 @@ fn wide_task<T: Real, X: Real>(
             d_prev: &mut blk.d_prev,
         };
         em_wide_block(consts, &mut io, &mut scratch);
+        return;
+    }
+    // 1. The previous sample's pending moments (lines 5, 6, 14) and line 12: θ̄_{t−1}, d̄²_{t−1} and Ā_{t−1}
+    //    from the stored values; write them back.
+    pending_moments_block(rows.mean, rows.var, rows.d_last, ctx.pending, &mut blk.d_prev);
+    load_rows(rows.matrix, &mut blk.a);
+    if ctx.pending.is_some() {
+        apply_pending::<T>(blk, ctx.pending, nb);
+        for (dst, src) in rows.matrix.iter_mut().zip(blk.a.iter()) {
+            *dst = T::from_f64(*src);
+        }
+    }
+    // 2. F and ψ of the previous sample (lines 13, 15), or F₀ and ψ = 1 during warm-up.
+    loadings_block(blk, rows.var, row0, ctx, nb);
+    // 3. This sample: innovation e = x_t − θ̄_{t−1} (stored in d_last), d_t and d̄²_t (registers only).
+    let state = rows.mean.iter().zip(rows.var.iter()).zip(rows.d_last.iter_mut());
+    let mut dsq_sum = 0.0;
+    for ((((mean, dsq), d_last), &xi), d_out) in state.zip(x).zip(blk.d.iter_mut()) {
+        let m0 = mean.to_f64();
+        let (e_s, e) = stored::<T>(xi - m0);
+        let adv = advance::<T>(m0, dsq.to_f64(), e, ctx.mean_rho, ctx.rho);
+        dsq_sum += adv.dsq.1;
+        *d_last = e_s;
+        *d_out = adv.d;
+    }
+    sums.dsq_sum += dsq_sum;
+    // 4. E-step sums (4.23): S += Fᵀ Ψ⁻¹ F, u += Fᵀ Ψ⁻¹ d over this block.
+    accumulate_estep(blk, nb, sums);
+}
+
+/// Apply the previous sample's pending moments to rows (θ̄, d̄², d_last: nb each; writing θ̄, d̄²) and put the d its
+/// line-12 update uses into `d_prev`.
+fn pending_moments_block<T: Real>(
+    mean: &mut [T],
+    dsq: &mut [T],
+    d_last: &[T],
+    pending: Option<&Pending>,
+    d_prev: &mut [f64],
+) {
+    let moments = pending.and_then(|p| p.moments);
+    let state = mean.iter_mut().zip(dsq.iter_mut()).zip(d_last.iter());
+    for (((mean, dsq), last), out) in state.zip(d_prev.iter_mut()) {
+        *out = last.to_f64();
+        if let Some((mean_rho, rho)) = moments {
+            let adv = advance::<T>(mean.to_f64(), dsq.to_f64(), *out, mean_rho, rho);
+            (*mean, *dsq, *out) = (adv.mean.0, adv.dsq.0, adv.d);
+        }
     }
 }
 
@@ -782,43 +709,48 @@ fn loadings_block<T: Real>(blk: &mut Block, dsq: &[T], row0: usize, ctx: &PassCt
     }
 }
 
-impl<T: Real> StreamingModel for OnlineEm<T> {
-    fn n_features(&self) -> usize {
-        self.n_features
+impl<T: Real> Pass for OnlineEm<T> {
+    fn dims(&self) -> (usize, usize) {
+        (self.n_features, self.n_components)
     }
 
-    fn n_components(&self) -> usize {
-        self.n_components
+    fn validate<X: Real>(&self, x: ArrayView2<X>) -> Result<()> {
+        validate_batch::<T, X>(&x, self.n_features)
     }
 
-    /// Until [`StreamingModel::apply`] the model is the one before `x` (calling `local_sums` again recomputes
-    /// the same sums): the pass writes only the previous sample's pending row-local step, now applied.
-    fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
-        validate_batch::<T, X>(&x.view().insert_axis(ndarray::Axis(0)), self.n_features)?;
+    /// The pass writes only the previous sample's pending row-local step, now applied: until the K×K step the
+    /// model is the one before `x` (another pass recomputes the same sums).
+    fn pass_sums<X: Real>(&mut self, x: ArrayView1<X>) -> StepSums {
         let t = self.n_seen + 1;
         let rho = self.config.step_size.rho(t);
         let mut scratch = Scratch::new(self.n_features, self.n_components);
         let mut sums = StepSums::zeros(self.n_components);
         let mean_rho = self.config.scaling.mean_rho(rho, t);
         self.pass_on(x, rho, mean_rho, &mut scratch, &mut sums, Some(Isa::detect()));
-        self.pending = None;
-        Ok(sums)
+        sums
     }
 
-    /// The K×K part of Algorithm 2 from the sums, with σ̂² = Σ d̄² / `n_features_total`.
-    fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
-        sums.check(self.n_components, self.n_features, n_features_total)?;
+    fn drop_pending(&mut self) {
+        self.pending = None;
+    }
+
+    /// The K×K part of Algorithm 2 from the sums, with σ̂² = Σ d̄² / `n_total`.
+    fn finish(&mut self, sums: &StepSums, n_total: usize) -> Result<()> {
         let t = self.n_seen + 1;
         let rho = self.config.step_size.rho(t);
-        self.finish(t, rho, self.config.scaling.mean_rho(rho, t), sums, n_features_total)
+        self.finish_step(t, rho, self.config.scaling.mean_rho(rho, t), sums, n_total)
     }
 }
+
+impl<T: Real> StreamingModel for OnlineEm<T> {}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::partition::{use_parallel, TASK_ROWS};
     use crate::init::{fill_standard_normal, orthonormal_loadings};
     use crate::linalg::lower_triangular_inverse;
+    use ndarray::s;
 
     fn stream(n: usize, d: usize, seed: u64) -> Array2<f64> {
         let mut x = Array2::zeros((n, d));

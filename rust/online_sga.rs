@@ -4,12 +4,13 @@
 //! needs m_t and Σ_t, which depend on sums over all rows, so it is left pending and applied row by row
 //! by the next pass, which reads the same rows to build the next E-step's sums.
 
-use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::engine::block::{load_rows, outer};
 use crate::engine::em_kernel::to_loadings_space;
+use crate::engine::model::hooks::Pass;
 use crate::engine::partition::{
-    reduce_tasks, use_parallel, validate_batch, Block, Scratch, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS,
+    stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS,
 };
 use crate::engine::sga::SgaPath;
 use crate::engine::sga_kernel::{SgaBlockIo, SgaConsts, SgaStep, Start};
@@ -84,15 +85,6 @@ pub struct OnlineSga<T: Real> {
     pub(crate) scale_sq: f64,
     /// The engine kernel that runs the passes after warm-up (chosen once, for K and this CPU).
     pub(crate) path: SgaPath<T>,
-}
-
-/// One task's rows of the state.
-struct Rows<'a, T> {
-    lo: usize,
-    f: &'a mut [T],
-    psi: &'a mut [T],
-    mean: &'a mut [T],
-    d_last: &'a mut [T],
 }
 
 impl<T: Real> OnlineSga<T> {
@@ -199,12 +191,7 @@ impl<T: Real> OnlineSga<T> {
     /// One sample: the fused pass (pending gradient step + running mean + E-step sums), then (4.23).
     fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut StepSums) -> Result<()> {
         self.pass(x, scratch, sums);
-        self.finish(sums, self.n_features)
-    }
-
-    /// Validate a batch `x` (n×D) as [`Self::update`] does, without applying it.
-    pub fn check_batch<X: Real>(&self, x: ArrayView2<X>) -> Result<()> {
-        validate_batch::<T, X>(&x, self.n_features)
+        self.finish_step(sums, self.n_features)
     }
 
     /// The fused pass of sample n_seen + 1 over every row: pending gradient step, running mean, E-step sums
@@ -227,54 +214,35 @@ impl<T: Real> OnlineSga<T> {
             .path
             .for_pass(k, self.pending.as_ref().and_then(|p| p.p.as_slice()));
         let track_dsq = data && !active;
-        let tasks: Vec<Rows<T>> = self
-            .f
-            .chunks_mut(TASK_ROWS * k)
-            .zip(self.psi.chunks_mut(TASK_ROWS))
-            .zip(self.mean.chunks_mut(TASK_ROWS))
-            .zip(self.d_last.chunks_mut(TASK_ROWS))
-            .enumerate()
-            .map(|(i, (((f, psi), mean), d_last))| Rows {
-                lo: i * TASK_ROWS,
-                f,
-                psi,
-                mean,
-                d_last,
-            })
-            .collect();
-        let parallel = use_parallel(self.n_features, k);
-        reduce_tasks(tasks, scratch, parallel, sums, |rows, blk, part| {
-            let n = rows.mean.len();
-            for b0 in (0..n).step_by(BLOCK_ROWS) {
-                let nb = (n - b0).min(BLOCK_ROWS);
-                let x_blk = x.slice(s![rows.lo + b0..rows.lo + b0 + nb]);
-                for (dst, xi) in blk.d.iter_mut().zip(x_blk.iter()) {
-                    *dst = xi.to_f64();
-                }
-                if !active {
-                    let psi = track_dsq.then(|| &mut rows.psi[b0..b0 + nb]);
-                    let (mean, d_last) = (&mut rows.mean[b0..b0 + nb], &mut rows.d_last[b0..b0 + nb]);
-                    part.dsq_sum += warmup_rows(mean, d_last, psi, &blk.d[..nb], rho);
-                    continue;
-                }
-                // While active, `part.dsq_sum` is not tracked: it counts the features whose ψ step diverged.
-                let mut io = SgaBlockIo {
-                    f: &mut rows.f[b0 * k..(b0 + nb) * k],
-                    psi: &mut rows.psi[b0..b0 + nb],
-                    mean: &mut rows.mean[b0..b0 + nb],
-                    d_last: &mut rows.d_last[b0..b0 + nb],
-                    x: &blk.d[..nb],
-                    overshoot: &mut part.dsq_sum,
-                    u: part.u.as_slice_mut().expect("sums are allocated contiguous"),
-                    s: part.s.as_slice_mut().expect("sums are allocated contiguous"),
-                };
-                let mut wide = SgaWideScratch {
-                    f: &mut blk.a,
-                    g: &mut blk.f,
-                    y: &mut blk.tmp,
-                };
-                kernel.run(&consts, &mut io, &mut wide);
+        let state = StateRows {
+            matrix: &mut self.f,
+            mean: &mut self.mean,
+            var: &mut self.psi,
+            d_last: &mut self.d_last,
+        };
+        stream_pass(state, k, &x, scratch, sums, |_, rows, x, blk, part| {
+            if !active {
+                let psi = track_dsq.then_some(rows.var);
+                part.dsq_sum += warmup_rows(rows.mean, rows.d_last, psi, x, rho);
+                return;
             }
+            // While active, `part.dsq_sum` is not tracked: it counts the features whose ψ step diverged.
+            let mut io = SgaBlockIo {
+                f: rows.matrix,
+                psi: rows.var,
+                mean: rows.mean,
+                d_last: rows.d_last,
+                x,
+                overshoot: &mut part.dsq_sum,
+                u: part.u.as_slice_mut().expect("sums are allocated contiguous"),
+                s: part.s.as_slice_mut().expect("sums are allocated contiguous"),
+            };
+            let mut wide = SgaWideScratch {
+                f: &mut blk.a,
+                g: &mut blk.f,
+                y: &mut blk.tmp,
+            };
+            kernel.run(&consts, &mut io, &mut wide);
         });
         if active {
             let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
@@ -284,7 +252,7 @@ impl<T: Real> OnlineSga<T> {
     }
 
     /// (4.23) for sample n_seen + 1 from the sums of its pass (all rows of the model: `n_total` of them).
-    fn finish(&mut self, sums: &StepSums, n_total: usize) -> Result<()> {
+    fn finish_step(&mut self, sums: &StepSums, n_total: usize) -> Result<()> {
         let t = self.n_seen + 1;
         let active = t > self.config.n_warmup;
         let track_dsq = self.config.scaling == Scaling::Data && !active;
@@ -511,35 +479,39 @@ fn warmup_rows<T: Real>(mean: &mut [T], d_last: &mut [T], dsq: Option<&mut [T]>,
     sum
 }
 
-impl<T: Real> StreamingModel for OnlineSga<T> {
-    fn n_features(&self) -> usize {
-        self.n_features
+impl<T: Real> Pass for OnlineSga<T> {
+    fn dims(&self) -> (usize, usize) {
+        (self.n_features, self.n_components)
     }
 
-    fn n_components(&self) -> usize {
-        self.n_components
+    fn validate<X: Real>(&self, x: ArrayView2<X>) -> Result<()> {
+        validate_batch::<T, X>(&x, self.n_features)
     }
 
     /// The pass applies the pending gradient step and moves the running mean of these rows.
-    fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
-        validate_batch::<T, X>(&x.view().insert_axis(ndarray::Axis(0)), self.n_features)?;
+    fn pass_sums<X: Real>(&mut self, x: ArrayView1<X>) -> StepSums {
         let mut scratch = Scratch::new(self.n_features, self.n_components);
         let mut sums = StepSums::zeros(self.n_components);
         self.pass(x, &mut scratch, &mut sums);
-        self.pending = None;
-        Ok(sums)
+        sums
     }
 
-    /// (4.23) from the sums, with σ̂² = Σ d̄² / `n_features_total` during a data-scaled warm-up.
-    fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
-        sums.check(self.n_components, self.n_features, n_features_total)?;
-        self.finish(sums, n_features_total)
+    fn drop_pending(&mut self) {
+        self.pending = None;
+    }
+
+    /// (4.23) from the sums, with σ̂² = Σ d̄² / `n_total` during a data-scaled warm-up.
+    fn finish(&mut self, sums: &StepSums, n_total: usize) -> Result<()> {
+        self.finish_step(sums, n_total)
     }
 }
+
+impl<T: Real> StreamingModel for OnlineSga<T> {}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::partition::{use_parallel, TASK_ROWS};
     use crate::init::{fill_standard_normal, orthonormal_loadings};
     use ndarray::Axis;
 

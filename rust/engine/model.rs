@@ -4,7 +4,7 @@
 //! split across processes (or threads) runs each part's `local_sums`, adds the sums, and every part `apply`s
 //! the total: the same model as one process, exactly.
 
-use ndarray::{Array1, Array2, ArrayView1};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis};
 
 use crate::error::{FaError, Result};
 use crate::scalar::Real;
@@ -43,23 +43,63 @@ impl StepSums {
     }
 }
 
+/// The engine's hooks into a model. Public (so it can bound [`StreamingModel`]) but in a private module, so only
+/// this crate implements it.
+pub(crate) mod hooks {
+    use super::StepSums;
+    use crate::error::Result;
+    use crate::scalar::Real;
+    use ndarray::{ArrayView1, ArrayView2};
+
+    pub trait Pass {
+        /// (rows held, K).
+        fn dims(&self) -> (usize, usize);
+        /// Check a batch (n × rows held): shape, NaN/Inf and magnitude for the model's storage type.
+        fn validate<X: Real>(&self, x: ArrayView2<X>) -> Result<()>;
+        /// The pass of the next sample over every row held (pending row-local step applied), returning its sums.
+        fn pass_sums<X: Real>(&mut self, x: ArrayView1<X>) -> StepSums;
+        /// Forget the pending row-local step (after a pass applied it).
+        fn drop_pending(&mut self);
+        /// The K×K step of the next sample from the sums over all `n_total` rows.
+        fn finish(&mut self, sums: &StepSums, n_total: usize) -> Result<()>;
+    }
+}
+
 /// A streaming model whose step splits into a row-local pass and a K×K step (online EM, online SGA).
-pub trait StreamingModel {
+pub trait StreamingModel: hooks::Pass {
     /// Number of rows (features) this model holds.
-    fn n_features(&self) -> usize;
+    fn n_features(&self) -> usize {
+        self.dims().0
+    }
 
     /// K.
-    fn n_components(&self) -> usize;
+    fn n_components(&self) -> usize {
+        self.dims().1
+    }
+
+    /// Validate a batch `x` (n × D) as `update` does, applying nothing.
+    fn check_batch<X: Real>(&self, x: ArrayView2<X>) -> Result<()> {
+        self.validate(x)
+    }
 
     /// First half of one step: apply the previous sample's pending row-local update to the rows this model
     /// holds and return their part of the cross-row sums for sample `x` (this model's D entries). Until
     /// [`StreamingModel::apply`] the model answers queries as before `x`.
-    fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums>;
+    fn local_sums<X: Real>(&mut self, x: ArrayView1<X>) -> Result<StepSums> {
+        self.validate(x.insert_axis(Axis(0)))?;
+        let sums = self.pass_sums(x);
+        self.drop_pending();
+        Ok(sums)
+    }
 
     /// Second half: finish the step from `sums`, the sum of every part's [`StreamingModel::local_sums`] for the
     /// same sample (`n_features_total` rows in all). Every part must apply the same sums; a failed `apply`
     /// leaves the model as before the sample.
-    fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()>;
+    fn apply(&mut self, sums: &StepSums, n_features_total: usize) -> Result<()> {
+        let (d, k) = self.dims();
+        sums.check(k, d, n_features_total)?;
+        self.finish(sums, n_features_total)
+    }
 }
 
 #[cfg(test)]

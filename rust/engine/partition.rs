@@ -4,7 +4,7 @@
 //! and the per-task partial sums are added in task order, so results are bit-identical for any thread count.
 //! Also here: input validation, done before any row is touched.
 
-use ndarray::{ArrayView1, ArrayView2, Axis};
+use ndarray::{s, ArrayView1, ArrayView2, Axis};
 use rayon::prelude::*;
 
 use super::model::StepSums;
@@ -37,6 +37,8 @@ pub(crate) fn use_parallel(d: usize, k: usize) -> bool {
 pub(crate) struct Scratch {
     blocks: Vec<Block>,
     partials: Vec<StepSums>,
+    /// Each task's block of the sample, as f64.
+    samples: Vec<Vec<f64>>,
 }
 
 impl Scratch {
@@ -46,27 +48,87 @@ impl Scratch {
         Scratch {
             blocks: (0..n_tasks).map(|_| Block::new(k)).collect(),
             partials: (0..n_tasks).map(|_| StepSums::zeros(k)).collect(),
+            samples: (0..n_tasks).map(|_| vec![0.0; BLOCK_ROWS]).collect(),
         }
     }
 }
 
-/// Run `kernel` on every task (with that task's block and zeroed partial sums) and add the partial sums
-/// in task order into `total`.
-pub(crate) fn reduce_tasks<W, F>(tasks: Vec<W>, scratch: &mut Scratch, parallel: bool, total: &mut StepSums, kernel: F)
-where
-    W: Send,
-    F: Fn(W, &mut Block, &mut StepSums) + Sync + Send,
+/// A streaming model's D-sized state, as the engine passes over it: per row, K values of a matrix (Ā for online
+/// EM, F for online SGA; row-major) and three scalars: the running mean θ̄, a variance (d̄² for online EM, ψ
+/// for online SGA) and the last deviation. All four cover the same rows.
+pub(crate) struct StateRows<'a, T> {
+    pub(crate) matrix: &'a mut [T],
+    pub(crate) mean: &'a mut [T],
+    pub(crate) var: &'a mut [T],
+    pub(crate) d_last: &'a mut [T],
+}
+
+impl<T> StateRows<'_, T> {
+    /// Rows `lo..lo + n` (matrix K wide), reborrowed.
+    fn rows(&mut self, lo: usize, n: usize, k: usize) -> StateRows<'_, T> {
+        StateRows {
+            matrix: &mut self.matrix[lo * k..(lo + n) * k],
+            mean: &mut self.mean[lo..lo + n],
+            var: &mut self.var[lo..lo + n],
+            d_last: &mut self.d_last[lo..lo + n],
+        }
+    }
+}
+
+/// One pass over `state` (K = `k`) for sample `x`: `block(first_row, rows, x_rows, scratch, partial)` runs on
+/// consecutive blocks of at most [`BLOCK_ROWS`] rows, with `x_rows` the block's entries of x as f64 and
+/// `partial` the sums of its task (zeroed at the task's start). Tasks of [`TASK_ROWS`] rows run on rayon when
+/// [`use_parallel`] says so; their partial sums are added in task order into `total`, so the result does not
+/// depend on the number of threads.
+pub(crate) fn stream_pass<T, X, F>(
+    state: StateRows<'_, T>,
+    k: usize,
+    x: &ArrayView1<X>,
+    scratch: &mut Scratch,
+    total: &mut StepSums,
+    block: F,
+) where
+    T: Real,
+    X: Real,
+    F: Fn(usize, StateRows<'_, T>, &[f64], &mut Block, &mut StepSums) + Sync + Send,
 {
-    let work = tasks
-        .into_iter()
-        .zip(scratch.blocks.iter_mut().zip(scratch.partials.iter_mut()));
-    let run = |(task, (blk, sums)): (W, (&mut Block, &mut StepSums))| {
+    let n_rows = state.mean.len();
+    let tasks = state
+        .matrix
+        .chunks_mut(TASK_ROWS * k)
+        .zip(state.mean.chunks_mut(TASK_ROWS))
+        .zip(state.var.chunks_mut(TASK_ROWS))
+        .zip(state.d_last.chunks_mut(TASK_ROWS))
+        .map(|(((matrix, mean), var), d_last)| StateRows {
+            matrix,
+            mean,
+            var,
+            d_last,
+        });
+    let work = tasks.enumerate().zip(
+        scratch
+            .blocks
+            .iter_mut()
+            .zip(scratch.partials.iter_mut())
+            .zip(scratch.samples.iter_mut()),
+    );
+    let run = |((task, mut rows), ((blk, sums), x_buf)): (
+        (usize, StateRows<'_, T>),
+        ((&mut Block, &mut StepSums), &mut Vec<f64>),
+    )| {
         sums.s.fill(0.0);
         sums.u.fill(0.0);
         sums.dsq_sum = 0.0;
-        kernel(task, blk, sums);
+        let (lo, n) = (task * TASK_ROWS, rows.mean.len());
+        for b0 in (0..n).step_by(BLOCK_ROWS) {
+            let nb = (n - b0).min(BLOCK_ROWS);
+            for (dst, xi) in x_buf.iter_mut().zip(x.slice(s![lo + b0..lo + b0 + nb]).iter()) {
+                *dst = xi.to_f64();
+            }
+            block(lo + b0, rows.rows(b0, nb, k), &x_buf[..nb], blk, sums);
+        }
     };
-    if parallel {
+    if use_parallel(n_rows, k) {
         work.collect::<Vec<_>>().into_par_iter().for_each(run);
     } else {
         work.for_each(run);
