@@ -198,6 +198,35 @@ macro_rules! model_methods {
     };
 }
 
+/// A streaming model's constructor: (D, K, initial loadings F₀, hyper-parameters).
+type NewModel<C, M> = fn(usize, usize, ArrayView2<'_, f64>, C) -> crate::error::Result<M>;
+
+/// A model of (D, K) = `shape` in the storage type `dtype` ("float32"/"float64"), from the given initial loadings
+/// (or an orthonormal draw from `seed`), built with the GIL released.
+#[allow(clippy::too_many_arguments)]
+fn typed_model<C: Send, M32: Send, M64: Send>(
+    py: Python<'_>,
+    shape: (usize, usize),
+    init: Option<PyReadonlyArray2<'_, f64>>,
+    seed: Option<u64>,
+    dtype: &str,
+    config: C,
+    new32: NewModel<C, M32>,
+    new64: NewModel<C, M64>,
+) -> PyResult<Mutex<Typed<M32, M64>>> {
+    let (d, k) = shape;
+    let init = initial_loadings(init, d, k, seed)?;
+    let inner = py.detach(|| match dtype {
+        "float32" => new32(d, k, init.view(), config).map(Typed::F32),
+        "float64" => new64(d, k, init.view(), config).map(Typed::F64),
+        other => Err(crate::error::invalid(
+            "dtype",
+            format!("must be 'float32' or 'float64', got {other:?}"),
+        )),
+    });
+    Ok(Mutex::new(inner.map_err(to_py_err)?))
+}
+
 /// Engine of `onlinefa.OnlineEM`.
 #[pyclass(frozen, module = "onlinefa._core")]
 pub struct OnlineEMCore {
@@ -233,18 +262,9 @@ model_methods!(OnlineEMCore, {
             whiten,
             scaling: Scaling::parse(scaling).map_err(to_py_err)?,
         };
-        let init = initial_loadings(init, n_features, n_components, seed)?;
-        let inner = py.detach(|| match dtype {
-            "float32" => OnlineEm::new(n_features, n_components, init.view(), config).map(Typed::F32),
-            "float64" => OnlineEm::new(n_features, n_components, init.view(), config).map(Typed::F64),
-            other => Err(crate::error::invalid(
-                "dtype",
-                format!("must be 'float32' or 'float64', got {other:?}"),
-            )),
-        });
-        Ok(OnlineEMCore {
-            inner: Mutex::new(inner.map_err(to_py_err)?),
-        })
+        let shape = (n_features, n_components);
+        let inner = typed_model(py, shape, init, seed, dtype, config, OnlineEm::new, OnlineEm::new)?;
+        Ok(OnlineEMCore { inner })
     }
 });
 
@@ -283,18 +303,9 @@ model_methods!(OnlineSGACore, {
             step_size,
             scaling: Scaling::parse(scaling).map_err(to_py_err)?,
         };
-        let init = initial_loadings(init, n_features, n_components, seed)?;
-        let inner = py.detach(|| match dtype {
-            "float32" => OnlineSga::new(n_features, n_components, init.view(), config).map(Typed::F32),
-            "float64" => OnlineSga::new(n_features, n_components, init.view(), config).map(Typed::F64),
-            other => Err(crate::error::invalid(
-                "dtype",
-                format!("must be 'float32' or 'float64', got {other:?}"),
-            )),
-        });
-        Ok(OnlineSGACore {
-            inner: Mutex::new(inner.map_err(to_py_err)?),
-        })
+        let shape = (n_features, n_components);
+        let inner = typed_model(py, shape, init, seed, dtype, config, OnlineSga::new, OnlineSga::new)?;
+        Ok(OnlineSGACore { inner })
     }
 });
 
