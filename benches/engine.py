@@ -1,4 +1,5 @@
-"""Per-update time of the streaming engine against the measured memory floor and a NumPy transcription.
+"""Per-update time of the streaming engine (online EM and SGA) against the measured memory floor and a NumPy
+transcription.
 
 Run by hand::
 
@@ -9,9 +10,10 @@ Run by hand::
 Everything is measured in one process, interleaved, on the same data; the table reports medians and ratios.
 
 * **floor**: one in-place read+write pass (``np.multiply(buf, c, out=buf)``) over an array as large as the
-  online-EM state (Ā plus the three D-vectors θ̄, d̄², d_last: (K + 3)·D values of the state's dtype);
+  model's state (Ā or F plus three D-vectors: (K + 3)·D values of the state's dtype, for EM and SGA alike);
   **floor + x** adds reading the float64 sample (D values), which every update must also do.
-* **NumPy**: Algorithm 2 written with in-place NumPy operations and no D×D (``benches/compare.py``).
+* **NumPy**: Algorithm 2 (EM) or 1 (SGA) written with in-place NumPy operations and no D×D
+  (``benches/compare.py``).
 """
 
 from __future__ import annotations
@@ -28,38 +30,23 @@ import numpy as np
 import onlinefa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import NumpyOnlineEM, median_seconds  # noqa: E402
+from compare import NumpyOnlineEM, NumpyOnlineSGA, floors, median_seconds  # noqa: E402
 
 
-def floors(d: int, k: int, dtype: type, repeats: int) -> tuple[float, float]:
-    """(in-place read+write of the state, the same plus reading a float64 D-vector), medians in seconds."""
-    buf = np.ones((k + 3) * d, dtype)
-    x = np.ones(d)
-    scale = dtype(1.0)
-
-    def state_pass(_: int) -> None:
-        np.multiply(buf, scale, out=buf)
-
-    def state_and_x(_: int) -> None:
-        np.multiply(buf, scale, out=buf)
-        x.sum()
-
-    return median_seconds(state_pass, repeats), median_seconds(state_and_x, repeats)
-
-
-def row(d: int, k: int, dtype: type, repeats: int, rng: np.random.Generator, numpy: bool) -> str:
+def row(algo: str, d: int, k: int, dtype: type, repeats: int, rng: np.random.Generator, numpy: bool) -> str:
     name = np.dtype(dtype).name
     n_warm = k + 3
     stream = rng.standard_normal((n_warm + repeats, d))
     f0 = np.linalg.qr(rng.standard_normal((d, k)))[0]
-    model = onlinefa.OnlineEM.algorithm2(d, k, n_warmup=k + 2, init=f0, dtype=name)
+    cls = onlinefa.OnlineEM.algorithm2 if algo == "EM" else onlinefa.OnlineSGA.algorithm1
+    model = cls(d, k, n_warmup=k + 2, init=f0, dtype=name)
     model.update(stream[:n_warm])
     ours = median_seconds(lambda i: model.update(stream[n_warm + i]), repeats)
     del model
     numpy_cells = "– | –"
     if numpy:
         # No warm-up for the NumPy transcription: every update then does the post-warm-up work being timed.
-        ref = NumpyOnlineEM(f0, 0, dtype)
+        ref = NumpyOnlineEM(f0, 0, dtype) if algo == "EM" else NumpyOnlineSGA(f0, 0, 1e-3, dtype)
         data = stream.astype(dtype)
         ref.update(data[0])
         theirs = median_seconds(lambda i: ref.update(data[n_warm + i]), repeats)
@@ -67,7 +54,7 @@ def row(d: int, k: int, dtype: type, repeats: int, rng: np.random.Generator, num
         numpy_cells = f"{theirs * 1e3:.2f} | {theirs / ours:.1f}×"
     floor, floor_x = floors(d, k, dtype, repeats)
     return (
-        f"| EM | {d:,} | {k} | {name} | {ours * 1e3:.2f} | {floor * 1e3:.2f} | {ours / floor:.2f}× | "
+        f"| {algo} | {d:,} | {k} | {name} | {ours * 1e3:.2f} | {floor * 1e3:.2f} | {ours / floor:.2f}× | "
         f"{ours / floor_x:.2f}× | {numpy_cells} |"
     )
 
@@ -76,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--d", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--k", type=int, nargs="+", default=[1, 10, 50])
+    parser.add_argument("--model", nargs="+", choices=["EM", "SGA"], default=["EM", "SGA"])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--no-numpy", action="store_true", help="skip the NumPy transcription")
     args = parser.parse_args()
@@ -89,7 +77,8 @@ def main() -> None:
     for d in args.d:
         for k in args.k:
             for dtype in (np.float64, np.float32):
-                print(row(d, k, dtype, args.repeats, rng, not args.no_numpy), flush=True)
+                for algo in args.model:
+                    print(row(algo, d, k, dtype, args.repeats, rng, not args.no_numpy), flush=True)
     print(f"\nload average at end {os.getloadavg()[0]:.1f}")
 
 
