@@ -222,7 +222,7 @@ impl<T: Real> OnlineEm<T> {
 
     /// Apply the rows of `x` (n×D) in order. The whole batch is validated first, so a shape, NaN/Inf or
     /// magnitude error applies nothing. A numerical breakdown never leaves a torn state: up to
-    /// `SNAPSHOT_MAX_ELEMENTS` (pass.rs) the model is restored to its state before the call; for larger models
+    /// `SNAPSHOT_MAX_ELEMENTS` (engine/partition.rs) the model is restored to its state before the call; for larger models
     /// it is left exactly as it was before the failing row (the rows before it stay applied), at no extra
     /// memory traffic — see [`OnlineEm::step`].
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {

@@ -134,7 +134,7 @@ impl<T: Real> OnlineSga<T> {
 
     /// Apply the rows of `x` (n×D) in order. The whole batch is validated first, so a shape, NaN/Inf or
     /// magnitude error applies nothing. After a numerical breakdown, models with D·K up to
-    /// `SNAPSHOT_MAX_ELEMENTS` (pass.rs) are restored to their state before the call; larger ones are left
+    /// `SNAPSHOT_MAX_ELEMENTS` (engine/partition.rs) are restored to their state before the call; larger ones are left
     /// exactly as they were before the failing row (the rows before it stay applied).
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
