@@ -61,10 +61,12 @@ def states(model: onlinefa.OnlineSGA | ReferenceOnlineSGA, stream: FloatArray) -
     for stop in points():
         model.update(stream[start:stop])
         start = stop
+        parameters: tuple[npt.ArrayLike, npt.ArrayLike]
         if isinstance(model, onlinefa.OnlineSGA) and not model.is_fitted:
-            loadings, noise_variance = model.initial_parameters()
+            parameters = model.initial_parameters()
         else:
-            loadings, noise_variance = model.loadings, model.noise_variance
+            parameters = (model.loadings, model.noise_variance)
+        loadings, noise_variance = parameters
         out.append({"mean": np.asarray(model.mean, np.float64), "loadings": np.asarray(loadings, np.float64),
                     "noise_variance": np.asarray(noise_variance, np.float64)})
     return out
