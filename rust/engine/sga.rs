@@ -53,7 +53,7 @@ pub(crate) enum SgaPass<T: Real> {
 
 impl<T: Real> SgaPass<T> {
     /// Run the pass on the rows of `io` (nb = `io.mean.len()` rows); `wide` is the wide kernel's scratch
-    /// (buffers of at least [`SgaWide::scratch_len`] each).
+    /// (three f64 buffers of equal length; the wide kernel sizes its sub-blocks to them).
     pub(crate) fn run(&self, c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, wide: &mut SgaWideScratch<'_>) {
         match self {
             SgaPass::Rows(kernel) => {
