@@ -17,7 +17,6 @@ pub mod minibatch;
 pub mod noise;
 pub mod online_em;
 pub mod online_sga;
-mod pass;
 pub mod query;
 pub mod scalar;
 pub mod scaling;

@@ -19,7 +19,7 @@ pub(crate) mod tiled;
 
 pub(crate) use block::block_times;
 pub use model::{StepSums, StreamingModel};
-pub(crate) use partition::{use_parallel, validate_batch};
+pub(crate) use partition::{use_parallel, validate_batch, BLOCK_ROWS, TASK_ROWS};
 
 use crate::scalar::{stored, Real};
 

@@ -8,9 +8,9 @@ use super::fused::Kernel;
 use super::sample_kernel::{run_theta_block, SampleRows};
 use super::step::run_tasks;
 use super::{Vifa, BLOCK_ROWS, TASK_ROWS};
+use crate::engine::use_parallel;
 use crate::error::{FaError, Result};
 use crate::noise;
-use crate::pass::use_parallel;
 use crate::scalar::Real;
 
 /// Salt that separates the draw key from the key of the seeded initial loadings (`init.rs`).

@@ -11,7 +11,7 @@ use super::lanes::Draws;
 use super::params::Params;
 use super::update::StepTask;
 use crate::engine::em_kernel::Isa;
-use crate::pass::BLOCK_ROWS;
+use crate::engine::BLOCK_ROWS;
 use crate::scalar::Real;
 
 /// g and z of every pending draw for one block: draw l's values start at l · `BLOCK_ROWS`.

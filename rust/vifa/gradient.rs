@@ -7,7 +7,7 @@ use ndarray::{s, Array2, ArrayView2};
 use super::draws::fill_noise;
 use super::params::Params;
 use super::{Vifa, BLOCK_ROWS};
-use crate::pass::block_times;
+use crate::engine::block_times;
 use crate::scalar::Real;
 
 /// Everything the gradient of one block needs besides its rows.

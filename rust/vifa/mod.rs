@@ -51,8 +51,8 @@ mod update;
 
 use ndarray::{Array1, Array2};
 
+use crate::engine::{BLOCK_ROWS, TASK_ROWS};
 use crate::error::{invalid, FaError, Result};
-use crate::pass::{BLOCK_ROWS, TASK_ROWS};
 use crate::scalar::Real;
 
 pub(crate) use config::validate_vifa_dims;
@@ -60,7 +60,7 @@ pub use config::{LearningRates, Optimizer, VifaConfig, VifaInit, ADAM_BETA1, ADA
 use fused::Kernel;
 use params::{checked_vector, sqrt_noise, Moments, Params};
 
-// The engine's partition (`crate::pass`): tasks of TASK_ROWS rows, on rayon past its size gate, in blocks
+// The engine's partition (`crate::engine::partition`): tasks of TASK_ROWS rows, on rayon past its size gate, in blocks
 // of BLOCK_ROWS rows.
 const _: () = assert!(
     TASK_ROWS % BLOCK_ROWS == 0,

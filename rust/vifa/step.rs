@@ -12,9 +12,9 @@ use super::gradient::{accumulate_gram, block_gradients, GradCtx, Scratch};
 use super::params::RowsMut;
 use super::update::{clip_scales, update_task, StepTask, UpdateRule};
 use super::{Vifa, BLOCK_ROWS, DIVERGED, TASK_ROWS};
+use crate::engine::{use_parallel, validate_batch};
 use crate::error::{invalid, FaError, Result};
 use crate::linalg::SpdFactor;
-use crate::pass::{use_parallel, validate_batch};
 use crate::scalar::Real;
 
 impl<T: Real> Vifa<T> {
