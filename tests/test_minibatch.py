@@ -174,6 +174,25 @@ def test_exact_step_matches_the_numpy_transcription_and_never_lowers_the_likelih
     assert scores[-1] > scores[0]
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_core_scores_equal_the_log_density(dtype: type) -> None:
+    # The passes are scored by the core's E-step kernel (Woodbury form); it must equal the mean log density
+    # of the model (or of the model apply_average would make) computed by the Gaussian query.
+    x, _ = fa_data(500, 11, 3, 12)
+    rows = x[:300].astype(dtype)
+    model = MiniBatchEM(11, 3, batch_size=50, seed=4).update(x[:200]).start_average().update(x[200:])
+    plain = model._core.mean_log_prob(rows)
+    averaged = model._core.mean_log_prob(rows, True)
+    np.testing.assert_allclose(plain, model.log_prob(rows.astype(np.float64)).mean(), rtol=1e-12)
+    assert averaged != plain
+    model.apply_average()
+    np.testing.assert_allclose(averaged, model.log_prob(rows.astype(np.float64)).mean(), rtol=1e-12)
+    bad = rows.copy()
+    bad[7, 2] = np.nan
+    with pytest.raises(ValueError, match="row 7 "):
+        model._core.mean_log_prob(bad)
+
+
 def test_exact_step_refuses_bad_input_and_an_unfitted_model() -> None:
     x, _ = fa_data(100, 6, 2, 10)
     with pytest.raises(RuntimeError, match="fitted"):

@@ -472,8 +472,10 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
             _one_pass(model, arr, chunk, shuffle, in_place, rng, on_rows)
         # Mini-batch EM is judged by its tail average; the iterate runs on freely (feeding the average back
         # after each pass slowed convergence on ill-conditioned data).
-        snapshot = model._core.averaged_snapshot()[1:] if averaged and not exact else model.snapshot()
-        history.scores.append(float(np.mean(_log_prob(held, *snapshot))))
+        if averaged:  # the core scores with its E-step kernel, without forming the averaged model's arrays
+            history.scores.append(model._core.mean_log_prob(held, not exact))
+        else:
+            history.scores.append(float(np.mean(_log_prob(held, *model.snapshot()))))
         # An exact step or an averaged pass is not noisy: one pass without gain is evidence enough.
         if tol > 0 and _stalled(history.scores, tol, 1 if averaged else PATIENCE):
             if averaged and not exact:

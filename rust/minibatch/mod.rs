@@ -416,6 +416,7 @@ pub mod exact;
 mod kernel;
 pub mod moments;
 mod parts;
+mod score;
 
 pub use parts::MiniBatchParts;
 

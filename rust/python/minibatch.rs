@@ -152,6 +152,14 @@ impl MiniBatchEMCore {
         ))
     }
 
+    /// Mean log density of the rows of x under this model (or, with `averaged`, the averaged one).
+    #[pyo3(signature = (x, averaged=false))]
+    fn mean_log_prob(&self, py: Python<'_>, x: &Bound<'_, PyAny>, averaged: bool) -> PyResult<f64> {
+        on_float_batch!(py, x, None, "mean_log_prob", |r| lock(&self.inner)?
+            .mean_log_prob(r, averaged)
+            .map_err(to_py_err))
+    }
+
     /// One exact M-step from sums over the whole data set (see `exact_sums`).
     fn apply_exact(
         &self,
@@ -189,16 +197,6 @@ impl MiniBatchEMCore {
             lock(&self.inner)?.discard_average();
             Ok(())
         })
-    }
-
-    /// (n_seen, mean, loadings, noise_variance) of the model `apply_average` would make (no change here).
-    fn averaged_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Snapshot<'py>> {
-        let parts = py.detach(|| {
-            Ok::<_, PyErr>(owned_snapshot(
-                &lock(&self.inner)?.with_average_applied().map_err(to_py_err)?,
-            ))
-        })?;
-        Ok(to_python(py, parts))
     }
 
     /// Batches averaged since `start_average`, or None when not averaging.
