@@ -193,6 +193,23 @@ def test_core_scores_equal_the_log_density(dtype: type) -> None:
         model._core.mean_log_prob(bad)
 
 
+def test_core_scores_stay_accurate_when_some_noise_variances_sit_at_the_floor() -> None:
+    # Two copies of a column are explained exactly: their ψ falls to the floor and I + Fᵀ Ψ⁻¹ F is
+    # ill-conditioned (~1e9). The log density is then a small difference of two terms of the size of
+    # Σ d²/ψ (~1e9 here), so both computations carry an error of a few ulps of that size; the score must
+    # match the Gaussian query within 64 ulps of it (forming Σ = P⁻¹ instead of solving with the Cholesky
+    # factor was wrong by whole nats on such data).
+    x, _ = fa_data(2000, 8, 2, 13)
+    x = np.column_stack([x, x[:, 0]])
+    model, _ = fit_minibatch(x, 3, batch_size=100, max_iter=20, random_state=0)
+    assert model.noise_variance.min() < 1e-6 * np.median(model.noise_variance)
+    rows = x[:500]
+    scale = np.mean(np.sum((rows - model.mean) ** 2 / model.noise_variance, axis=1))
+    assert scale > 1e8
+    difference = model._core.mean_log_prob(rows) - model.log_prob(rows).mean()
+    assert abs(difference) <= 64 * np.finfo(np.float64).eps * scale
+
+
 def test_exact_step_refuses_bad_input_and_an_unfitted_model() -> None:
     x, _ = fa_data(100, 6, 2, 10)
     with pytest.raises(RuntimeError, match="fitted"):

@@ -2,11 +2,13 @@
 //! fit scores a sample of rows after every pass, and this is the cheap way to do it):
 //!
 //! ```text
-//!   P = I + Fᵀ Ψ⁻¹ F,  Σ = P⁻¹,  m_i = Σ Fᵀ Ψ⁻¹ d_i  (the project kernel),  u_iᵀ P⁻¹ u_i = m_iᵀ P m_i
-//!   log p(x_i) = −½ (D log 2π + Σ_d log ψ_d + log|P| + Σ_d d_id² / ψ_d − m_iᵀ P m_i)
+//!   P = I + Fᵀ Ψ⁻¹ F = L Lᵀ,  u_i = Fᵀ Ψ⁻¹ d_i  (the project kernel with W = Ψ⁻¹ F),  z_i = L⁻¹ u_i
+//!   log p(x_i) = −½ (D log 2π + Σ_d log ψ_d + log|P| + Σ_d d_id² / ψ_d − |z_i|²)
 //! ```
 //!
-//! (Woodbury and the matrix determinant lemma for C = F Fᵀ + Ψ.)
+//! (Woodbury and the matrix determinant lemma for C = F Fᵀ + Ψ.) The triangular solve, not the product
+//! with Σ = P⁻¹, keeps the difference of the last two terms accurate when some ψ are tiny and P is
+//! ill-conditioned.
 
 use ndarray::{Array2, ArrayView1};
 use rayon::prelude::*;
@@ -15,7 +17,7 @@ use super::checks::bad_value_error;
 use super::{kernel, padded_weights, MiniBatchEm};
 use crate::engine::tiled::TiledIsa as Isa;
 use crate::error::Result;
-use crate::linalg::SpdFactor;
+use crate::linalg::{lower_triangular_inverse, SpdFactor};
 use crate::scalar::Real;
 
 impl MiniBatchEm {
@@ -30,8 +32,8 @@ impl MiniBatchEm {
         let kp = kernel::padded(k);
         let precision = Array2::<f64>::eye(k) + super::scaled_gram(&self.loadings, &self.psi);
         let factor = SpdFactor::new_jittered(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
-        let sigma = factor.inverse();
-        let w = padded_weights(&self.loadings, &self.psi, &sigma, kp);
+        let l_inv = lower_triangular_inverse(factor.lower().view())?;
+        let w = padded_weights(&self.loadings, &self.psi, &Array2::eye(k), kp);
         let mean = self.mean.to_vec();
         let mut m = vec![0.0; rows.len() * kp];
         kernel::project(Isa::detect(), rows, &mean, &w, kp, &mut m);
@@ -45,9 +47,9 @@ impl MiniBatchEm {
         let total: f64 = m
             .chunks(kp)
             .zip(&quad)
-            .map(|(mi, &q)| {
-                let mi = ArrayView1::from(&mi[..k]);
-                -0.5 * (constant + q - mi.dot(&precision.dot(&mi)))
+            .map(|(ui, &q)| {
+                let z = l_inv.dot(&ArrayView1::from(&ui[..k]));
+                -0.5 * (constant + q - z.dot(&z))
             })
             .sum();
         Ok(total / rows.len() as f64)
