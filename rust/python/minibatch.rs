@@ -361,25 +361,9 @@ fn to_python<'py>(
     (t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py))
 }
 
-fn moments_of<X: Real + Element>(
-    py: Python<'_>,
-    arr: &Bound<'_, PyArray2<X>>,
-    row_offset: usize,
-) -> PyResult<(Vec<f64>, Vec<f64>)> {
-    let ro = arr.readonly();
-    let view: ArrayView2<X> = checked_view(&ro, "X")?;
-    let owned;
-    let view = if view.nrows() == 0 || view.row(0).as_slice().is_some() {
-        view
-    } else {
-        owned = view.as_standard_layout().into_owned();
-        owned.view()
-    };
-    let rows: Vec<&[X]> = view.rows().into_iter().filter_map(|r| r.to_slice()).collect();
-    if rows.len() != view.nrows() {
-        return Err(PyValueError::new_err("X: rows could not be read as contiguous slices"));
-    }
-    match py.detach(|| crate::minibatch::moments::column_moments(&rows)) {
+/// Column moments of row slices, a bad value reported as row `row_offset` + its index.
+fn moments_of<X: Real>(rows: &[&[X]], row_offset: usize) -> PyResult<(Vec<f64>, Vec<f64>)> {
+    match crate::minibatch::moments::column_moments(rows) {
         Err(crate::error::FaError::BadValue { row, .. }) => Err(PyValueError::new_err(format!(
             "row {} contains NaN, infinity or a value with magnitude above {:e}",
             row_offset + row,
@@ -399,14 +383,6 @@ pub fn column_moments<'py>(
     x: &Bound<'py, PyAny>,
     row_offset: usize,
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<f64>>)> {
-    let (mean, squares) = if let Ok(arr) = x.cast::<PyArray2<f64>>() {
-        moments_of(py, arr, row_offset)?
-    } else if let Ok(arr) = x.cast::<PyArray2<f32>>() {
-        moments_of(py, arr, row_offset)?
-    } else {
-        return Err(PyTypeError::new_err(
-            "column_moments expects a 2-D float32 or float64 numpy array",
-        ));
-    };
+    let (mean, squares) = on_float_batch!(py, x, None, "column_moments", |r| moments_of(r, row_offset))?;
     Ok((mean.into_pyarray(py), squares.into_pyarray(py)))
 }
