@@ -23,6 +23,7 @@
 //! path (portable or AVX2) runs, and Rust never contracts a·b + c into an FMA, so both paths agree bit for bit.
 
 use super::advance;
+pub(crate) use super::isa::Isa;
 use crate::scalar::{stored, Real};
 
 /// Inputs and outputs of one block (nb rows). State slices are the block's rows of the stored state.
@@ -240,67 +241,97 @@ unsafe fn em_block_avx2<T: Real, const K: usize, const W: usize>(io: &mut EmBloc
     em_block::<T, K, W>(io, nb)
 }
 
-/// Which code path runs the kernel; chosen once per pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Isa {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn em_block_avx512<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+    em_block::<T, K, W>(io, nb)
 }
 
-impl Isa {
-    /// The best path this CPU supports.
-    pub(crate) fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
-    }
+fn em_block_portable<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+    em_block::<T, K, W>(io, nb)
 }
 
-fn em_block_isa<T: Real, const K: usize, const W: usize>(isa: Isa, io: &mut EmBlockIo<'_, T>, nb: usize) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only constructed after `is_x86_feature_detected!("avx2")`.
-        Isa::Avx2 => unsafe { em_block_avx2::<T, K, W>(io, nb) },
-        Isa::Portable => em_block::<T, K, W>(io, nb),
-    }
+#[cfg(target_arch = "x86_64")]
+fn em_block_avx2_entry<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+    // SAFETY: only handed out by `EmRowKernel::select` for `Isa::Avx2`, which `Isa::available` constructs
+    // only after `is_x86_feature_detected!("avx2")`.
+    unsafe { em_block_avx2::<T, K, W>(io, nb) }
 }
 
-fn em_block_k<T: Real, const K: usize>(isa: Isa, io: &mut EmBlockIo<'_, T>, nb: usize) {
-    // One 256-bit vector of lanes.
-    if std::mem::size_of::<T>() == 4 {
-        em_block_isa::<T, K, 8>(isa, io, nb)
-    } else {
-        em_block_isa::<T, K, 4>(isa, io, nb)
-    }
+#[cfg(target_arch = "x86_64")]
+fn em_block_avx512_entry<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+    // SAFETY: only handed out by `EmRowKernel::select` for `Isa::Avx512`, which `Isa::available` constructs
+    // only after detecting avx2 and avx512f.
+    unsafe { em_block_avx512::<T, K, W>(io, nb) }
 }
+
+/// One block of the EM pass: (rows, number of rows).
+type BlockFn<T> = for<'a, 'b> fn(&'a mut EmBlockIo<'b, T>, usize);
 
 /// Largest K the fused kernel handles.
 pub(crate) const MAX_K: usize = 16;
 
-/// Run the kernel on `nb` rows (K = `k` ≤ [`MAX_K`], checked by the caller).
-pub(crate) fn em_block_run<T: Real>(isa: Isa, k: usize, io: &mut EmBlockIo<'_, T>, nb: usize) {
-    match k {
-        1 => em_block_k::<T, 1>(isa, io, nb),
-        2 => em_block_k::<T, 2>(isa, io, nb),
-        3 => em_block_k::<T, 3>(isa, io, nb),
-        4 => em_block_k::<T, 4>(isa, io, nb),
-        5 => em_block_k::<T, 5>(isa, io, nb),
-        6 => em_block_k::<T, 6>(isa, io, nb),
-        7 => em_block_k::<T, 7>(isa, io, nb),
-        8 => em_block_k::<T, 8>(isa, io, nb),
-        9 => em_block_k::<T, 9>(isa, io, nb),
-        10 => em_block_k::<T, 10>(isa, io, nb),
-        11 => em_block_k::<T, 11>(isa, io, nb),
-        12 => em_block_k::<T, 12>(isa, io, nb),
-        13 => em_block_k::<T, 13>(isa, io, nb),
-        14 => em_block_k::<T, 14>(isa, io, nb),
-        15 => em_block_k::<T, 15>(isa, io, nb),
-        16 => em_block_k::<T, 16>(isa, io, nb),
-        _ => unreachable!("the caller checks K <= MAX_K"),
+/// The kernel for one K, one storage type and one code path, resolved to a plain function. The choice depends
+/// only on (K, T, CPU), so a model runs the same kernel for its whole life.
+#[derive(Clone, Copy)]
+pub(crate) struct EmRowKernel<T: Real> {
+    run: BlockFn<T>,
+    isa: Isa,
+}
+
+impl<T: Real> std::fmt::Debug for EmRowKernel<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EmRowKernel({:?})", self.isa)
+    }
+}
+
+/// The function for K = `$kk` on path `$isa`, with W = vector bytes / size of T lanes.
+macro_rules! em_pick {
+    ($isa:expr, $kk:literal) => {{
+        let f32_state = std::mem::size_of::<T>() == 4;
+        match ($isa, f32_state) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, true) => em_block_avx512_entry::<T, $kk, 16> as BlockFn<T>,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, false) => em_block_avx512_entry::<T, $kk, 8> as BlockFn<T>,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, true) => em_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, false) => em_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
+            (Isa::Portable, true) => em_block_portable::<T, $kk, 8> as BlockFn<T>,
+            (Isa::Portable, false) => em_block_portable::<T, $kk, 4> as BlockFn<T>,
+        }
+    }};
+}
+
+impl<T: Real> EmRowKernel<T> {
+    /// The kernel for K = `k` on code path `isa`; None when K > [`MAX_K`].
+    pub(crate) fn select(k: usize, isa: Isa) -> Option<Self> {
+        let run = match k {
+            1 => em_pick!(isa, 1),
+            2 => em_pick!(isa, 2),
+            3 => em_pick!(isa, 3),
+            4 => em_pick!(isa, 4),
+            5 => em_pick!(isa, 5),
+            6 => em_pick!(isa, 6),
+            7 => em_pick!(isa, 7),
+            8 => em_pick!(isa, 8),
+            9 => em_pick!(isa, 9),
+            10 => em_pick!(isa, 10),
+            11 => em_pick!(isa, 11),
+            12 => em_pick!(isa, 12),
+            13 => em_pick!(isa, 13),
+            14 => em_pick!(isa, 14),
+            15 => em_pick!(isa, 15),
+            16 => em_pick!(isa, 16),
+            _ => return None,
+        };
+        Some(EmRowKernel { run, isa })
+    }
+
+    /// Run the pass on the `nb` rows of `io`.
+    #[inline]
+    pub(crate) fn run(&self, io: &mut EmBlockIo<'_, T>, nb: usize) {
+        (self.run)(io, nb)
     }
 }

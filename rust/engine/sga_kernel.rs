@@ -363,7 +363,7 @@ macro_rules! by_k {
             ($kk:literal) => {
                 match $isa {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => $avx::<T, $kk> as BlockFn<T>,
+                    Isa::Avx2 | Isa::Avx512 => $avx::<T, $kk> as BlockFn<T>,
                     Isa::Portable => $portable::<T, $kk> as BlockFn<T>,
                 }
             };

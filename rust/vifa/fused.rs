@@ -290,8 +290,8 @@ pub(super) fn run_update_block<T: Real>(
 ) -> bool {
     for_k!(consts.k, K => match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only constructed after `is_x86_feature_detected!("avx2")`.
-        Isa::Avx2 => unsafe { update_block_avx2::<T, K>(p, sqrt_psi, moments, draws, consts, gram) },
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after `is_x86_feature_detected!("avx2")`.
+        Isa::Avx2 | Isa::Avx512 => unsafe { update_block_avx2::<T, K>(p, sqrt_psi, moments, draws, consts, gram) },
         Isa::Portable => update_block::<T, K>(p, sqrt_psi, moments, draws, consts, gram),
     })
 }
@@ -308,8 +308,8 @@ pub(super) fn run_norms_block<T: Real>(
 ) -> [f64; 3] {
     for_k!(k, K => match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only constructed after `is_x86_feature_detected!("avx2")`.
-        Isa::Avx2 => unsafe { norms_block_avx2::<T, K>(p, sqrt_psi, draws, m_inv, alpha) },
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after `is_x86_feature_detected!("avx2")`.
+        Isa::Avx2 | Isa::Avx512 => unsafe { norms_block_avx2::<T, K>(p, sqrt_psi, draws, m_inv, alpha) },
         Isa::Portable => norms_block::<T, K>(p.0, p.1, p.2, sqrt_psi, draws, m_inv, alpha),
     })
 }

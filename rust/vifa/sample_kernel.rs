@@ -53,8 +53,8 @@ unsafe fn theta_block_avx2<T: Real, const K: usize>(rows: &SampleRows<'_, T>, h:
 pub(super) fn run_theta_block<T: Real>(isa: Isa, rows: &SampleRows<'_, T>, h: &[f64], z: &[f64], out: &mut [f64]) {
     for_k!(h.len(), K => match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only constructed after `is_x86_feature_detected!("avx2")`.
-        Isa::Avx2 => unsafe { theta_block_avx2::<T, K>(rows, h, z, out) },
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after `is_x86_feature_detected!("avx2")`.
+        Isa::Avx2 | Isa::Avx512 => unsafe { theta_block_avx2::<T, K>(rows, h, z, out) },
         Isa::Portable => theta_block::<T, K>(rows, h, z, out),
     })
 }
