@@ -26,6 +26,12 @@ pub trait Real:
     fn to_f64(self) -> f64;
     /// Round from `f64` to this type.
     fn from_f64(v: f64) -> Self;
+    /// `values` themselves when this type is `f64` (no conversion needed), else None.
+    #[inline(always)]
+    fn as_f64_slice(values: &[Self]) -> Option<&[f64]> {
+        let _ = values;
+        None
+    }
 }
 
 impl Real for f64 {
@@ -40,6 +46,10 @@ impl Real for f64 {
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         v
+    }
+    #[inline(always)]
+    fn as_f64_slice(values: &[Self]) -> Option<&[f64]> {
+        Some(values)
     }
 }
 

@@ -90,119 +90,247 @@ pub(crate) fn to_loadings_space(k: usize, upper: Option<&[f64]>, s: &mut [f64], 
     }
 }
 
-/// The block: groups of W rows, the last one padded with zero rows (they add exactly zero to every sum).
+/// Groups whose z and y = z/ψ are kept for one register-tiled S_z update (see [`Acc::flush`]).
+const CHUNK_GROUPS: usize = 8;
+
+/// Per-lane accumulators of one block: u_z (K), S_z (K×K, upper triangle used), Σ d̄² after the update, and
+/// the z and y = z/ψ lanes of up to [`CHUNK_GROUPS`] groups not yet added to S_z.
+struct Acc<T, const K: usize, const W: usize> {
+    su: [[T; W]; K],
+    ss: [[[T; W]; K]; K],
+    dsq: [f64; W],
+    zs: [[[T; W]; K]; CHUNK_GROUPS],
+    ys: [[[T; W]; K]; CHUNK_GROUPS],
+    pending: usize,
+}
+
+/// Rows × columns of S_z's register tile: 2 × 4 lane-vectors of accumulators plus the operands fit the 16
+/// vector registers of AVX2.
+const TILE_I: usize = 2;
+const TILE_J: usize = 4;
+
+impl<T: Real, const K: usize, const W: usize> Acc<T, K, W> {
+    fn new() -> Self {
+        let zero = T::default();
+        Acc {
+            su: [[zero; W]; K],
+            ss: [[[zero; W]; K]; K],
+            dsq: [0.0; W],
+            zs: [[[zero; W]; K]; CHUNK_GROUPS],
+            ys: [[[zero; W]; K]; CHUNK_GROUPS],
+            pending: 0,
+        }
+    }
+
+    /// S_z += Σ_g y_g z_gᵀ over the kept groups (upper triangle, per lane), in register tiles of
+    /// TILE_I × TILE_J entries: each tile is loaded once, takes every kept group in order, and is stored once.
+    /// Each lane adds its groups in the same order as a per-group update would, so the result is the same.
+    #[inline(always)]
+    fn flush(&mut self) {
+        let ng = self.pending;
+        let zero = T::default();
+        for i0 in (0..K).step_by(TILE_I) {
+            for j0 in ((i0 / TILE_J) * TILE_J..K).step_by(TILE_J) {
+                let mut t = [[[zero; W]; TILE_J]; TILE_I];
+                for ii in 0..TILE_I {
+                    for jj in 0..TILE_J {
+                        if i0 + ii < K && j0 + jj < K {
+                            t[ii][jj] = self.ss[i0 + ii][j0 + jj];
+                        }
+                    }
+                }
+                for g in 0..ng {
+                    for ii in 0..TILE_I {
+                        if i0 + ii >= K {
+                            continue;
+                        }
+                        let y = self.ys[g][i0 + ii];
+                        for jj in 0..TILE_J {
+                            if j0 + jj < K {
+                                let z = &self.zs[g][j0 + jj];
+                                for l in 0..W {
+                                    t[ii][jj][l] = t[ii][jj][l] + y[l] * z[l];
+                                }
+                            }
+                        }
+                    }
+                }
+                for ii in 0..TILE_I {
+                    for jj in 0..TILE_J {
+                        if i0 + ii < K && j0 + jj < K {
+                            self.ss[i0 + ii][j0 + jj] = t[ii][jj];
+                        }
+                    }
+                }
+            }
+        }
+        self.pending = 0;
+    }
+}
+
+/// One group of W rows of the state (Ā rows W×K row-major; θ̄, d̄², d_last and the sample W each).
+struct GroupRows<'a, T> {
+    a: &'a mut [T],
+    mean: &'a mut [T],
+    dsq: &'a mut [T],
+    d_last: &'a mut [T],
+    x: &'a [f64],
+}
+
+/// The block: full groups of W rows read and written in place, then the last n < W rows through a copy padded
+/// with zero rows (they add exactly zero to every sum). Every loop of a group has a fixed trip count, so the
+/// moves between rows and lanes compile to vector loads, stores and shuffles.
 #[inline(always)]
 fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
     let zero = T::default();
     let c = io.consts;
-    let mut su = [[zero; W]; K];
-    let mut ss = [[[zero; W]; K]; K];
-    let mut dsq_acc = [0.0f64; W];
-    let mut r0 = 0;
-    while r0 < nb {
-        let n = (nb - r0).min(W);
-        // Ā rows, transposed to K lane-arrays.
-        let mut a = [[zero; W]; K];
-        for l in 0..n {
-            let row = &io.a[(r0 + l) * K..(r0 + l + 1) * K];
-            for j in 0..K {
-                a[j][l] = row[j];
-            }
+    let mut acc = Acc::<T, K, W>::new();
+    let full = nb / W * W;
+    let groups = io.a[..full * K]
+        .chunks_exact_mut(W * K)
+        .zip(io.mean[..full].chunks_exact_mut(W))
+        .zip(io.dsq[..full].chunks_exact_mut(W))
+        .zip(io.d_last[..full].chunks_exact_mut(W))
+        .zip(io.x[..full].chunks_exact(W));
+    for ((((a, mean), dsq), d_last), x) in groups {
+        em_group::<T, K, W>(
+            c,
+            GroupRows {
+                a,
+                mean,
+                dsq,
+                d_last,
+                x,
+            },
+            &mut acc,
+        );
+        if acc.pending == CHUNK_GROUPS {
+            acc.flush();
         }
-        // The previous sample's pending moments (lines 5, 6, 14), then its line 12.
-        let mut m0 = [0.0f64; W];
-        let mut dsq0 = [0.0f64; W];
-        let mut d_prev = [0.0f64; W];
-        for l in 0..n {
-            m0[l] = io.mean[r0 + l].to_f64();
-            dsq0[l] = io.dsq[r0 + l].to_f64();
-            d_prev[l] = io.d_last[r0 + l].to_f64();
-        }
-        if let Some((mean_rho, rho)) = c.moments {
-            let mut mean_s = [zero; W];
-            let mut dsq_s = [zero; W];
-            for l in 0..W {
-                let adv = advance::<T>(m0[l], dsq0[l], d_prev[l], mean_rho, rho);
-                (mean_s[l], m0[l]) = adv.mean;
-                (dsq_s[l], dsq0[l]) = adv.dsq;
-                d_prev[l] = adv.d;
-            }
-            io.mean[r0..r0 + n].copy_from_slice(&mean_s[..n]);
-            io.dsq[r0..r0 + n].copy_from_slice(&dsq_s[..n]);
-        }
-        if let Some((rho_p, m)) = &c.pending {
-            // Line 12 of the previous sample: Ā ← Ā + ρ (d mᵀ − Ā), then Ā ← Ā W when whitening.
-            let mut dp = [zero; W];
-            for l in 0..W {
-                dp[l] = T::from_f64(d_prev[l]);
-            }
-            for j in 0..K {
-                for l in 0..W {
-                    a[j][l] = a[j][l] + *rho_p * (dp[l] * m[j] - a[j][l]);
-                }
-            }
-            if let Some(w) = &c.transform {
-                a = times::<T, K, W>(&a, w);
-            }
-            for l in 0..n {
-                let row = &mut io.a[(r0 + l) * K..(r0 + l + 1) * K];
-                for j in 0..K {
-                    row[j] = a[j][l];
-                }
-            }
-        }
-        let z = match &c.upper {
-            Some(u) => upper_times::<T, K, W>(&a, u),
-            None => a,
-        };
-        // |z|² in f64: ψ = d̄² − |z|² cancels when ψ ≪ d̄², and float32 would lose ψ entirely there.
-        let mut fa = [0.0f64; W];
-        for zj in &z {
-            for l in 0..W {
-                let v = zj[l].to_f64();
-                fa[l] += v * v;
-            }
-        }
-        // This sample: innovation e = x − θ̄_{t−1} (stored), d_t and d̄²_t in registers (ψ uses d̄²_{t−1}).
-        let mut x = [0.0f64; W];
-        x[..n].copy_from_slice(&io.x[r0..r0 + n]);
-        let mut inv_psi = [zero; W];
-        let mut dv = [zero; W];
-        let mut e_s = [zero; W];
-        for l in 0..W {
-            let psi = (dsq0[l] - fa[l]).max(c.floor);
-            let (es, e) = stored::<T>(x[l] - m0[l]);
-            let adv = advance::<T>(m0[l], dsq0[l], e, c.mean_rho, c.rho);
-            dsq_acc[l] += adv.dsq.1;
-            e_s[l] = es;
-            dv[l] = T::from_f64(adv.d);
-            inv_psi[l] = T::from_f64(1.0 / psi);
-        }
-        io.d_last[r0..r0 + n].copy_from_slice(&e_s[..n]);
-        // E-step sums in Ā space: u_z += z d/ψ, S_z += z zᵀ/ψ (upper triangle).
-        for i in 0..K {
-            let mut y = [zero; W];
-            for l in 0..W {
-                y[l] = z[i][l] * inv_psi[l];
-                su[i][l] = su[i][l] + y[l] * dv[l];
-            }
-            for j in i..K {
-                for l in 0..W {
-                    ss[i][j][l] = ss[i][j][l] + y[l] * z[j][l];
-                }
-            }
-        }
-        r0 += W;
     }
+    let n = nb - full;
+    if n > 0 {
+        let mut a = [[zero; K]; W];
+        let (mut mean, mut dsq, mut d_last, mut x) = ([zero; W], [zero; W], [zero; W], [0.0f64; W]);
+        a.as_flattened_mut()[..n * K].copy_from_slice(&io.a[full * K..nb * K]);
+        mean[..n].copy_from_slice(&io.mean[full..nb]);
+        dsq[..n].copy_from_slice(&io.dsq[full..nb]);
+        d_last[..n].copy_from_slice(&io.d_last[full..nb]);
+        x[..n].copy_from_slice(&io.x[full..nb]);
+        let rows = GroupRows {
+            a: a.as_flattened_mut(),
+            mean: &mut mean,
+            dsq: &mut dsq,
+            d_last: &mut d_last,
+            x: &x,
+        };
+        em_group::<T, K, W>(c, rows, &mut acc);
+        io.a[full * K..nb * K].copy_from_slice(&a.as_flattened()[..n * K]);
+        io.mean[full..nb].copy_from_slice(&mean[..n]);
+        io.dsq[full..nb].copy_from_slice(&dsq[..n]);
+        io.d_last[full..nb].copy_from_slice(&d_last[..n]);
+    }
+    acc.flush();
     // Per-block partials: lanes in order, then added to the f64 totals.
     let lanes = |v: &[T; W]| v.iter().fold(0.0f64, |acc, x| acc + x.to_f64());
     for i in 0..K {
-        io.u[i] += lanes(&su[i]);
+        io.u[i] += lanes(&acc.su[i]);
         for j in i..K {
-            io.s[i * K + j] += lanes(&ss[i][j]);
+            io.s[i * K + j] += lanes(&acc.ss[i][j]);
         }
     }
-    *io.dsq_sum += dsq_acc.iter().sum::<f64>();
+    *io.dsq_sum += acc.dsq.iter().sum::<f64>();
+}
+
+/// One group of W rows: the previous sample's pending moments and line 12, then this sample's z, ψ and sums.
+#[inline(always)]
+fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRows<'_, T>, acc: &mut Acc<T, K, W>) {
+    let zero = T::default();
+    let (a_rows, x_rows) = (&mut g.a[..W * K], &g.x[..W]);
+    let (mean_rows, dsq_rows, d_last_rows) = (&mut g.mean[..W], &mut g.dsq[..W], &mut g.d_last[..W]);
+    // Ā rows, transposed to K lane-arrays.
+    let mut a = [[zero; W]; K];
+    for l in 0..W {
+        for j in 0..K {
+            a[j][l] = a_rows[l * K + j];
+        }
+    }
+    // The previous sample's pending moments (lines 5, 6, 14), then its line 12.
+    let mut m0 = [0.0f64; W];
+    let mut dsq0 = [0.0f64; W];
+    let mut d_prev = [0.0f64; W];
+    for l in 0..W {
+        m0[l] = mean_rows[l].to_f64();
+        dsq0[l] = dsq_rows[l].to_f64();
+        d_prev[l] = d_last_rows[l].to_f64();
+    }
+    if let Some((mean_rho, rho)) = c.moments {
+        for l in 0..W {
+            let adv = advance::<T>(m0[l], dsq0[l], d_prev[l], mean_rho, rho);
+            (mean_rows[l], m0[l]) = adv.mean;
+            (dsq_rows[l], dsq0[l]) = adv.dsq;
+            d_prev[l] = adv.d;
+        }
+    }
+    if let Some((rho_p, m)) = &c.pending {
+        // Line 12 of the previous sample: Ā ← Ā + ρ (d mᵀ − Ā), then Ā ← Ā W when whitening.
+        let mut dp = [zero; W];
+        for l in 0..W {
+            dp[l] = T::from_f64(d_prev[l]);
+        }
+        for j in 0..K {
+            for l in 0..W {
+                a[j][l] = a[j][l] + *rho_p * (dp[l] * m[j] - a[j][l]);
+            }
+        }
+        if let Some(w) = &c.transform {
+            a = times::<T, K, W>(&a, w);
+        }
+        for l in 0..W {
+            for j in 0..K {
+                a_rows[l * K + j] = a[j][l];
+            }
+        }
+    }
+    let z = match &c.upper {
+        Some(u) => upper_times::<T, K, W>(&a, u),
+        None => a,
+    };
+    // |z|² in f64: ψ = d̄² − |z|² cancels when ψ ≪ d̄², and float32 would lose ψ entirely there.
+    let mut fa = [0.0f64; W];
+    for zj in &z {
+        for l in 0..W {
+            let v = zj[l].to_f64();
+            fa[l] += v * v;
+        }
+    }
+    // This sample: innovation e = x − θ̄_{t−1} (stored), d_t and d̄²_t in registers (ψ uses d̄²_{t−1}).
+    let mut inv_psi = [zero; W];
+    let mut dv = [zero; W];
+    for l in 0..W {
+        // ψ = max(d̄² − |z|², floor), written as a select (a NaN difference gives the floor, as f64::max does).
+        let diff = dsq0[l] - fa[l];
+        let psi = if diff > c.floor { diff } else { c.floor };
+        let (es, e) = stored::<T>(x_rows[l] - m0[l]);
+        let adv = advance::<T>(m0[l], dsq0[l], e, c.mean_rho, c.rho);
+        acc.dsq[l] += adv.dsq.1;
+        d_last_rows[l] = es;
+        dv[l] = T::from_f64(adv.d);
+        inv_psi[l] = T::from_f64(1.0 / psi);
+    }
+    // E-step sums in Ā space: u_z += z d/ψ here; S_z += z zᵀ/ψ (upper triangle) from the kept y = z/ψ and z
+    // when the chunk is full (`Acc::flush`).
+    let slot = acc.pending;
+    for i in 0..K {
+        let mut y = [zero; W];
+        for l in 0..W {
+            y[l] = z[i][l] * inv_psi[l];
+            acc.su[i][l] = acc.su[i][l] + y[l] * dv[l];
+        }
+        acc.ys[slot][i] = y;
+    }
+    acc.zs[slot] = z;
+    acc.pending += 1;
 }
 
 /// out = a · M per lane (M K×K row-major): out_j = Σ_i a_i M[i][j], summed over i in order.
@@ -277,29 +405,30 @@ pub(crate) const MAX_K: usize = 16;
 pub(crate) struct EmRowKernel<T: Real> {
     run: BlockFn<T>,
     isa: Isa,
+    lanes: usize,
 }
 
 impl<T: Real> std::fmt::Debug for EmRowKernel<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "EmRowKernel({:?})", self.isa)
+        write!(f, "EmRowKernel({:?}, {} lanes)", self.isa, self.lanes)
     }
 }
 
-/// The function for K = `$kk` on path `$isa`, with W = vector bytes / size of T lanes.
+/// The function for K = `$kk` on path `$isa` and its lane count W: 4 f64 / 8 f32 lanes (one 256-bit vector)
+/// on every path. AVX-512 runs 8 lanes for both types: 16 f32 lanes measured slower (the per-lane
+/// accumulators no longer fit the registers), while its 32 registers and masked moves help at 8.
 macro_rules! em_pick {
     ($isa:expr, $kk:literal) => {{
         let f32_state = std::mem::size_of::<T>() == 4;
         match ($isa, f32_state) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => em_block_avx512_entry::<T, $kk, 16> as BlockFn<T>,
+            (Isa::Avx512, _) => (em_block_avx512_entry::<T, $kk, 8> as BlockFn<T>, 8),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => em_block_avx512_entry::<T, $kk, 8> as BlockFn<T>,
+            (Isa::Avx2, true) => (em_block_avx2_entry::<T, $kk, 8> as BlockFn<T>, 8),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => em_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => em_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
-            (Isa::Portable, true) => em_block_portable::<T, $kk, 8> as BlockFn<T>,
-            (Isa::Portable, false) => em_block_portable::<T, $kk, 4> as BlockFn<T>,
+            (Isa::Avx2, false) => (em_block_avx2_entry::<T, $kk, 4> as BlockFn<T>, 4),
+            (Isa::Portable, true) => (em_block_portable::<T, $kk, 8> as BlockFn<T>, 8),
+            (Isa::Portable, false) => (em_block_portable::<T, $kk, 4> as BlockFn<T>, 4),
         }
     }};
 }
@@ -307,7 +436,7 @@ macro_rules! em_pick {
 impl<T: Real> EmRowKernel<T> {
     /// The kernel for K = `k` on code path `isa`; None when K > [`MAX_K`].
     pub(crate) fn select(k: usize, isa: Isa) -> Option<Self> {
-        let run = match k {
+        let (run, lanes) = match k {
             1 => em_pick!(isa, 1),
             2 => em_pick!(isa, 2),
             3 => em_pick!(isa, 3),
@@ -326,7 +455,13 @@ impl<T: Real> EmRowKernel<T> {
             16 => em_pick!(isa, 16),
             _ => return None,
         };
-        Some(EmRowKernel { run, isa })
+        Some(EmRowKernel { run, isa, lanes })
+    }
+
+    /// Rows per lane group (W).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn lanes(&self) -> usize {
+        self.lanes
     }
 
     /// Run the pass on the `nb` rows of `io`.

@@ -38,7 +38,7 @@ impl Isa {
 
     /// Bytes per vector register on this path: the lane count of a kernel is this over the size of its type.
     /// The portable path uses 32 bytes, the width LLVM vectorises to on most targets.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[allow(dead_code)] // kernels may pick fewer lanes than this, see `em_kernel::EmRowKernel`
     pub(crate) fn vector_bytes(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]

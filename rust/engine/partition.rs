@@ -122,10 +122,8 @@ pub(crate) fn stream_pass<T, X, F>(
         let (lo, n) = (task * TASK_ROWS, rows.mean.len());
         for b0 in (0..n).step_by(BLOCK_ROWS) {
             let nb = (n - b0).min(BLOCK_ROWS);
-            for (dst, xi) in x_buf.iter_mut().zip(x.slice(s![lo + b0..lo + b0 + nb]).iter()) {
-                *dst = xi.to_f64();
-            }
-            block(lo + b0, rows.rows(b0, nb, k), &x_buf[..nb], blk, sums);
+            let x_rows = block_as_f64(x, lo + b0, nb, x_buf);
+            block(lo + b0, rows.rows(b0, nb, k), x_rows, blk, sums);
         }
     };
     if use_parallel(n_rows, k) {
@@ -141,6 +139,28 @@ pub(crate) fn stream_pass<T, X, F>(
         total.u += &part.u;
         total.dsq_sum += part.dsq_sum;
     }
+}
+
+/// Entries `lo..lo + n` of the sample as f64: the sample itself when it is contiguous f64, else converted into
+/// `buf` (a contiguous loop when the sample is contiguous, so it vectorises).
+fn block_as_f64<'a, X: Real>(x: &'a ArrayView1<X>, lo: usize, n: usize, buf: &'a mut [f64]) -> &'a [f64] {
+    match x.as_slice() {
+        Some(all) => {
+            let part = &all[lo..lo + n];
+            if let Some(same) = X::as_f64_slice(part) {
+                return same;
+            }
+            for (dst, xi) in buf.iter_mut().zip(part) {
+                *dst = xi.to_f64();
+            }
+        }
+        None => {
+            for (dst, xi) in buf.iter_mut().zip(x.slice(s![lo..lo + n]).iter()) {
+                *dst = xi.to_f64();
+            }
+        }
+    }
+    &buf[..n]
 }
 
 /// Per-task scratch: one block of rows in f64, each matrix row-major BLOCK_ROWS×K.
@@ -175,6 +195,25 @@ impl Block {
     }
 }
 
+/// Values checked per step of [`row_has_bad`]: each chunk is one branch-free (vectorised) loop.
+const CHECK_CHUNK: usize = 512;
+
+/// Whether a row holds a NaN, an infinity or a value with |x| > T::MAX_INPUT (`parallel`: split it on rayon).
+fn row_has_bad<T: Real, X: Real>(row: ArrayView1<X>, parallel: bool) -> bool {
+    let chunk_bad = |chunk: &[X]| {
+        chunk
+            .iter()
+            .fold(false, |bad, v| bad | !(v.to_f64().abs() <= T::MAX_INPUT))
+    };
+    match row.as_slice() {
+        Some(values) if parallel => values
+            .par_chunks(CHECK_CHUNK * 64)
+            .any(|c| c.chunks(CHECK_CHUNK).any(chunk_bad)),
+        Some(values) => values.chunks(CHECK_CHUNK).any(chunk_bad),
+        None => row.iter().any(|v| !(v.to_f64().abs() <= T::MAX_INPUT)),
+    }
+}
+
 /// Check a batch before any row is applied: shape (n, D), every value finite and |x| ≤ T::MAX_INPUT.
 pub(crate) fn validate_batch<T: Real, X: Real>(x: &ArrayView2<X>, n_features: usize) -> Result<()> {
     if x.ncols() != n_features {
@@ -184,11 +223,16 @@ pub(crate) fn validate_batch<T: Real, X: Real>(x: &ArrayView2<X>, n_features: us
             got: x.shape().to_vec(),
         });
     }
-    let bad = |row: ArrayView1<X>| row.iter().any(|v| !(v.to_f64().abs() <= T::MAX_INPUT));
-    let first_bad = if x.len() >= PARALLEL_MIN_ELEMENTS && crate::fork::parallel_allowed() {
-        x.axis_iter(Axis(0)).into_par_iter().position_first(bad)
+    let parallel = x.len() >= PARALLEL_MIN_ELEMENTS && crate::fork::parallel_allowed();
+    let first_bad = if parallel && x.nrows() < 2 * rayon::current_num_threads() {
+        // Few long rows: split each row instead.
+        x.axis_iter(Axis(0)).position(|row| row_has_bad::<T, X>(row, true))
+    } else if parallel {
+        x.axis_iter(Axis(0))
+            .into_par_iter()
+            .position_first(|row| row_has_bad::<T, X>(row, false))
     } else {
-        x.axis_iter(Axis(0)).position(bad)
+        x.axis_iter(Axis(0)).position(|row| row_has_bad::<T, X>(row, false))
     };
     match first_bad {
         None => Ok(()),
