@@ -292,13 +292,17 @@ fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRo
             }
         }
     }
-    let z = match &c.upper {
-        Some(u) => upper_times::<T, K, W>(&a, u),
-        None => a,
-    };
+    // z goes straight into the chunk's slot (no copy of the K×W lanes).
+    let slot = acc.pending;
+    let z = &mut acc.zs[slot];
+    match &c.upper {
+        Some(u) => upper_times::<T, K, W>(&a, u, z),
+        None => *z = a,
+    }
+    let z = &acc.zs[slot];
     // |z|² in f64: ψ = d̄² − |z|² cancels when ψ ≪ d̄², and float32 would lose ψ entirely there.
     let mut fa = [0.0f64; W];
-    for zj in &z {
+    for zj in z {
         for l in 0..W {
             let v = zj[l].to_f64();
             fa[l] += v * v;
@@ -320,16 +324,13 @@ fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRo
     }
     // E-step sums in Ā space: u_z += z d/ψ here; S_z += z zᵀ/ψ (upper triangle) from the kept y = z/ψ and z
     // when the chunk is full (`Acc::flush`).
-    let slot = acc.pending;
     for i in 0..K {
-        let mut y = [zero; W];
         for l in 0..W {
-            y[l] = z[i][l] * inv_psi[l];
-            acc.su[i][l] = acc.su[i][l] + y[l] * dv[l];
+            let y = acc.zs[slot][i][l] * inv_psi[l];
+            acc.su[i][l] = acc.su[i][l] + y * dv[l];
+            acc.ys[slot][i][l] = y;
         }
-        acc.ys[slot][i] = y;
     }
-    acc.zs[slot] = z;
     acc.pending += 1;
 }
 
@@ -348,19 +349,19 @@ fn times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], m: &[T]) -> [
     out
 }
 
-/// z = U a per lane (U upper triangular, row-major): z_i = Σ_{j ≥ i} U[i][j] a_j.
+/// z = U a per lane, written to `z` (U upper triangular, row-major): z_i = Σ_{j ≥ i} U[i][j] a_j.
 #[inline(always)]
-fn upper_times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], u: &[T]) -> [[T; W]; K] {
-    let mut z = [[T::default(); W]; K];
+fn upper_times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], u: &[T], z: &mut [[T; W]; K]) {
     for i in 0..K {
+        let mut zi = [T::default(); W];
         for j in i..K {
             let uij = u[i * K + j];
             for l in 0..W {
-                z[i][l] = z[i][l] + uij * a[j][l];
+                zi[l] = zi[l] + uij * a[j][l];
             }
         }
+        z[i] = zi;
     }
-    z
 }
 
 #[cfg(target_arch = "x86_64")]
