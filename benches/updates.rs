@@ -1,25 +1,33 @@
-//! One streaming update of OnlineEM and OnlineSGA against the measured memory floor, in one run.
+//! One streaming update of OnlineEM, OnlineSGA and VIFA against the measured memory floor, in one run.
 //!
-//! `cargo bench` prints, for D ∈ {10⁵, 10⁶}, K ∈ {1, 10, 50}, float64 and float32 state, the median time of one
-//! update after warm-up and its multiple of two floors measured in the same loop (interleaved with the
-//! updates, so a loaded machine slows both alike):
+//! `cargo bench --bench updates` prints, for D ∈ {10⁵, 10⁶}, K ∈ {1, 10, 50}, float64 and float32 state, the
+//! median time of one update after warm-up and its multiple of two floors measured in the same loop
+//! (interleaved with the updates, so a loaded machine slows both alike):
 //!
-//! * **floor**: one in-place read+write pass over (K + 3)·D values of the state's type, as many bytes as either
-//!   model's D-sized state (Ā or F, plus three D-vectors);
-//! * **floor + x**: the same plus reading the float64 sample (D values), which every update must also do.
+//! * **floor**: in-place read+write passes (v ← v · 1) over as many values of the state's type as the model's
+//!   D-sized state: (K + 3)·D for EM and SGA (Ā or F, plus three D-vectors); for VIFA (c, F, β and Adam's two
+//!   moment estimates of each) three passes over (K + 2)·D values, the same bytes in a third of the memory;
+//! * **floor + x**: the same plus reading the float64 sample (EM, SGA) or gradient (VIFA), D values, which
+//!   every update must also read.
 //!
-//! Options (after `--`): `--d 1000000 10000000`, `--k 10`, `--repeats 9`. NumPy ratios: `benches/compare.py`.
+//! A VIFA update is `sample()` (θ = F h + c + ψ^{1/2} ⊙ z) then `step(g)` with one draw (L = 1) and Adam.
+//! Each model is built, measured and dropped before the next, so D = 10⁷ with K = 50 fits in memory.
+//!
+//! Options (after `--`): `--d 1000000 10000000`, `--k 10`, `--models EM VIFA`, `--repeats 9`.
+//! NumPy ratios for the same grid: `python benches/engine.py`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use ndarray::{s, Array2};
+use ndarray::{Array1, Array2};
 use onlinefa::init::{fill_standard_normal, orthonormal_loadings};
+use onlinefa::vifa::{LearningRates, Optimizer, Vifa, VifaConfig, VifaInit};
 use onlinefa::{EmConfig, OnlineEm, OnlineSga, Real, SgaConfig};
 
 struct Args {
     sizes: Vec<usize>,
     components: Vec<usize>,
+    models: Vec<String>,
     repeats: usize,
 }
 
@@ -27,25 +35,31 @@ fn parse_args() -> Args {
     let mut args = Args {
         sizes: vec![100_000, 1_000_000],
         components: vec![1, 10, 50],
+        models: ["EM", "SGA", "VIFA"].map(String::from).to_vec(),
         repeats: 9,
     };
-    let mut current: Option<String> = None;
+    let mut current = String::new();
+    let mut seen: Vec<String> = Vec::new();
     for arg in std::env::args().skip(1) {
         if arg.starts_with("--") {
-            if matches!(arg.as_str(), "--d" | "--k") {
-                match arg.as_str() {
-                    "--d" => args.sizes.clear(),
-                    _ => args.components.clear(),
-                }
-            }
-            current = Some(arg);
+            current = arg;
             continue;
         }
-        let Ok(value) = arg.parse::<usize>() else { continue };
-        match current.as_deref() {
-            Some("--d") => args.sizes.push(value),
-            Some("--k") => args.components.push(value),
-            Some("--repeats") => args.repeats = value.max(1),
+        // The first value of a list option replaces its default.
+        if !seen.contains(&current) {
+            seen.push(current.clone());
+            match current.as_str() {
+                "--d" => args.sizes.clear(),
+                "--k" => args.components.clear(),
+                "--models" => args.models.clear(),
+                _ => {}
+            }
+        }
+        match (current.as_str(), arg.parse::<usize>()) {
+            ("--d", Ok(v)) => args.sizes.push(v),
+            ("--k", Ok(v)) => args.components.push(v),
+            ("--repeats", Ok(v)) => args.repeats = v.max(1),
+            ("--models", _) => args.models.push(arg.to_uppercase()),
             _ => {}
         }
     }
@@ -64,103 +78,175 @@ fn timed(f: impl FnOnce()) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
-/// One in-place read+write pass over `buf`: buf ← buf · c.
-fn floor_pass<T: Real>(buf: &mut [T], c: T) {
-    for v in buf.iter_mut() {
-        *v = *v * c;
+/// One standard-normal D-vector per `seed` (a 1×D row).
+fn normal_row(d: usize, seed: u64) -> Array2<f64> {
+    let mut x = Array2::zeros((1, d));
+    fill_standard_normal(x.view_mut(), seed);
+    x
+}
+
+/// The memory floor of a model: `passes` in-place read+write passes over `values` values of type T, and
+/// the same plus reading a float64 D-vector.
+struct Floor<T> {
+    buf: Vec<T>,
+    passes: usize,
+}
+
+impl<T: Real> Floor<T> {
+    fn new(values: usize, passes: usize) -> Self {
+        Floor {
+            buf: vec![T::from_f64(1.0); values],
+            passes,
+        }
     }
-    black_box(buf);
+
+    /// buf ← buf · 1, `passes` times.
+    fn pass(&mut self) {
+        let c = black_box(T::from_f64(1.0));
+        for _ in 0..self.passes {
+            for v in self.buf.iter_mut() {
+                *v = *v * c;
+            }
+            black_box(&mut self.buf);
+        }
+    }
+
+    /// Seconds of (floor, floor + reading x).
+    fn time(&mut self, x: &[f64]) -> (f64, f64) {
+        let floor = timed(|| self.pass());
+        let floor_x = timed(|| {
+            self.pass();
+            black_box(read(x));
+        });
+        (floor, floor_x)
+    }
 }
 
-/// Reading the sample: Σ x.
-fn read_x(x: &[f64]) -> f64 {
-    x.iter().fold(0.0, |acc, v| acc + v)
+/// Σ x with eight independent partial sums, so that reading x is limited by memory, not by the latency of
+/// one chain of additions.
+fn read(x: &[f64]) -> f64 {
+    let mut acc = [0.0; 8];
+    let mut chunks = x.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (a, v) in acc.iter_mut().zip(chunk) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f64>() + chunks.remainder().iter().sum::<f64>()
 }
 
-/// Medians (seconds) of: floor, floor + x, one EM update, one SGA update.
-fn measure<T: Real>(d: usize, k: usize, x: &Array2<f64>, repeats: usize) -> [f64; 4] {
-    let warm = k + 3;
-    let f0 = orthonormal_loadings(d, k, 1).expect("init");
-    let mut em = OnlineEm::<T>::new(
-        d,
-        k,
-        f0.view(),
-        EmConfig {
-            n_warmup: k as u64 + 2,
-            ..EmConfig::default()
-        },
-    )
-    .expect("em");
-    let mut sga = OnlineSga::<T>::new(
-        d,
-        k,
-        f0.view(),
-        SgaConfig {
-            n_warmup: k as u64 + 2,
-            ..SgaConfig::default()
-        },
-    )
-    .expect("sga");
-    em.update(x.slice(s![..warm, ..])).expect("update");
-    sga.update(x.slice(s![..warm, ..])).expect("update");
-    let mut buf = vec![T::from_f64(1.0); (k + 3) * d];
-    let c = black_box(T::from_f64(1.0));
-    let mut times: [Vec<f64>; 4] = Default::default();
+/// Medians (seconds) of: floor, floor + x, one update. `update(i)` runs update i (after warm-up).
+fn interleaved<T: Real>(floor: &mut Floor<T>, x: &[f64], repeats: usize, mut update: impl FnMut(usize)) -> [f64; 3] {
+    let mut times: [Vec<f64>; 3] = Default::default();
     for i in 0..repeats {
-        let row = x.slice(s![warm + i..warm + i + 1, ..]);
-        let x_row = x.row(warm + i);
-        let x_flat = x_row.as_slice().expect("rows are contiguous");
-        times[0].push(timed(|| floor_pass(&mut buf, c)));
-        times[1].push(timed(|| {
-            floor_pass(&mut buf, c);
-            black_box(read_x(x_flat));
-        }));
-        times[2].push(timed(|| em.update(row).expect("em update")));
-        times[3].push(timed(|| sga.update(row).expect("sga update")));
+        let (f, fx) = floor.time(x);
+        times[0].push(f);
+        times[1].push(fx);
+        times[2].push(timed(|| update(i)));
     }
     times.map(median)
+}
+
+/// An OnlineEM or OnlineSGA after warm-up (K + 3 samples), one fresh sample per timed update.
+fn measure_stream<T: Real>(model: &str, d: usize, k: usize, repeats: usize) -> [f64; 3] {
+    let f0 = orthonormal_loadings(d, k, 1).expect("init");
+    let warm = k + 3;
+    let mut update: Box<dyn FnMut(&Array2<f64>)> = if model == "EM" {
+        let config = EmConfig {
+            n_warmup: k as u64 + 2,
+            ..EmConfig::default()
+        };
+        let mut em = OnlineEm::<T>::new(d, k, f0.view(), config).expect("em");
+        Box::new(move |x| em.update(x.view()).expect("em update"))
+    } else {
+        let config = SgaConfig {
+            n_warmup: k as u64 + 2,
+            ..SgaConfig::default()
+        };
+        let mut sga = OnlineSga::<T>::new(d, k, f0.view(), config).expect("sga");
+        Box::new(move |x| sga.update(x.view()).expect("sga update"))
+    };
+    drop(f0);
+    for i in 0..warm {
+        update(&normal_row(d, 100 + i as u64));
+    }
+    let samples: Vec<Array2<f64>> = (0..repeats).map(|i| normal_row(d, 1000 + i as u64)).collect();
+    let mut floor = Floor::<T>::new((k + 3) * d, 1);
+    let x0 = samples[0].as_slice().expect("contiguous");
+    interleaved(&mut floor, x0, repeats, |i| update(&samples[i]))
+}
+
+/// VIFA with Adam and L = 1 after one iteration; a timed update is `sample()` then `step(g)`.
+fn measure_vifa<T: Real>(d: usize, k: usize, repeats: usize) -> [f64; 3] {
+    let f0 = orthonormal_loadings(d, k, 1).expect("init");
+    let init = VifaInit {
+        loadings: f0.view(),
+        mean: None,
+        noise_variance: None,
+    };
+    let config = VifaConfig {
+        prior_precision: 1e-2,
+        lr: LearningRates {
+            mean: 1e-3,
+            loadings: 1e-3,
+            log_noise: 1e-3,
+        },
+        optimizer: Optimizer::Adam,
+        n_grad_samples: 1,
+        clip_grad_norm: None,
+    };
+    let mut vi = Vifa::<T>::new(d, k, init, 0, config).expect("vifa");
+    drop(f0);
+    let g: Array1<f64> = normal_row(d, 7).row(0).mapv(|v| 1e-3 * v);
+    let g2 = g.view().insert_axis(ndarray::Axis(0));
+    let mut iteration = || {
+        black_box(vi.sample().expect("sample"));
+        vi.step(g2).expect("step");
+    };
+    iteration();
+    let mut floor = Floor::<T>::new((k + 2) * d, 3);
+    interleaved(&mut floor, g.as_slice().expect("contiguous"), repeats, |_| iteration())
+}
+
+fn load_average() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
 fn main() {
     let args = parse_args();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "# one update vs the memory floor — {threads} hardware threads, load average at start: {}",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load_average()
     );
     println!();
     println!("| model | D | K | state | ms/update | floor ms | × floor | floor + x ms | × (floor + x) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for &d in &args.sizes {
-        let mut x = Array2::zeros((args.components.iter().max().copied().unwrap_or(1) + 3 + args.repeats, d));
-        fill_standard_normal(x.view_mut(), 7);
-        for &k in &args.components {
-            if k >= d {
-                continue;
+        for &k in args.components.iter().filter(|&&k| k < d) {
+            for model in &args.models {
+                row::<f64>(model, d, k, args.repeats);
+                row::<f32>(model, d, k, args.repeats);
             }
-            for_dtype::<f64>(d, k, &x, args.repeats);
-            for_dtype::<f32>(d, k, &x, args.repeats);
         }
     }
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "\nload average at end: {}",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    );
+    println!("\nload average at end: {}", load_average());
 }
 
-fn for_dtype<T: Real>(d: usize, k: usize, x: &Array2<f64>, repeats: usize) {
-    let [floor, floor_x, em, sga] = measure::<T>(d, k, x, repeats);
-    for (name, t) in [("EM", em), ("SGA", sga)] {
-        println!(
-            "| {name} | {d} | {k} | {} | {:.2} | {:.2} | {:.2}× | {:.2} | {:.2}× |",
-            T::NAME,
-            t * 1e3,
-            floor * 1e3,
-            t / floor,
-            floor_x * 1e3,
-            t / floor_x
-        );
-    }
+fn row<T: Real>(model: &str, d: usize, k: usize, repeats: usize) {
+    let [floor, floor_x, t] = match model {
+        "EM" | "SGA" => measure_stream::<T>(model, d, k, repeats),
+        "VIFA" => measure_vifa::<T>(d, k, repeats),
+        other => panic!("unknown model {other:?} (EM, SGA or VIFA)"),
+    };
+    println!(
+        "| {model} | {d} | {k} | {} | {:.2} | {:.2} | {:.2}× | {:.2} | {:.2}× |",
+        T::NAME,
+        t * 1e3,
+        floor * 1e3,
+        t / floor,
+        floor_x * 1e3,
+        t / floor_x
+    );
 }
