@@ -60,7 +60,6 @@ impl<T: Real> Vifa<T> {
                     let rows = SampleRows {
                         c: &self.params.c[row0..row0 + nb],
                         f: &self.params.f[row0 * k..(row0 + nb) * k],
-                        beta: &self.params.beta[row0..row0 + nb],
                         sqrt_psi: &self.sqrt_psi[row0..row0 + nb],
                     };
                     run_theta_block(isa, &rows, h_slice, &z[..nb], o_blk);

@@ -7,12 +7,13 @@
 //!   [`update_block`] returns for the same values (a restored model has the same (I + B)⁻¹).
 //!
 //! Shapes: a block has nb ≤ `BLOCK_ROWS` rows; c, β, ψ^{1/2} hold nb values, F nb×K row-major; `gram` is
-//! K×K row-major and accumulated. Each kernel is compiled for a portable and an AVX2 path, chosen at run time.
+//! K×K row-major and accumulated. Each kernel is compiled for a portable, an AVX2 and an AVX-512 path, chosen at run time,
+//! with W = vector bytes / size of T lanes (4 f64 or 8 f32 on the portable and AVX2 paths, 8 or 16 on AVX-512).
 
-use super::lanes::{self, Draws, Lanes, W};
+use super::lanes::{self, Draws, Lanes, RuleT};
 use super::params::RowsMut;
 use super::update::{UpdateRule, LOG_NOISE_LIMIT};
-use crate::engine::em_kernel::Isa;
+use crate::engine::isa::Isa;
 use crate::scalar::Real;
 
 /// Largest K the fused kernels handle (larger K runs the blocked GEMM path of `update`).
@@ -49,7 +50,7 @@ pub(super) struct StepConsts<'a> {
 /// One step on a block (see the module documentation). Returns whether every new value is finite and
 /// |β| ≤ [`LOG_NOISE_LIMIT`].
 #[inline(always)]
-fn update_block<T: Real, const K: usize>(
+fn update_block<T: Real, const K: usize, const W: usize>(
     p: &mut RowsMut<'_, T>,
     sqrt_psi: &mut [f64],
     mut moments: Option<&mut (RowsMut<'_, T>, RowsMut<'_, T>)>,
@@ -60,25 +61,24 @@ fn update_block<T: Real, const K: usize>(
     let nb = p.c.len();
     let rule = consts.rule;
     let (lr, adam_lr, scale, isb2) = (rule.lr, rule.adam_lr, rule.scale, rule.inv_sqrt_bias2);
-    let m_inv = lanes::square::<K>(consts.m_inv);
-    let mut s = [[[0.0; W]; K]; K];
+    let rule_f = RuleT::<T>::new(lr[1], adam_lr[1], scale[1], isb2);
+    let m_inv = lanes::square::<T, K>(consts.m_inv);
+    let mut s = [[[T::default(); W]; K]; K];
     let mut finite = true;
     let mut r0 = 0;
     while r0 < nb {
         let n = (nb - r0).min(W);
-        let x: Lanes<K> = lanes::load(p.c, p.f, p.beta, sqrt_psi, r0, n);
-        let g = lanes::gradient::<K>(&x, draws, &m_inv, consts.alpha, r0, n);
-        // Lines 17–19 on c, β and each column of F.
+        let x: Lanes<T, K, W> = lanes::load(p.c, p.f, p.beta, sqrt_psi, r0, n);
+        let g = lanes::gradient::<T, K, W>(&x, draws, &m_inv, consts.alpha, r0, n);
+        // Lines 17–19 on c, β (f64) and each column of F (in T).
         let (c_new, b_new);
-        let mut f_vals = [[0.0; W]; K];
-        let mut f_stored = [[T::default(); W]; K];
+        let mut f_new = [[T::default(); W]; K];
         match moments.as_deref_mut() {
             None => {
-                c_new = lanes::sgd_lanes::<T>(&x.c, &g.c, lr[0], scale[0]);
-                b_new = lanes::sgd_lanes::<T>(&x.beta, &g.beta, lr[2], scale[2]);
+                c_new = lanes::sgd_lanes::<T, W>(&x.c, &g.c, lr[0], scale[0]);
+                b_new = lanes::sgd_lanes::<T, W>(&x.beta, &g.beta, lr[2], scale[2]);
                 for j in 0..K {
-                    let col = lanes::sgd_lanes::<T>(&x.f[j], &g.f[j], lr[1], scale[1]);
-                    (f_stored[j], f_vals[j]) = (col.stored, col.vals);
+                    f_new[j] = lanes::sgd_column(&x.f[j], &g.f[j], &rule_f);
                 }
             }
             Some((first, second)) => {
@@ -86,68 +86,74 @@ fn update_block<T: Real, const K: usize>(
                 let mut v_c = lanes::load_values(second.c, r0, n);
                 let mut m_b = lanes::load_values(first.beta, r0, n);
                 let mut v_b = lanes::load_values(second.beta, r0, n);
-                let mut m_f = lanes::load_rows::<T, K>(first.f, r0, n);
-                let mut v_f = lanes::load_rows::<T, K>(second.f, r0, n);
+                let mut m_f = lanes::load_rows::<T, K, W>(first.f, r0, n);
+                let mut v_f = lanes::load_rows::<T, K, W>(second.f, r0, n);
                 c_new = lanes::adam_lanes(&x.c, &g.c, &mut m_c, &mut v_c, adam_lr[0], scale[0], isb2);
                 b_new = lanes::adam_lanes(&x.beta, &g.beta, &mut m_b, &mut v_b, adam_lr[2], scale[2], isb2);
                 for j in 0..K {
-                    let col = lanes::adam_lanes(&x.f[j], &g.f[j], &mut m_f[j], &mut v_f[j], adam_lr[1], scale[1], isb2);
-                    (f_stored[j], f_vals[j]) = (col.stored, col.vals);
+                    f_new[j] = lanes::adam_column(&x.f[j], &g.f[j], &mut m_f[j], &mut v_f[j], &rule_f);
                 }
                 lanes::store_values(first.c, &m_c, r0, n);
                 lanes::store_values(second.c, &v_c, r0, n);
                 lanes::store_values(first.beta, &m_b, r0, n);
                 lanes::store_values(second.beta, &v_b, r0, n);
-                lanes::store_rows::<T, K>(first.f, &m_f, r0, n);
-                lanes::store_rows::<T, K>(second.f, &v_f, r0, n);
+                lanes::store_rows::<T, K, W>(first.f, &m_f, r0, n);
+                lanes::store_rows::<T, K, W>(second.f, &v_f, r0, n);
             }
         }
-        // Write the new values; ψ'^{1/2} = exp(β'/2) of the stored β' (one exp per row).
+        // Every lane is checked: padded lanes (zero state, zero gradient) always give finite values.
+        let mut ok = [true; W];
+        for l in 0..W {
+            let (c_v, b_v) = (c_new.vals[l], b_new.vals[l]);
+            ok[l] = c_v.is_finite() && b_v.abs() <= LOG_NOISE_LIMIT;
+        }
+        for col in &f_new {
+            for l in 0..W {
+                ok[l] &= col[l].to_f64().is_finite();
+            }
+        }
+        finite &= ok.iter().all(|&v| v);
+        // ψ'^{1/2} = exp(β'/2) of the stored β' (one exp per row).
         let mut sqrt_new = [1.0; W];
         for l in 0..n {
-            let (c_v, b_v) = (c_new.vals[l], b_new.vals[l]);
-            finite &= c_v.is_finite() && b_v.is_finite() && b_v.abs() <= LOG_NOISE_LIMIT;
-            for col in &f_vals {
-                finite &= col[l].is_finite();
-            }
-            sqrt_new[l] = (0.5 * b_v).exp();
+            sqrt_new[l] = (0.5 * b_new.vals[l]).exp();
         }
         lanes::store_values(p.c, &c_new.stored, r0, n);
         lanes::store_values(p.beta, &b_new.stored, r0, n);
         lanes::store_values(sqrt_psi, &sqrt_new, r0, n);
-        lanes::store_rows::<T, K>(p.f, &f_stored, r0, n);
+        lanes::store_rows::<T, K, W>(p.f, &f_new, r0, n);
         // Line 11 for the next step, from the values just stored.
-        lanes::accumulate_gram::<K>(&f_vals, &sqrt_new, &mut s);
+        lanes::accumulate_gram::<T, K, W>(&f_new, &sqrt_new, &mut s);
         r0 += W;
     }
-    lanes::fold_gram::<K>(&s, gram);
+    lanes::fold_gram::<T, K, W>(&s, gram);
     finite
 }
 
 /// ‖∇_c‖², ‖∇_F‖², ‖∇_β‖² over a block (read-only).
 #[inline(always)]
-fn norms_block<T: Real, const K: usize>(
-    c: &[T],
-    f: &[T],
-    beta: &[T],
+fn norms_block<T: Real, const K: usize, const W: usize>(
+    p: (&[T], &[T], &[T]),
     sqrt_psi: &[f64],
     draws: &Draws<'_>,
     m_inv: &[f64],
     alpha: f64,
 ) -> [f64; 3] {
+    let (c, f, beta) = p;
     let nb = c.len();
-    let m_inv = lanes::square::<K>(m_inv);
+    let m_inv = lanes::square::<T, K>(m_inv);
     let mut sq = [[0.0; W]; 3];
     let mut r0 = 0;
     while r0 < nb {
         let n = (nb - r0).min(W);
-        let x: Lanes<K> = lanes::load(c, f, beta, sqrt_psi, r0, n);
-        let g = lanes::gradient::<K>(&x, draws, &m_inv, alpha, r0, n);
+        let x: Lanes<T, K, W> = lanes::load(c, f, beta, sqrt_psi, r0, n);
+        let g = lanes::gradient::<T, K, W>(&x, draws, &m_inv, alpha, r0, n);
         for l in 0..n {
             sq[0][l] += g.c[l] * g.c[l];
             sq[2][l] += g.beta[l] * g.beta[l];
             for col in &g.f {
-                sq[1][l] += col[l] * col[l];
+                let v = col[l].to_f64();
+                sq[1][l] += v * v;
             }
         }
         r0 += W;
@@ -155,27 +161,22 @@ fn norms_block<T: Real, const K: usize>(
     sq.map(|lanes| lanes.iter().sum())
 }
 
-/// The block's share of B = Fᵀ Ψ⁻¹ F from the stored F (nb×K) and ψ^{1/2} (nb), added to `gram`.
+/// The block's share of B = Fᵀ Ψ⁻¹ F from the stored F (nb×K) and ψ^{1/2} (nb), added to `gram`: the
+/// same operations, lanes and order as [`update_block`] (a restored model has the same (I + B)⁻¹).
 #[inline(always)]
-fn gram_block<T: Real, const K: usize>(f: &[T], sqrt_psi: &[f64], gram: &mut [f64]) {
+fn gram_block<T: Real, const K: usize, const W: usize>(f: &[T], sqrt_psi: &[f64], gram: &mut [f64]) {
     let nb = sqrt_psi.len();
-    let mut s = [[[0.0; W]; K]; K];
+    let mut s = [[[T::default(); W]; K]; K];
     let mut r0 = 0;
     while r0 < nb {
         let n = (nb - r0).min(W);
-        let stored = lanes::load_rows::<T, K>(f, r0, n);
-        let mut vals = [[0.0; W]; K];
-        for j in 0..K {
-            for l in 0..W {
-                vals[j][l] = stored[j][l].to_f64();
-            }
-        }
+        let vals = lanes::load_rows::<T, K, W>(f, r0, n);
         let mut sp = [1.0; W];
         sp[..n].copy_from_slice(&sqrt_psi[r0..r0 + n]);
-        lanes::accumulate_gram::<K>(&vals, &sp, &mut s);
+        lanes::accumulate_gram::<T, K, W>(&vals, &sp, &mut s);
         r0 += W;
     }
-    lanes::fold_gram::<K>(&s, gram);
+    lanes::fold_gram::<T, K, W>(&s, gram);
 }
 
 /// Expand `$body` once per K = 1 … [`MAX_K`] with the const `$k` bound to the value of `$n`.
@@ -253,30 +254,59 @@ macro_rules! for_k {
 
 pub(super) use for_k;
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn update_block_avx2<T: Real, const K: usize>(
-    p: &mut RowsMut<'_, T>,
-    sqrt_psi: &mut [f64],
-    moments: Option<&mut (RowsMut<'_, T>, RowsMut<'_, T>)>,
-    draws: &Draws<'_>,
-    consts: &StepConsts<'_>,
-    gram: &mut [f64],
-) -> bool {
-    update_block::<T, K>(p, sqrt_psi, moments, draws, consts, gram)
+/// Compile `$kernel` (an `#[inline(always)]` block kernel generic over T, K, W) for each code path:
+/// `$portable` without target features, `$avx2` and `$avx512` with them enabled.
+macro_rules! code_paths {
+    ($kernel:ident, $portable:ident, $avx2:ident, $avx512:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        fn $portable<T: Real, const K: usize, const W: usize>($($arg: $ty),*) -> $ret {
+            $kernel::<T, K, W>($($arg),*)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        unsafe fn $avx2<T: Real, const K: usize, const W: usize>($($arg: $ty),*) -> $ret {
+            $kernel::<T, K, W>($($arg),*)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,avx2")]
+        unsafe fn $avx512<T: Real, const K: usize, const W: usize>($($arg: $ty),*) -> $ret {
+            $kernel::<T, K, W>($($arg),*)
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn norms_block_avx2<T: Real, const K: usize>(
-    p: (&[T], &[T], &[T]),
-    sqrt_psi: &[f64],
-    draws: &Draws<'_>,
-    m_inv: &[f64],
-    alpha: f64,
-) -> [f64; 3] {
-    norms_block::<T, K>(p.0, p.1, p.2, sqrt_psi, draws, m_inv, alpha)
+/// Call the code path `$isa` of a kernel made by [`code_paths`] for K = `$k` with W = vector bytes / size of
+/// T lanes (the portable path uses the AVX2 width, so the two agree bit for bit).
+macro_rules! dispatch {
+    ($isa:expr, $k:expr, $portable:ident, $avx2:ident, $avx512:ident, ($($arg:expr),*)) => {
+        for_k!($k, K => {
+            let f32_state = std::mem::size_of::<T>() == 4;
+            match ($isa, f32_state) {
+                // SAFETY (both AVX arms): `Isa::Avx2` and `Isa::Avx512` are only constructed by `Isa::available`
+                // after detecting the features they enable.
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx512, true) => unsafe { $avx512::<T, K, 16>($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx512, false) => unsafe { $avx512::<T, K, 8>($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx2, true) => unsafe { $avx2::<T, K, 8>($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx2, false) => unsafe { $avx2::<T, K, 4>($($arg),*) },
+                (Isa::Portable, true) => $portable::<T, K, 8>($($arg),*),
+                (Isa::Portable, false) => $portable::<T, K, 4>($($arg),*),
+            }
+        })
+    };
 }
+
+pub(super) use {code_paths, dispatch};
+
+code_paths!(update_block, update_portable, update_avx2, update_avx512,
+    (p: &mut RowsMut<'_, T>, sqrt_psi: &mut [f64], moments: Option<&mut (RowsMut<'_, T>, RowsMut<'_, T>)>,
+     draws: &Draws<'_>, consts: &StepConsts<'_>, gram: &mut [f64]) -> bool);
+code_paths!(norms_block, norms_portable, norms_avx2, norms_avx512,
+    (p: (&[T], &[T], &[T]), sqrt_psi: &[f64], draws: &Draws<'_>, m_inv: &[f64], alpha: f64) -> [f64; 3]);
 
 /// [`update_block`] for K = `consts.k` ≤ [`MAX_K`] on the path `isa`.
 pub(super) fn run_update_block<T: Real>(
@@ -288,12 +318,14 @@ pub(super) fn run_update_block<T: Real>(
     consts: &StepConsts<'_>,
     gram: &mut [f64],
 ) -> bool {
-    for_k!(consts.k, K => match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after `is_x86_feature_detected!("avx2")`.
-        Isa::Avx2 | Isa::Avx512 => unsafe { update_block_avx2::<T, K>(p, sqrt_psi, moments, draws, consts, gram) },
-        Isa::Portable => update_block::<T, K>(p, sqrt_psi, moments, draws, consts, gram),
-    })
+    dispatch!(
+        isa,
+        consts.k,
+        update_portable,
+        update_avx2,
+        update_avx512,
+        (p, sqrt_psi, moments, draws, consts, gram)
+    )
 }
 
 /// [`norms_block`] for K = `k` ≤ [`MAX_K`] on the path `isa`; `p` = (c, F, β) of the block.
@@ -306,16 +338,22 @@ pub(super) fn run_norms_block<T: Real>(
     m_inv: &[f64],
     alpha: f64,
 ) -> [f64; 3] {
-    for_k!(k, K => match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after `is_x86_feature_detected!("avx2")`.
-        Isa::Avx2 | Isa::Avx512 => unsafe { norms_block_avx2::<T, K>(p, sqrt_psi, draws, m_inv, alpha) },
-        Isa::Portable => norms_block::<T, K>(p.0, p.1, p.2, sqrt_psi, draws, m_inv, alpha),
-    })
+    dispatch!(
+        isa,
+        k,
+        norms_portable,
+        norms_avx2,
+        norms_avx512,
+        (p, sqrt_psi, draws, m_inv, alpha)
+    )
 }
 
-/// [`gram_block`] for K = `k` ≤ [`MAX_K`] (portable path: it runs once per restore, and every path gives
-/// the same bits).
-pub(super) fn run_gram_block<T: Real>(k: usize, f: &[T], sqrt_psi: &[f64], gram: &mut [f64]) {
-    for_k!(k, K => gram_block::<T, K>(f, sqrt_psi, gram))
+/// [`gram_block`] for K = `k` ≤ [`MAX_K`] with the lanes of path `isa` (it runs once per restore; the
+/// portable code with the same W gives the same bits as the step's kernel).
+pub(super) fn run_gram_block<T: Real>(isa: Isa, k: usize, f: &[T], sqrt_psi: &[f64], gram: &mut [f64]) {
+    for_k!(k, K => match isa.vector_bytes() / std::mem::size_of::<T>() {
+        16 => gram_block::<T, K, 16>(f, sqrt_psi, gram),
+        8 => gram_block::<T, K, 8>(f, sqrt_psi, gram),
+        _ => gram_block::<T, K, 4>(f, sqrt_psi, gram),
+    })
 }

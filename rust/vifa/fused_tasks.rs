@@ -10,7 +10,7 @@ use super::gradient::GradCtx;
 use super::lanes::Draws;
 use super::params::Params;
 use super::update::StepTask;
-use crate::engine::em_kernel::Isa;
+use crate::engine::isa::Isa;
 use crate::engine::BLOCK_ROWS;
 use crate::scalar::Real;
 
@@ -112,11 +112,23 @@ pub(super) fn norms_task<T: Real, X: Real>(
 }
 
 /// B = Fᵀ Ψ⁻¹ F over rows lo … hi − 1 from the stored F and ψ^{1/2} (K×K row-major).
-pub(super) fn gram_task<T: Real>(k: usize, params: &Params<T>, sqrt_psi: &[f64], (lo, hi): (usize, usize)) -> Vec<f64> {
+pub(super) fn gram_task<T: Real>(
+    isa: Isa,
+    k: usize,
+    params: &Params<T>,
+    sqrt_psi: &[f64],
+    (lo, hi): (usize, usize),
+) -> Vec<f64> {
     let mut gram = vec![0.0; k * k];
     for b0 in (lo..hi).step_by(BLOCK_ROWS) {
         let nb = (hi - b0).min(BLOCK_ROWS);
-        run_gram_block(k, &params.f[b0 * k..(b0 + nb) * k], &sqrt_psi[b0..b0 + nb], &mut gram);
+        run_gram_block(
+            isa,
+            k,
+            &params.f[b0 * k..(b0 + nb) * k],
+            &sqrt_psi[b0..b0 + nb],
+            &mut gram,
+        );
     }
     gram
 }

@@ -1,8 +1,9 @@
-//! The per-row arithmetic of VIFA's fused pass, vectorised across rows: W = 4 rows at once, each of the K
-//! columns held as a W-lane array (the layout of `crate::engine::em_kernel`), in f64 whatever the storage
-//! type. Every function here is `#[inline(always)]` so that it is compiled into each code path of
-//! [`super::fused`] (portable or AVX2); every lane does the same operations in the same order on every
-//! path and Rust never contracts a·b + c into an FMA, so the paths agree bit for bit.
+//! The per-row arithmetic of VIFA's fused pass, vectorised across rows: W rows at once (one vector of the
+//! storage type T: W = vector bytes / size of T, so 4 f64 or 8 f32 on AVX2, 8 or 16 on AVX-512), each of the
+//! K columns of F held as a W-lane array (the layout of `crate::engine::em_kernel`). Every function here is
+//! `#[inline(always)]` so that it is compiled into each code path of [`super::fused`]; every lane does the
+//! same operations in the same order on every path and Rust never contracts a·b + c into an FMA, so paths
+//! with the same W agree bit for bit (a different W only changes the order in which lanes are summed).
 //!
 //! Per row, with ψ^{1/2} from the state's cache, ψ = (ψ^{1/2})² and a = f/ψ (Algorithm 3, line 10):
 //!
@@ -15,73 +16,81 @@
 //!
 //! (see `gradient::block_gradients` for the derivation), and from a row's new values
 //! B += a' f'ᵀ with a' = f'/ψ' (line 11 of the next step; upper triangle, K(K+1)/2 multiply-adds).
+//!
+//! **Arithmetic type.** The K-wide work (a, cr, ∇f, the optimiser on F, the share of B) runs in T, so float32
+//! state does float32 arithmetic on W = 8 or 16 lanes; each block's partial sums of B are added in f64. The
+//! per-row scalars stay f64 whatever T is (they are 2 values of K + 2 and cost little): ψ, 1/ψ and ψ^{1/2}
+//! (ψ = exp β ranges over e^{±700}, far outside float32), ∇β and the update of β (∇β carries ψ·α/2 and feeds
+//! the exp of the next ψ), and c with its update (as before). For T = f64 every operation is the one the
+//! f64 kernel always did, in the same order, so float64 results are unchanged bit for bit. float32 range:
+//! 1/ψ and the products a = f/ψ, a·f are float32 numbers, finite while ψ ≳ 1e-38·|f| (a non-finite value
+//! is reported as divergence).
 
 use super::config::{ADAM_BETA1, ADAM_BETA2, ADAM_EPS};
 use crate::scalar::{stored, Real};
 
-/// Rows per group (one 256-bit vector of f64).
-pub(super) const W: usize = 4;
+/// −x in T (exact; written through f64 because `Real` has no negation: LLVM folds it to one sign flip).
+#[inline(always)]
+fn neg<T: Real>(x: T) -> T {
+    T::from_f64(-x.to_f64())
+}
 
-/// One group of W rows: c, β, ψ^{1/2} (W each) and F (K columns of W). Lanes past the block's end hold
-/// c = β = f = 0 and ψ^{1/2} = 1: they add exactly zero to B and are never written back.
-pub(super) struct Lanes<const K: usize> {
+/// a / b correctly rounded in T: the f64 quotient of two float32 numbers rounded to float32 is the float32
+/// quotient (53 ≥ 2·24 + 2 bits), and LLVM emits the float32 division for it.
+#[inline(always)]
+fn div<T: Real>(a: T, b: T) -> T {
+    T::from_f64(a.to_f64() / b.to_f64())
+}
+
+/// √x correctly rounded in T (the same argument as [`div`]).
+#[inline(always)]
+fn sqrt<T: Real>(x: T) -> T {
+    T::from_f64(x.to_f64().sqrt())
+}
+
+/// One group of W rows: c, β, ψ^{1/2} (W each, f64) and F (K columns of W, in T). Lanes past the block's
+/// end hold c = β = f = 0 and ψ^{1/2} = 1: they add exactly zero to B and are never written back.
+pub(super) struct Lanes<T, const K: usize, const W: usize> {
     pub(super) c: [f64; W],
     pub(super) beta: [f64; W],
     pub(super) sqrt_psi: [f64; W],
-    pub(super) f: [[f64; W]; K],
+    pub(super) f: [[T; W]; K],
 }
 
 /// Load rows r0 … r0 + n − 1 (n ≤ W) of a block: c, β, ψ^{1/2} (one value per row), F (row-major, K wide).
 #[inline(always)]
-pub(super) fn load<T: Real, const K: usize>(
+pub(super) fn load<T: Real, const K: usize, const W: usize>(
     c: &[T],
     f: &[T],
     beta: &[T],
     sqrt_psi: &[f64],
     r0: usize,
     n: usize,
-) -> Lanes<K> {
-    if n == W {
-        // A whole group: constant bounds, so the lane-arrays are built in registers (no partial writes to
-        // memory that a vector load would then wait for).
-        let rows = &f[r0 * K..(r0 + W) * K];
-        let mut x = Lanes {
-            c: [0.0; W],
-            beta: [0.0; W],
-            sqrt_psi: [1.0; W],
-            f: [[0.0; W]; K],
-        };
-        for l in 0..W {
-            x.c[l] = c[r0 + l].to_f64();
-            x.beta[l] = beta[r0 + l].to_f64();
-            x.sqrt_psi[l] = sqrt_psi[r0 + l];
-            for j in 0..K {
-                x.f[j][l] = rows[l * K + j].to_f64();
-            }
-        }
-        return x;
-    }
+) -> Lanes<T, K, W> {
     let mut x = Lanes {
         c: [0.0; W],
         beta: [0.0; W],
         sqrt_psi: [1.0; W],
-        f: [[0.0; W]; K],
+        f: load_rows::<T, K, W>(f, r0, n),
     };
-    for l in 0..n {
+    // A whole group has constant bounds, so the lane-arrays are built in registers.
+    let m = if n == W { W } else { n };
+    for l in 0..m {
         x.c[l] = c[r0 + l].to_f64();
         x.beta[l] = beta[r0 + l].to_f64();
         x.sqrt_psi[l] = sqrt_psi[r0 + l];
-        let row = &f[(r0 + l) * K..(r0 + l + 1) * K];
-        for j in 0..K {
-            x.f[j][l] = row[j].to_f64();
-        }
     }
     x
 }
 
 /// Transpose K lane-arrays back into n row-major rows (K wide) of `dst` starting at row r0.
 #[inline(always)]
-pub(super) fn store_rows<T: Copy + Default, const K: usize>(dst: &mut [T], cols: &[[T; W]; K], r0: usize, n: usize) {
+pub(super) fn store_rows<T: Copy, const K: usize, const W: usize>(
+    dst: &mut [T],
+    cols: &[[T; W]; K],
+    r0: usize,
+    n: usize,
+) {
     if n == W {
         let rows = &mut dst[r0 * K..(r0 + W) * K];
         for l in 0..W {
@@ -101,7 +110,7 @@ pub(super) fn store_rows<T: Copy + Default, const K: usize>(dst: &mut [T], cols:
 
 /// Write the first n lanes of `vals` to `dst[r0 …]`.
 #[inline(always)]
-pub(super) fn store_values<T: Copy>(dst: &mut [T], vals: &[T; W], r0: usize, n: usize) {
+pub(super) fn store_values<T: Copy, const W: usize>(dst: &mut [T], vals: &[T; W], r0: usize, n: usize) {
     if n == W {
         dst[r0..r0 + W].copy_from_slice(vals);
     } else {
@@ -111,23 +120,22 @@ pub(super) fn store_values<T: Copy>(dst: &mut [T], vals: &[T; W], r0: usize, n: 
 
 /// n values of `src` starting at r0 as one lane-array (zeros past n).
 #[inline(always)]
-pub(super) fn load_values<T: Real>(src: &[T], r0: usize, n: usize) -> [T; W] {
-    if n == W {
-        let mut out = [T::default(); W];
-        out.copy_from_slice(&src[r0..r0 + W]);
-        return out;
-    }
+pub(super) fn load_values<T: Real, const W: usize>(src: &[T], r0: usize, n: usize) -> [T; W] {
     let mut out = [T::default(); W];
-    out[..n].copy_from_slice(&src[r0..r0 + n]);
+    if n == W {
+        out.copy_from_slice(&src[r0..r0 + W]);
+    } else {
+        out[..n].copy_from_slice(&src[r0..r0 + n]);
+    }
     out
 }
 
 /// K lane-arrays of n row-major rows (K wide) of `src` starting at row r0 (zeros past n).
 #[inline(always)]
-pub(super) fn load_rows<T: Real, const K: usize>(src: &[T], r0: usize, n: usize) -> [[T; W]; K] {
+pub(super) fn load_rows<T: Real, const K: usize, const W: usize>(src: &[T], r0: usize, n: usize) -> [[T; W]; K] {
+    let mut cols = [[T::default(); W]; K];
     if n == W {
         let rows = &src[r0 * K..(r0 + W) * K];
-        let mut cols = [[T::default(); W]; K];
         for l in 0..W {
             for j in 0..K {
                 cols[j][l] = rows[l * K + j];
@@ -135,7 +143,6 @@ pub(super) fn load_rows<T: Real, const K: usize>(src: &[T], r0: usize, n: usize)
         }
         return cols;
     }
-    let mut cols = [[T::default(); W]; K];
     for l in 0..n {
         let row = &src[(r0 + l) * K..(r0 + l + 1) * K];
         for j in 0..K {
@@ -145,10 +152,10 @@ pub(super) fn load_rows<T: Real, const K: usize>(src: &[T], r0: usize, n: usize)
     cols
 }
 
-/// The gradient of one group (c, F as K columns, β).
-pub(super) struct Grads<const K: usize> {
+/// The gradient of one group: c and β in f64, F (K columns) in T.
+pub(super) struct Grads<T, const K: usize, const W: usize> {
     pub(super) c: [f64; W],
-    pub(super) f: [[f64; W]; K],
+    pub(super) f: [[T; W]; K],
     pub(super) beta: [f64; W],
 }
 
@@ -163,69 +170,78 @@ pub(super) struct Draws<'a> {
 }
 
 /// ∇c, ∇F, ∇β of the negative ELBO for one group (equations in the module documentation); `m_inv` is
-/// (I + B)⁻¹. Lanes past n read g = z = 0.
+/// (I + B)⁻¹ rounded to T, `alpha` is α. Lanes past n read g = z = 0.
 #[inline(always)]
-pub(super) fn gradient<const K: usize>(
-    x: &Lanes<K>,
+pub(super) fn gradient<T: Real, const K: usize, const W: usize>(
+    x: &Lanes<T, K, W>,
     draws: &Draws<'_>,
-    m_inv: &[[f64; K]; K],
+    m_inv: &[[T; K]; K],
     alpha: f64,
     r0: usize,
     n: usize,
-) -> Grads<K> {
+) -> Grads<T, K, W> {
     let mut psi = [0.0; W];
-    let mut a = [[0.0; W]; K];
+    let mut inv_psi = [T::default(); W];
     for l in 0..W {
         psi[l] = x.sqrt_psi[l] * x.sqrt_psi[l];
-        let inv_psi = 1.0 / psi[l];
-        for j in 0..K {
-            a[j][l] = x.f[j][l] * inv_psi;
+        inv_psi[l] = T::from_f64(1.0 / psi[l]);
+    }
+    let mut a = [[T::default(); W]; K];
+    for j in 0..K {
+        for l in 0..W {
+            a[j][l] = x.f[j][l] * inv_psi[l];
         }
     }
     // Line 12: cr_j = Σ_i a_i M[i][j], i ascending.
-    let mut cr = [[0.0; W]; K];
+    let mut cr = [[T::default(); W]; K];
     for i in 0..K {
         for j in 0..K {
             let mij = m_inv[i][j];
             for l in 0..W {
-                cr[j][l] += a[i][l] * mij;
+                cr[j][l] = cr[j][l] + a[i][l] * mij;
             }
         }
     }
-    // The reparameterised likelihood terms averaged over the draws: ḡ, mean g hᵀ, mean g ⊙ z.
+    // The reparameterised likelihood terms averaged over the draws: ḡ, mean g ⊙ z (f64, per row) and
+    // mean g hᵀ (in T, K per row).
     let mut g_mean = [0.0; W];
     let mut gz = [0.0; W];
-    let mut gh = [[0.0; W]; K];
+    let mut gh = [[T::default(); W]; K];
     for d in 0..draws.n_draws {
         let base = d * draws.stride + r0;
-        let (g, z) = (load_values(draws.g, base, n), load_values(draws.z, base, n));
+        let (g, z): ([f64; W], [f64; W]) = (load_values(draws.g, base, n), load_values(draws.z, base, n));
         let h = &draws.h[d * K..(d + 1) * K];
+        let mut g_t = [T::default(); W];
         for l in 0..W {
             g_mean[l] += g[l];
             gz[l] += g[l] * z[l];
+            g_t[l] = T::from_f64(g[l]);
         }
         for j in 0..K {
+            let h_j = T::from_f64(h[j]);
             for l in 0..W {
-                gh[j][l] += g[l] * h[j];
+                gh[j][l] = gh[j][l] + g_t[l] * h_j;
             }
         }
     }
     let inv_l = 1.0 / draws.n_draws as f64;
+    let (alpha_t, inv_l_t) = (T::from_f64(alpha), T::from_f64(inv_l));
     let mut out = Grads {
         c: [0.0; W],
-        f: [[0.0; W]; K],
+        f: [[T::default(); W]; K],
         beta: [0.0; W],
     };
-    let mut c_dot_a = [0.0; W];
+    let mut c_dot_a = [T::default(); W];
     for j in 0..K {
         for l in 0..W {
-            out.f[j][l] = -cr[j][l] + alpha * x.f[j][l] + gh[j][l] * inv_l;
-            c_dot_a[l] += cr[j][l] * a[j][l];
+            out.f[j][l] = neg(cr[j][l]) + alpha_t * x.f[j][l] + gh[j][l] * inv_l_t;
+            c_dot_a[l] = c_dot_a[l] + cr[j][l] * a[j][l];
         }
     }
     for l in 0..W {
         out.c[l] = alpha * x.c[l] + g_mean[l] * inv_l;
-        out.beta[l] = -0.5 + 0.5 * psi[l] * c_dot_a[l] + 0.5 * alpha * psi[l] + 0.5 * x.sqrt_psi[l] * (gz[l] * inv_l);
+        out.beta[l] =
+            -0.5 + 0.5 * psi[l] * c_dot_a[l].to_f64() + 0.5 * alpha * psi[l] + 0.5 * x.sqrt_psi[l] * (gz[l] * inv_l);
     }
     out
 }
@@ -262,15 +278,16 @@ pub(super) fn adam<T: Real>(
     stored::<T>(p - adam_lr * m1 / (v1.sqrt() * inv_sqrt_bias2 + ADAM_EPS))
 }
 
-/// New values of one W-lane parameter array: stored in T and as the f64 value of the stored number.
-pub(super) struct NewLanes<T> {
+/// New values of one W-lane f64 parameter array (c or β): stored in T and as the f64 value of the stored
+/// number.
+pub(super) struct NewLanes<T, const W: usize> {
     pub(super) stored: [T; W],
     pub(super) vals: [f64; W],
 }
 
-/// [`sgd`] on W lanes.
+/// [`sgd`] on W lanes of an f64 parameter (c or β).
 #[inline(always)]
-pub(super) fn sgd_lanes<T: Real>(p: &[f64; W], g: &[f64; W], lr: f64, scale: f64) -> NewLanes<T> {
+pub(super) fn sgd_lanes<T: Real, const W: usize>(p: &[f64; W], g: &[f64; W], lr: f64, scale: f64) -> NewLanes<T, W> {
     let mut out = NewLanes {
         stored: [T::default(); W],
         vals: [0.0; W],
@@ -281,10 +298,10 @@ pub(super) fn sgd_lanes<T: Real>(p: &[f64; W], g: &[f64; W], lr: f64, scale: f64
     out
 }
 
-/// [`adam`] on W lanes (`m`, `v` updated in place), written one lane-parallel operation at a time so that
-/// each becomes one vector instruction: the same operations in the same order as [`adam`].
+/// [`adam`] on W lanes of an f64 parameter (c or β; `m`, `v` updated in place), written one lane-parallel
+/// operation at a time so that each becomes one vector instruction: the same operations as [`adam`].
 #[inline(always)]
-pub(super) fn adam_lanes<T: Real>(
+pub(super) fn adam_lanes<T: Real, const W: usize>(
     p: &[f64; W],
     g: &[f64; W],
     m: &mut [T; W],
@@ -292,7 +309,7 @@ pub(super) fn adam_lanes<T: Real>(
     adam_lr: f64,
     scale: f64,
     inv_sqrt_bias2: f64,
-) -> NewLanes<T> {
+) -> NewLanes<T, W> {
     let mut out = NewLanes {
         stored: [T::default(); W],
         vals: [0.0; W],
@@ -313,41 +330,111 @@ pub(super) fn adam_lanes<T: Real>(
     out
 }
 
-/// S += a' f'ᵀ over the group (upper triangle, S[i][j] for j ≥ i, one W-lane partial sum each) with
+/// The optimiser constants of one step, rounded to T for the K-wide arithmetic on F.
+#[derive(Clone, Copy)]
+pub(super) struct RuleT<T> {
+    pub(super) lr: T,
+    pub(super) adam_lr: T,
+    pub(super) scale: T,
+    pub(super) inv_sqrt_bias2: T,
+}
+
+impl<T: Real> RuleT<T> {
+    #[inline(always)]
+    pub(super) fn new(lr: f64, adam_lr: f64, scale: f64, inv_sqrt_bias2: f64) -> Self {
+        RuleT {
+            lr: T::from_f64(lr),
+            adam_lr: T::from_f64(adam_lr),
+            scale: T::from_f64(scale),
+            inv_sqrt_bias2: T::from_f64(inv_sqrt_bias2),
+        }
+    }
+}
+
+/// [`sgd`] on one column of F in T: p ← p − η (scale · g).
+#[inline(always)]
+pub(super) fn sgd_column<T: Real, const W: usize>(p: &[T; W], g: &[T; W], rule: &RuleT<T>) -> [T; W] {
+    let mut out = [T::default(); W];
+    for l in 0..W {
+        out[l] = p[l] - rule.lr * (rule.scale * g[l]);
+    }
+    out
+}
+
+/// [`adam`] on one column of F in T (`m`, `v` updated in place): the same operations in the same order,
+/// each lane-parallel over the W lanes.
+#[inline(always)]
+pub(super) fn adam_column<T: Real, const W: usize>(
+    p: &[T; W],
+    g: &[T; W],
+    m: &mut [T; W],
+    v: &mut [T; W],
+    rule: &RuleT<T>,
+) -> [T; W] {
+    let (b1, c1) = (T::from_f64(ADAM_BETA1), T::from_f64(1.0 - ADAM_BETA1));
+    let (b2, c2) = (T::from_f64(ADAM_BETA2), T::from_f64(1.0 - ADAM_BETA2));
+    let eps = T::from_f64(ADAM_EPS);
+    let mut out = [T::default(); W];
+    for l in 0..W {
+        let gs = rule.scale * g[l];
+        m[l] = b1 * m[l] + c1 * gs;
+        v[l] = b2 * v[l] + c2 * gs * gs;
+    }
+    let mut denom = [T::default(); W];
+    for l in 0..W {
+        denom[l] = sqrt(v[l]) * rule.inv_sqrt_bias2 + eps;
+    }
+    for l in 0..W {
+        out[l] = p[l] - div(rule.adam_lr * m[l], denom[l]);
+    }
+    out
+}
+
+/// S += a' f'ᵀ over the group (upper triangle, S[i][j] for j ≥ i, one W-lane partial sum each, in T) with
 /// a' = f' / ψ', ψ' = (ψ'^{1/2})².
 #[inline(always)]
-pub(super) fn accumulate_gram<const K: usize>(f: &[[f64; W]; K], sqrt_psi: &[f64; W], s: &mut [[[f64; W]; K]; K]) {
-    let mut a = [[0.0; W]; K];
+pub(super) fn accumulate_gram<T: Real, const K: usize, const W: usize>(
+    f: &[[T; W]; K],
+    sqrt_psi: &[f64; W],
+    s: &mut [[[T; W]; K]; K],
+) {
+    let mut inv_psi = [T::default(); W];
     for l in 0..W {
-        let inv_psi = 1.0 / (sqrt_psi[l] * sqrt_psi[l]);
-        for j in 0..K {
-            a[j][l] = f[j][l] * inv_psi;
+        inv_psi[l] = T::from_f64(1.0 / (sqrt_psi[l] * sqrt_psi[l]));
+    }
+    let mut a = [[T::default(); W]; K];
+    for j in 0..K {
+        for l in 0..W {
+            a[j][l] = f[j][l] * inv_psi[l];
         }
     }
     for i in 0..K {
         for j in i..K {
             for l in 0..W {
-                s[i][j][l] += a[i][l] * f[j][l];
+                s[i][j][l] = s[i][j][l] + a[i][l] * f[j][l];
             }
         }
     }
 }
 
-/// A K×K row-major matrix as an array of rows.
+/// A K×K row-major f64 matrix as an array of rows, rounded to T.
 #[inline(always)]
-pub(super) fn square<const K: usize>(m: &[f64]) -> [[f64; K]; K] {
-    let mut out = [[0.0; K]; K];
+pub(super) fn square<T: Real, const K: usize>(m: &[f64]) -> [[T; K]; K] {
+    let mut out = [[T::default(); K]; K];
     for (i, row) in out.iter_mut().enumerate() {
-        row.copy_from_slice(&m[i * K..(i + 1) * K]);
+        for (o, v) in row.iter_mut().zip(&m[i * K..(i + 1) * K]) {
+            *o = T::from_f64(*v);
+        }
     }
     out
 }
 
-/// Add the W-lane partial sums of S (upper triangle) into `gram` (K×K row-major, both triangles).
-pub(super) fn fold_gram<const K: usize>(s: &[[[f64; W]; K]; K], gram: &mut [f64]) {
+/// Add the W-lane partial sums of S (upper triangle, one block's worth) into `gram` (K×K row-major, both
+/// triangles) in f64: float32 lanes sum at most `BLOCK_ROWS` / W rows each before being widened.
+pub(super) fn fold_gram<T: Real, const K: usize, const W: usize>(s: &[[[T; W]; K]; K], gram: &mut [f64]) {
     for i in 0..K {
         for j in i..K {
-            let v = s[i][j].iter().sum::<f64>();
+            let v = s[i][j].iter().map(|x| x.to_f64()).sum::<f64>();
             gram[i * K + j] += v;
             if j != i {
                 gram[j * K + i] += v;

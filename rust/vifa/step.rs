@@ -25,10 +25,10 @@ impl<T: Real> Vifa<T> {
         let tasks: Vec<(usize, usize)> = (0..d.div_ceil(TASK_ROWS))
             .map(|t| (t * TASK_ROWS, ((t + 1) * TASK_ROWS).min(d)))
             .collect();
-        let fused = matches!(self.kernel, Kernel::Fused(_));
+        let kernel = self.kernel;
         let partials = run_tasks(tasks, use_parallel(d, k), |(lo, hi)| {
-            if fused {
-                let gram = fused_tasks::gram_task(k, &self.params, &self.sqrt_psi, (lo, hi));
+            if let Kernel::Fused(isa) = kernel {
+                let gram = fused_tasks::gram_task(isa, k, &self.params, &self.sqrt_psi, (lo, hi));
                 return square(k, gram);
             }
             let mut s = Scratch::new(k);
