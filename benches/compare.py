@@ -5,7 +5,10 @@ Run by hand (needs the ``experiments`` extra for the scikit-learn comparison)::
     python benches/compare.py            # full table (several minutes)
     python benches/compare.py --quick    # smaller sizes
 
-Everything is measured in one process on the same data; the table reports medians and ratios.
+Everything is measured in one process on the same data; the table reports medians and ratios. The per-update
+grid of every streaming model (EM, SGA, VIFA; D ∈ {10⁵, 10⁶, 10⁷}, K ∈ {1, 10, 50}, float64 and float32) with
+its floors and NumPy ratio is ``benches/engine.py``, whose NumPy transcriptions live here and in
+``benches/vifa.py``; ``cargo bench --bench updates`` measures the same grid against a Rust floor.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Per-update time of the streaming engine (online EM and SGA) against the measured memory floor and a NumPy
-transcription.
+"""Per-update time of the streaming models (online EM, online SGA, VIFA) against the measured memory floor and
+a NumPy transcription, in one run.
 
 Run by hand::
 
     python benches/engine.py                       # D ∈ {10⁵, 10⁶}, K ∈ {1, 10, 50}, float64 and float32
     python benches/engine.py --d 1000000 --k 50    # one size
+    python benches/engine.py --models EM VIFA      # some of the models
     python benches/engine.py --no-numpy            # skip the (slow) NumPy column, e.g. to time an older build
 
 Everything is measured in one process, interleaved, on the same data; the table reports medians and ratios.
@@ -14,6 +15,9 @@ Everything is measured in one process, interleaved, on the same data; the table 
   **floor + x** adds reading the float64 sample (D values), which every update must also do.
 * **NumPy**: Algorithm 2 (EM) or 1 (SGA) written with in-place NumPy operations and no D×D
   (``benches/compare.py``).
+* **VIFA**: one update is ``sample()`` then ``step(g)`` (Adam, L = 1 draw) against its own floor (c, F, β and
+  Adam's two moments: three passes over (K + 2)·D values) and reading g, and the NumPy Algorithm 3 of
+  ``benches/vifa.py`` (which also splits the time into sample and step).
 """
 
 from __future__ import annotations
@@ -31,6 +35,19 @@ import onlinefa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import NumpyOnlineEM, NumpyOnlineSGA, floors, median_seconds  # noqa: E402
+import vifa  # noqa: E402
+
+
+MODELS = ["EM", "SGA", "VIFA"]
+
+
+def vifa_row(d: int, k: int, dtype: type, repeats: int, numpy: bool) -> str:
+    t = vifa.measure(d, k, dtype, "adam", repeats, numpy, split=False)
+    numpy_cells = "– | –" if t.numpy is None else f"{t.numpy * 1e3:.2f} | {t.numpy / t.ours:.1f}×"
+    return (
+        f"| VIFA | {d:,} | {k} | {np.dtype(dtype).name} | {t.ours * 1e3:.2f} | {t.floor * 1e3:.2f} | "
+        f"{t.ours / t.floor:.2f}× | {t.ours / t.floor_g:.2f}× | {numpy_cells} |"
+    )
 
 
 def row(algo: str, d: int, k: int, dtype: type, repeats: int, rng: np.random.Generator, numpy: bool) -> str:
@@ -63,7 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--d", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--k", type=int, nargs="+", default=[1, 10, 50])
-    parser.add_argument("--model", nargs="+", choices=["EM", "SGA"], default=["EM", "SGA"])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=MODELS)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--no-numpy", action="store_true", help="skip the NumPy transcription")
     args = parser.parse_args()
@@ -77,8 +94,12 @@ def main() -> None:
     for d in args.d:
         for k in args.k:
             for dtype in (np.float64, np.float32):
-                for algo in args.model:
-                    print(row(algo, d, k, dtype, args.repeats, rng, not args.no_numpy), flush=True)
+                for algo in args.models:
+                    if algo == "VIFA":
+                        line = vifa_row(d, k, dtype, args.repeats, not args.no_numpy)
+                    else:
+                        line = row(algo, d, k, dtype, args.repeats, rng, not args.no_numpy)
+                    print(line, flush=True)
     print(f"\nload average at end {os.getloadavg()[0]:.1f}")
 
 

@@ -7,13 +7,16 @@ Run by hand::
     python benches/vifa.py --optimizer sgd         # plain SGD (no moment estimates in the state)
     python benches/vifa.py --no-numpy              # skip the NumPy column, e.g. to time an older build
 
+``python benches/engine.py`` prints the same iteration (Adam) next to OnlineEM and OnlineSGA; this script adds
+the sample/step split and the SGD variant.
+
 One iteration is ``sample()`` (θ = F h + c + ψ^{1/2} ⊙ z, 4.50) followed by ``step(g)`` (Algorithm 3,
 lines 9–20) with L = 1 draw, the thesis's setting. Everything is measured in one process, interleaved, on
 the same gradient; the table reports medians and ratios.
 
 * **floor**: one in-place read+write pass (``np.multiply(buf, c, out=buf)``) over an array as large as
   VIFA's state: c, F, β ((K + 2)·D values of the state's dtype) and, with Adam, the two moment estimates of
-  each (3·(K + 2)·D values); **floor + g** adds reading the float64 gradient (D values), which every step
+  each (3·(K + 2)·D values, timed as three passes over (K + 2)·D); **floor + g** adds reading the float64 gradient (D values), which every step
   must also do.
 * **NumPy**: the same iteration written with NumPy (in-place where it helps, no D×D): sampling, the
   gradient of lines 9–16, the optimiser, and B = Fᵀ Ψ⁻¹ F for the next step.
@@ -25,6 +28,7 @@ import argparse
 import os
 import platform
 import sys
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -102,23 +106,41 @@ class NumpyVIFA:
 
 
 def floors(d: int, k: int, dtype: type, optimizer: str, repeats: int) -> tuple[float, float]:
-    """(in-place read+write of the state, the same plus reading a float64 D-vector), medians in seconds."""
-    copies = 3 if optimizer == "adam" else 1
-    buf = np.ones(copies * (k + 2) * d, dtype)
+    """(in-place read+write of the state, the same plus reading a float64 D-vector), medians in seconds.
+    With Adam the state is three arrays of (K + 2)·D values; the floor makes three passes over one of them
+    (the same bytes in a third of the memory, so D = 10⁷ with K = 50 fits next to the model)."""
+    passes = 3 if optimizer == "adam" else 1
+    buf = np.ones((k + 2) * d, dtype)
     g = np.ones(d)
     scale = dtype(1.0)
 
     def state_pass(_: int) -> None:
-        np.multiply(buf, scale, out=buf)
+        for _ in range(passes):
+            np.multiply(buf, scale, out=buf)
 
     def state_and_g(_: int) -> None:
-        np.multiply(buf, scale, out=buf)
+        state_pass(0)
         g.sum()
 
     return median_seconds(state_pass, repeats), median_seconds(state_and_g, repeats)
 
 
-def row(d: int, k: int, dtype: type, optimizer: str, repeats: int, numpy: bool) -> str:
+@dataclass
+class Timing:
+    """Medians in seconds of one iteration (sample + step), of sample and step alone, of the two floors, and
+    of the NumPy iteration (None if not run)."""
+
+    ours: float
+    sample: float
+    step: float
+    floor: float
+    floor_g: float
+    numpy: float | None
+
+
+def measure(d: int, k: int, dtype: type, optimizer: str, repeats: int, numpy: bool, split: bool = True) -> Timing:
+    """Time one VIFA iteration (L = 1) at (D, K, dtype) against its floors and, if `numpy`, NumPy; `split`
+    also times sample and step alone (else they are NaN)."""
     name = np.dtype(dtype).name
     rng = np.random.default_rng(k)
     f0 = np.linalg.qr(rng.standard_normal((d, k)))[0]
@@ -141,11 +163,11 @@ def row(d: int, k: int, dtype: type, optimizer: str, repeats: int, numpy: bool) 
     iteration(0)
     ours = median_seconds(iteration, repeats)
     sample_s, step_s = [], []
-    for i in range(repeats):
+    for _ in range(repeats if split else 0):
         sample_s.append(median_seconds(sample, 1))
         step_s.append(median_seconds(step, 1))
     del model
-    numpy_cells = "– | –"
+    theirs = None
     if numpy:
         ref = NumpyVIFA(f0, dtype, optimizer, 0)
 
@@ -156,11 +178,18 @@ def row(d: int, k: int, dtype: type, optimizer: str, repeats: int, numpy: bool) 
         ref_iteration(0)
         theirs = median_seconds(ref_iteration, repeats)
         del ref
-        numpy_cells = f"{theirs * 1e3:.1f} | {theirs / ours:.1f}×"
+    del f0
     floor, floor_g = floors(d, k, dtype, optimizer, repeats)
+    sample_t, step_t = (float(np.median(v)) if v else float("nan") for v in (sample_s, step_s))
+    return Timing(ours, sample_t, step_t, floor, floor_g, theirs)
+
+
+def row(d: int, k: int, dtype: type, optimizer: str, repeats: int, numpy: bool) -> str:
+    t = measure(d, k, dtype, optimizer, repeats, numpy)
+    numpy_cells = "– | –" if t.numpy is None else f"{t.numpy * 1e3:.1f} | {t.numpy / t.ours:.1f}×"
     return (
-        f"| {d:,} | {k} | {name} | {ours * 1e3:.2f} | {np.median(sample_s) * 1e3:.2f} | "
-        f"{np.median(step_s) * 1e3:.2f} | {floor * 1e3:.2f} | {ours / floor:.2f}× | {ours / floor_g:.2f}× | "
+        f"| {d:,} | {k} | {np.dtype(dtype).name} | {t.ours * 1e3:.2f} | {t.sample * 1e3:.2f} | "
+        f"{t.step * 1e3:.2f} | {t.floor * 1e3:.2f} | {t.ours / t.floor:.2f}× | {t.ours / t.floor_g:.2f}× | "
         f"{numpy_cells} |"
     )
 
