@@ -118,15 +118,23 @@ fn code_paths_agree_with_the_portable_one() {
 
 fn thread_count_independent<T: Real>() {
     // Large enough to run on rayon (D·K ≥ 2¹⁷): the fused path (K = 10) and the blocked one (K = 20).
+    // The fused path on every code path this CPU has.
     let d = 40_000;
-    for k in [10, 20] {
+    let mut cases: Vec<(usize, Kernel)> = Isa::available()
+        .into_iter()
+        .map(|isa| (10, Kernel::Fused(isa)))
+        .collect();
+    cases.push((20, Kernel::Blocked));
+    for (k, kernel) in cases {
         let run = |vi: &mut Vifa<T>| train(vi, 2);
         let mut par = model::<T>(d, k, settings(Optimizer::Adam, true), 2);
+        par.kernel = kernel;
+        par.m_inv = Some(par.recompute_m_inv().expect("m_inv"));
         let mut ser = par.clone();
         run(&mut par);
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
         pool.install(|| run(&mut ser));
-        assert_eq!(par, ser, "K = {k}, {}", T::NAME);
+        assert_eq!(par, ser, "K = {k}, {}, {kernel:?}", T::NAME);
     }
 }
 
