@@ -72,7 +72,7 @@ fn update_block<T: Real, const K: usize, const W: usize>(
     let rule_f = RuleT::<T>::new(lr[1], adam_lr[1], scale[1], isb2);
     let m_inv = lanes::square::<T, K>(consts.m_inv);
     let mut s = [[[T::default(); W]; K]; K];
-    let mut finite = true;
+    let (mut nan_scalars, mut beta_max, mut nan_f) = ([0.0; W], [0.0; W], [T::default(); W]);
     let mut r0 = 0;
     while r0 < nb {
         let n = (nb - r0).min(W);
@@ -109,18 +109,19 @@ fn update_block<T: Real, const K: usize, const W: usize>(
                 lanes::store_rows::<T, K, W>(second.f, &v_f, r0, n);
             }
         }
-        // Every lane is checked: padded lanes (zero state, zero gradient) always give finite values.
-        let mut ok = [true; W];
+        // Finiteness, checked once per block from lane-parallel sums (padded lanes, with zero state and zero
+        // gradient, always give finite values): v − v is +0 for a finite v and NaN otherwise.
         for l in 0..W {
             let (c_v, b_v) = (c_new.vals[l], b_new.vals[l]);
-            ok[l] = c_v.is_finite() && b_v.abs() <= LOG_NOISE_LIMIT;
+            nan_scalars[l] += (c_v - c_v) + (b_v - b_v);
+            let b_abs = b_v.abs();
+            beta_max[l] = if b_abs > beta_max[l] { b_abs } else { beta_max[l] };
         }
         for col in &f_new {
             for l in 0..W {
-                ok[l] &= col[l].to_f64().is_finite();
+                nan_f[l] = nan_f[l] + (col[l] - col[l]);
             }
         }
-        finite &= ok.iter().all(|&v| v);
         // ψ'^{1/2} = exp(β'/2) of the stored β' (one exp per row).
         let mut sqrt_new = [1.0; W];
         for l in 0..n {
@@ -135,7 +136,7 @@ fn update_block<T: Real, const K: usize, const W: usize>(
         r0 += W;
     }
     lanes::fold_gram::<T, K, W>(&s, gram);
-    finite
+    (0..W).all(|l| nan_scalars[l] == 0.0 && beta_max[l] <= LOG_NOISE_LIMIT && nan_f[l].to_f64() == 0.0)
 }
 
 /// ‖∇_c‖², ‖∇_F‖², ‖∇_β‖² over a block (read-only).

@@ -73,9 +73,17 @@ pub(super) fn load<T: Real, const K: usize, const W: usize>(
         sqrt_psi: [1.0; W],
         f: load_rows::<T, K, W>(f, r0, n),
     };
-    // A whole group has constant bounds, so the lane-arrays are built in registers.
-    let m = if n == W { W } else { n };
-    for l in 0..m {
+    if n == W {
+        // A whole group: constant bounds, so the lane-arrays are built in registers (no partial writes to
+        // memory that a vector load would then wait for).
+        for l in 0..W {
+            x.c[l] = c[r0 + l].to_f64();
+            x.beta[l] = beta[r0 + l].to_f64();
+            x.sqrt_psi[l] = sqrt_psi[r0 + l];
+        }
+        return x;
+    }
+    for l in 0..n {
         x.c[l] = c[r0 + l].to_f64();
         x.beta[l] = beta[r0 + l].to_f64();
         x.sqrt_psi[l] = sqrt_psi[r0 + l];
