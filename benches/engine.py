@@ -7,6 +7,7 @@ Run by hand::
     python benches/engine.py --d 1000000 --k 50    # one size
     python benches/engine.py --models EM VIFA      # some of the models
     python benches/engine.py --no-numpy            # skip the (slow) NumPy column, e.g. to time an older build
+    python benches/engine.py --d 10000000 --k 1 10 # D = 10⁷: the NumPy VIFA at K = 50 needs more than 24 GiB
 
 Everything is measured in one process, interleaved, on the same data; the table reports medians and ratios.
 
