@@ -4,9 +4,16 @@
 //! path, for any x86-64 and for aarch64), and on x86-64 with AVX2 or with AVX-512F enabled. A kernel picks its
 //! lane count from the vector width (W = vector bytes / size of the storage type) and is resolved once per
 //! model to a plain function, so no per-call dispatch remains.
+//!
+//! The environment variable `ONLINEFA_ISA` (`portable`, `avx2` or `avx512`), read once, caps the path chosen
+//! (for comparing paths on one machine, or to avoid AVX-512 where it lowers the clock); results on every path
+//! agree to rounding, and bit for bit where the lane counts match.
 
-/// A code path of the row kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The `ONLINEFA_ISA` cap, read on first use.
+static CAP: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+
+/// A code path of the row kernels, ordered from the portable one up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Isa {
     Portable,
     #[cfg(target_arch = "x86_64")]
@@ -16,9 +23,30 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The best path this CPU supports.
+    /// The best path this CPU supports, within the `ONLINEFA_ISA` cap.
     pub(crate) fn detect() -> Self {
-        Self::available().last().copied().unwrap_or(Isa::Portable)
+        Self::allowed().last().copied().unwrap_or(Isa::Portable)
+    }
+
+    /// The paths this CPU supports up to the `ONLINEFA_ISA` cap (all of them without it).
+    pub(crate) fn allowed() -> Vec<Self> {
+        let cap = *CAP.get_or_init(|| std::env::var("ONLINEFA_ISA").ok().and_then(|name| Self::parse(&name)));
+        Self::available()
+            .into_iter()
+            .filter(|isa| cap.is_none_or(|c| *isa <= c))
+            .collect()
+    }
+
+    /// The path named `name` (case-insensitive), if this build knows it.
+    fn parse(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "portable" => Some(Isa::Portable),
+            #[cfg(target_arch = "x86_64")]
+            "avx2" => Some(Isa::Avx2),
+            #[cfg(target_arch = "x86_64")]
+            "avx512" => Some(Isa::Avx512),
+            _ => None,
+        }
     }
 
     /// Every path this CPU can run, from the portable one up (tests compare them against each other).
@@ -45,5 +73,21 @@ impl Isa {
             Isa::Avx512 => 64,
             _ => 32,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_paths_are_ordered() {
+        assert_eq!(Isa::parse(" Portable "), Some(Isa::Portable));
+        assert_eq!(Isa::parse("sse9"), None);
+        let paths = Isa::available();
+        assert_eq!(paths[0], Isa::Portable);
+        assert!(paths.windows(2).all(|w| w[0] < w[1]));
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(Isa::parse("AVX512"), Some(Isa::Avx512));
     }
 }

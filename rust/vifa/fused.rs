@@ -35,7 +35,7 @@ impl Kernel {
     /// 8- and 16-lane transpositions between rows and lanes compiling to gathers and stack spills.
     pub(super) fn choose(k: usize) -> Self {
         if k <= MAX_K {
-            let best_256 = Isa::available()
+            let best_256 = Isa::allowed()
                 .into_iter()
                 .filter(|isa| isa.vector_bytes() == 32)
                 .last()
