@@ -578,7 +578,7 @@ mod tests {
         assert!(sga.noise_variance().iter().all(|&p| p == 1.0));
     }
 
-    use crate::engine::em_kernel::Isa;
+    use crate::engine::isa::Isa;
     use crate::engine::sga_kernel::MAX_K;
     use crate::engine::tiled::TiledIsa;
 
@@ -621,21 +621,41 @@ mod tests {
     }
 
     #[test]
-    fn simd_path_equals_portable_path() {
-        // The row kernel's AVX2 copy is bit-identical to the portable one; the wide kernel's FMA path agrees
-        // with its portable path to rounding. Warm-up, the data-scaled start and pending steps all run.
+    fn simd_paths_equal_portable_path() {
+        // Every code path this CPU runs against the portable one; warm-up, the data-scaled start and pending
+        // steps all run. The row kernel (K ≤ 16) on a path with the portable W (AVX2) is bit-identical in both
+        // storage types; AVX-512 has twice the lanes, which only changes how the rows of a block are split
+        // among the per-lane partial sums: float64 to 1e-12 relative, float32 (whose partial sums are float32
+        // over up to 32 rows: 32·2⁻²⁴ ≈ 2·10⁻⁶ relative, amplified by the K×K steps as in
+        // `row_kernel_equals_wide_kernel`) to 1e-4. The wide kernel's FMA path agrees to rounding (float64).
         for k in [1usize, 3, 10, 16, 17, 24] {
             for scaling in [Scaling::Unit, Scaling::Data] {
                 let d = 2 * BLOCK_ROWS + 3 * k + 5;
-                let sga = model::<f64>(d, k, scaling);
                 let x = stream(8, d, 50 + k as u64);
-                let detected = run_with(&sga, SgaPath::detect(k), x.view());
+                let sga = model::<f64>(d, k, scaling);
+                let sga32 = model::<f32>(d, k, scaling);
                 let portable = run_with(&sga, SgaPath::with(k, Isa::Portable, TiledIsa::Portable), x.view());
-                for (a, b) in detected.iter().zip(&portable) {
-                    if k <= MAX_K {
-                        assert_eq!(a, b, "K = {k}");
-                    } else {
-                        assert!(max_rel(a, b) < 1e-12, "K = {k}: {}", max_rel(a, b));
+                let portable32 = run_with(&sga32, SgaPath::with(k, Isa::Portable, TiledIsa::Portable), x.view());
+                for isa in Isa::available() {
+                    let got = run_with(&sga, SgaPath::with(k, isa, TiledIsa::detect()), x.view());
+                    let same_lanes = k <= MAX_K && isa.vector_bytes() == Isa::Portable.vector_bytes();
+                    for (a, b) in got.iter().zip(&portable) {
+                        if same_lanes {
+                            assert_eq!(a, b, "K = {k}, {isa:?}");
+                        } else {
+                            assert!(max_rel(a, b) < 1e-12, "K = {k}, {isa:?}: {}", max_rel(a, b));
+                        }
+                    }
+                    if k > MAX_K {
+                        continue;
+                    }
+                    let got32 = run_with(&sga32, SgaPath::with(k, isa, TiledIsa::detect()), x.view());
+                    for (a, b) in got32.iter().zip(&portable32) {
+                        if same_lanes {
+                            assert_eq!(a, b, "K = {k}, {isa:?} f32");
+                        } else {
+                            assert!(max_rel(a, b) < 1e-4, "K = {k}, {isa:?} f32: {}", max_rel(a, b));
+                        }
                     }
                 }
             }
@@ -645,7 +665,11 @@ mod tests {
     #[test]
     fn row_kernel_equals_wide_kernel() {
         // Two implementations of the same pass (row-SIMD with per-lane sums; tiled block products): for K the
-        // row kernel handles they agree to rounding, in f64 and in f32 state.
+        // row kernel handles they agree to rounding, in f64 and in f32 state. In f32 the row kernel does f32
+        // arithmetic (the wide one f64): its per-lane partial sums over up to BLOCK_ROWS / 8 = 32 rows carry a
+        // relative error up to 32·2⁻²⁴ ≈ 2·10⁻⁶, which the K×K step and 7 active samples amplify by the
+        // conditioning of I + Fᵀ Ψ⁻¹ F with 10 factors fitted to one (measured worst: 1.7·10⁻⁵ relative in F at
+        // K = 10, data-scaled; f32 storage alone with f64 arithmetic: 2·10⁻⁷).
         for k in [1usize, 2, 5, 10, 16] {
             for scaling in [Scaling::Unit, Scaling::Data] {
                 let d = BLOCK_ROWS + 2 * k + 101;
@@ -660,7 +684,7 @@ mod tests {
                 let rows = run_with(&sga, SgaPath::detect(k), x.view());
                 let wide = run_with(&sga, SgaPath::Wide(TiledIsa::detect()), x.view());
                 for (a, b) in rows.iter().zip(&wide) {
-                    assert!(max_rel(a, b) < 1e-5, "K = {k} f32: {}", max_rel(a, b));
+                    assert!(max_rel(a, b) < 1e-4, "K = {k} f32: {}", max_rel(a, b));
                 }
             }
         }
@@ -695,21 +719,26 @@ mod tests {
     fn kernels_are_thread_count_independent() {
         // Several rayon tasks (D > TASK_ROWS) and D·K above the parallel gate: 1 and 3 threads = default pool.
         for k in [16usize, 20] {
-            let d = TASK_ROWS + 2 * BLOCK_ROWS + 5;
-            assert!(use_parallel(d, k));
-            let x = stream(6, d, 7);
-            let mut par = model::<f64>(d, k, Scaling::Data);
-            let fresh = par.clone();
-            par.update(x.view()).expect("update");
-            for threads in [1, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .expect("pool");
-                let mut other = fresh.clone();
-                pool.install(|| other.update(x.view())).expect("update");
-                assert_eq!(par, other, "K = {k}, {threads} threads");
-            }
+            thread_count_independent(model::<f64>(TASK_ROWS + 2 * BLOCK_ROWS + 5, k, Scaling::Data));
+        }
+        // float32 state (float32 arithmetic in the row kernel).
+        thread_count_independent(model::<f32>(TASK_ROWS + 2 * BLOCK_ROWS + 5, 16, Scaling::Data));
+    }
+
+    fn thread_count_independent<T: Real>(fresh: OnlineSga<T>) {
+        let (d, k) = (fresh.n_features, fresh.n_components);
+        assert!(use_parallel(d, k));
+        let x = stream(6, d, 7);
+        let mut par = fresh.clone();
+        par.update(x.view()).expect("update");
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            let mut other = fresh.clone();
+            pool.install(|| other.update(x.view())).expect("update");
+            assert_eq!(par, other, "K = {k}, {}, {threads} threads", T::NAME);
         }
     }
 

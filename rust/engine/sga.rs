@@ -1,7 +1,7 @@
 //! The online-SGA pass on the engine: the code path chosen once per model ([`SgaPath`]), resolved per pass
 //! with that pass's constants ([`SgaPass`]), and run over blocks of rows.
 
-use super::em_kernel::Isa;
+use super::isa::Isa;
 use super::sga_kernel::{SgaBlockIo, SgaConsts, SgaRowKernel};
 use super::sga_wide::{SgaWide, SgaWideScratch};
 use super::tiled::TiledIsa;

@@ -18,21 +18,31 @@
 //! the model's queries see them. `overshoot` counts the rows whose ψ grew more than 10⁶-fold past both its
 //! previous value and d'² (a diverged step, see `online_sga::overshooting_features`).
 //!
-//! **SIMD across rows.** W = 4 rows are processed at once, each of the K columns held as a W-lane array, so
-//! every operation is lane-parallel over rows whatever K is; the per-lane exp is the one scalar call.
-//! Arithmetic is f64 for both storage types.
+//! **SIMD across rows.** W rows are processed at once (one vector of lanes: W = 4 f64 / 8 f32 on AVX2,
+//! 8 / 16 with AVX-512), each of the K columns held as a W-lane array, so every operation is lane-parallel over
+//! rows whatever K is. Per-lane minima, maxima and bounds are written as compare-and-select (with the NaN rule
+//! of `f64::min`/`max` spelled out), so they vectorise like the rest.
 //!
-//! **Paths.** The same source is compiled twice, for baseline x86-64 / any other target (portable) and with
-//! AVX2 enabled; [`SgaRowKernel::select`] picks one, once per model. Every lane computes the same operations
-//! in the same order on both paths, and Rust never contracts a·b + c into an FMA, so they agree bit for bit.
+//! **Arithmetic type.** The per-row K-dimensional arithmetic (g = f P, f·m, g·f, the F step, y = f/ψ and the
+//! sums S, u) runs in the storage type T, so float32 state does float32 arithmetic; the per-block partial sums
+//! are added in f64. Rounding there is harmless: f·m and g·f enter ∇β as terms of the single-sample gradient,
+//! whose sample-to-sample fluctuation is of the size of the terms themselves, so their relative rounding
+//! error (≈ K·2⁻²⁴) is a ~10⁻⁶ perturbation of noise the stochastic step already carries. The per-row scalars
+//! stay in f64: 1/ψ, ∇β (whose terms d'² − 2 d' f·m + g·f cancel when the fit is good), the exp and the ψ
+//! step (ψ is rounded to T once, after the product ψ·exp), and, as everywhere in the crate, the running
+//! mean θ̄ and d = x − θ̄ (computed in f64 and rounded to T). For float64 state every operation is the f64
+//! operation it always was, in the same order.
+//!
+//! **Paths.** The same source is compiled for baseline x86-64 / any other target (portable), with AVX2 and
+//! with AVX-512 enabled; [`SgaRowKernel::select`] picks one, once per model. Every lane computes the same
+//! operations in the same order on every path, and Rust never contracts a·b + c into an FMA, so paths with
+//! the same W agree bit for bit (AVX-512's wider W only changes how the block's rows are split among lanes
+//! before the partial sums are added).
 
-use crate::online_sga::{bounded, log_psi_step, MAX_PSI_OVERSHOOT};
+use crate::online_sga::{MAX_LOG_PSI_STEP, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
 
-use super::em_kernel::Isa;
-
-/// Lanes (rows) per group.
-const W: usize = 4;
+use super::isa::Isa;
 
 /// Largest K the row kernel handles.
 pub(crate) const MAX_K: usize = 16;
@@ -80,95 +90,208 @@ pub(crate) struct SgaBlockIo<'a, T> {
     pub(crate) s: &'a mut [f64],
 }
 
-/// F and ψ of one row group after the start and the pending step: f[j][l] is column j of lane l.
+/// Whether T's lanes use the residual form of the step (see [`step_lanes`]): float32 arithmetic.
+const fn residual_form<T>() -> bool {
+    std::mem::size_of::<T>() < 8
+}
+
+/// The pending step in the arithmetic type T: m (K, also as f64) and, for the residual form, Σ = P − m mᵀ
+/// (formed in f64, then rounded), else P (K×K, p[i][j]).
+struct StepT<T, const K: usize> {
+    m: [T; K],
+    m64: [f64; K],
+    p: [[T; K]; K],
+}
+
+impl<T: Real, const K: usize> StepT<T, K> {
+    fn new(step: &SgaStep<'_>) -> Self {
+        let mut m = [T::default(); K];
+        let mut p = [[T::default(); K]; K];
+        let mut m64 = [0.0f64; K];
+        m64.copy_from_slice(&step.m[..K]);
+        for i in 0..K {
+            m[i] = T::from_f64(m64[i]);
+            for j in 0..K {
+                let pij = step.p[i * K + j];
+                p[i][j] = T::from_f64(if residual_form::<T>() {
+                    pij - m64[i] * m64[j]
+                } else {
+                    pij
+                });
+            }
+        }
+        StepT { m, m64, p }
+    }
+}
+
+/// F and ψ of one row group after the start and the pending step: f[j][l] is column j of lane l (in T), ψ the
+/// stored values as f64.
 #[derive(Clone, Copy)]
-struct Group<const K: usize> {
-    f: [[f64; W]; K],
+struct Group<T, const K: usize, const W: usize> {
+    f: [[T; W]; K],
     psi: [f64; W],
 }
 
-/// The start, in place on the lanes.
+/// The block's per-lane partial sums: u (K lanes) and S (upper triangle, K×K lanes).
+struct LaneSums<T, const K: usize, const W: usize> {
+    u: [[T; W]; K],
+    s: [[[T; W]; K]; K],
+}
+
+/// `v.min(hi)` as a compare and select (NaN gives `hi`, as `f64::min` does).
 #[inline(always)]
-fn start_lanes<T: Real, const K: usize>(g: &mut Group<K>, start: Start, floor: f64) {
+fn min_of<T: PartialOrd>(v: T, hi: T) -> T {
+    if v < hi {
+        v
+    } else {
+        hi
+    }
+}
+
+/// `v.max(lo)` as a compare and select (NaN gives `lo`, as `f64::max` does).
+#[inline(always)]
+fn max_of<T: PartialOrd>(v: T, lo: T) -> T {
+    if v > lo {
+        v
+    } else {
+        lo
+    }
+}
+
+/// `online_sga::bounded` (v kept in [lo, hi], NaN sent to hi) as compares and selects.
+#[inline(always)]
+fn bounded_lane<T: PartialOrd>(v: T, lo: T, hi: T) -> T {
+    max_of(min_of(v, hi), lo)
+}
+
+/// `online_sga::log_psi_step` as compares and selects: `clamp` (NaN stays NaN) or `min(700)` (NaN gives 700).
+#[inline(always)]
+fn log_psi_step_lane(v: f64, precondition: bool) -> f64 {
+    if precondition {
+        let v = if v < -MAX_LOG_PSI_STEP { -MAX_LOG_PSI_STEP } else { v };
+        if v > MAX_LOG_PSI_STEP {
+            MAX_LOG_PSI_STEP
+        } else {
+            v
+        }
+    } else {
+        min_of(v, 700.0)
+    }
+}
+
+/// The start, in place on the lanes (in f64, rounded to T).
+#[inline(always)]
+fn start_lanes<T: Real, const K: usize, const W: usize>(g: &mut Group<T, K, W>, start: Start, floor: f64) {
     if start.degenerate {
         g.psi = [1.0; W];
         return;
     }
     for col in g.f.iter_mut() {
         for v in col.iter_mut() {
-            *v = stored::<T>(*v * start.sigma).1;
+            *v = T::from_f64(v.to_f64() * start.sigma);
         }
     }
     for v in g.psi.iter_mut() {
-        *v = stored::<T>(v.max(floor)).1;
+        *v = stored::<T>(max_of(*v, floor)).1;
     }
 }
 
 /// Lines 10–14 of Algorithm 1 on the lanes (see the module documentation), rounded to T; returns the number
-/// of the first `n` lanes whose ψ step diverged.
+/// of the first `n` lanes whose ψ step diverged. `d` is d' as stored (T, and as f64).
+///
+/// float64 lanes compute g = f P, q = d'² − 2 d' f·m + g·f and the F step's d' m − g as written in the module
+/// documentation. float32 lanes use the same quantities in residual form: with Σ = P − m mᵀ, r = d' − f·m,
+/// g = f Σ + (f·m) m gives q = r² + (f Σ)·f and d' m − g = r m − f Σ. In a good fit d' ≈ f·m, and the
+/// first form subtracts terms of size |d'||m| to get a step of size |r||m|: in float32 that cancellation
+/// costs K·2⁻²⁴·|d'||m| per step (measured: F 70× further from the float64 model than float32 storage
+/// alone puts it). In the residual form only r = d' − f·m cancels, and it is computed in f64 (f·m summed in
+/// f64, K multiply-adds), so every float32 term is of the size of the result.
 #[inline(always)]
-fn step_lanes<T: Real, const K: usize>(
-    g: &mut Group<K>,
-    d: &[f64; W],
-    step: &SgaStep<'_>,
+fn step_lanes<T: Real, const K: usize, const W: usize>(
+    g: &mut Group<T, K, W>,
+    d: (&[T; W], &[f64; W]),
+    st: &StepT<T, K>,
     c: &SgaConsts<'_>,
     n: usize,
 ) -> usize {
-    let (m, p) = (&step.m[..K], &step.p[..K * K]);
-    // g = f P: gp_j = Σ_i f_i P[i][j], i ascending.
-    let mut fp = [[0.0f64; W]; K];
+    let zero = T::default();
+    let (dt, d) = d;
+    // g = f P (or f Σ): gp_j = Σ_i f_i P[i][j], i ascending.
+    let mut fp = [[zero; W]; K];
     for i in 0..K {
         for j in 0..K {
-            let pij = p[i * K + j];
+            let pij = st.p[i][j];
             for l in 0..W {
-                fp[j][l] += g.f[i][l] * pij;
+                fp[j][l] = fp[j][l] + g.f[i][l] * pij;
             }
         }
     }
-    let mut f_m = [0.0f64; W];
-    let mut fp_f = [0.0f64; W];
-    for j in 0..K {
+    // q (f64) and the vector the F step multiplies by m: d' (f64 form) or r (residual form).
+    let mut q = [0.0f64; W];
+    let mut coef = *dt;
+    if residual_form::<T>() {
+        // Two separate loops: one in T, one in f64 (mixed in one loop, LLVM vectorised neither cleanly).
+        let mut fs_f = [zero; W];
+        for j in 0..K {
+            for l in 0..W {
+                fs_f[l] = fs_f[l] + fp[j][l] * g.f[j][l];
+            }
+        }
+        let mut f_m = [0.0f64; W];
+        for j in 0..K {
+            for l in 0..W {
+                f_m[l] += g.f[j][l].to_f64() * st.m64[j];
+            }
+        }
         for l in 0..W {
-            f_m[l] += g.f[j][l] * m[j];
-            fp_f[l] += fp[j][l] * g.f[j][l];
+            let r = d[l] - f_m[l];
+            q[l] = r * r + fs_f[l].to_f64();
+            coef[l] = T::from_f64(r);
+        }
+    } else {
+        let mut f_m = [zero; W];
+        let mut fp_f = [zero; W];
+        for j in 0..K {
+            for l in 0..W {
+                f_m[l] = f_m[l] + g.f[j][l] * st.m[j];
+                fp_f[l] = fp_f[l] + fp[j][l] * g.f[j][l];
+            }
+        }
+        for l in 0..W {
+            let dl = d[l];
+            q[l] = dl * dl - 2.0 * dl * f_m[l].to_f64() + fp_f[l].to_f64();
         }
     }
-    // Per-lane scalars first, then lane-parallel loops (the exp is the one per-lane call).
-    let max_state = T::MAX_STATE;
+    // Per-lane scalars in f64 (see the module documentation): 1/ψ, α ∇β bounded (`log_psi_step`), and the
+    // F step's scale: ψ⁻¹ (4.24), or 1 when preconditioned (ψ ⊙ ∇F = d mᵀ − F P).
     let mut inv_psi = [0.0f64; W];
     let mut log_step = [0.0f64; W];
     for l in 0..W {
         inv_psi[l] = 1.0 / g.psi[l];
-        let dl = d[l];
-        log_step[l] = c.lr * (0.5 * inv_psi[l] * (dl * dl - 2.0 * dl * f_m[l] + fp_f[l]) - 0.5);
+        log_step[l] = log_psi_step_lane(c.lr * (0.5 * inv_psi[l] * q[l] - 0.5), c.precondition);
     }
-    // α ∇β bounded (`log_psi_step`), and the F step's scale: ∇F (4.24), or ψ ⊙ ∇F = d mᵀ − F P when
-    // preconditioned. One branch per group, so each loop stays lane-parallel.
-    let scale = if c.precondition {
-        for v in log_step.iter_mut() {
-            *v = log_psi_step(*v, true);
+    let mut scale = [T::from_f64(1.0); W];
+    if !c.precondition {
+        for l in 0..W {
+            scale[l] = T::from_f64(inv_psi[l]);
         }
-        [1.0; W]
-    } else {
-        for v in log_step.iter_mut() {
-            *v = log_psi_step(*v, false);
-        }
-        inv_psi
-    };
+    }
+    let (lr, lo, hi) = (T::from_f64(c.lr), T::from_f64(-T::MAX_STATE), T::from_f64(T::MAX_STATE));
     for j in 0..K {
         for l in 0..W {
-            let grad_f = scale[l] * (d[l] * m[j] - fp[j][l]);
-            g.f[j][l] = stored::<T>(bounded(g.f[j][l] + c.lr * grad_f, -max_state, max_state)).1;
+            let grad_f = scale[l] * (coef[l] * st.m[j] - fp[j][l]);
+            g.f[j][l] = bounded_lane(g.f[j][l] + lr * grad_f, lo, hi);
         }
     }
     let growth = exp_lanes(log_step);
     let mut overshoot = 0;
     for l in 0..W {
         let old = g.psi[l];
-        g.psi[l] = stored::<T>(bounded(old * growth[l], c.floor, max_state)).1;
-        if l < n && g.psi[l] > MAX_PSI_OVERSHOOT * old.max(d[l] * d[l]) {
-            overshoot += 1;
-        }
+        g.psi[l] = stored::<T>(bounded_lane(old * growth[l], c.floor, T::MAX_STATE)).1;
+        // old.max(d²) with f64::max's rule (d² is never NaN: d is a stored, validated deviation).
+        let dd = d[l] * d[l];
+        let reach = if dd > old { dd } else { old };
+        overshoot += usize::from(l < n && g.psi[l] > MAX_PSI_OVERSHOOT * reach);
     }
     overshoot
 }
@@ -181,7 +304,7 @@ fn step_lanes<T: Real, const K: usize>(
 /// of the correctly rounded value (tested against `f64::exp`); NaN stays NaN, x ≤ −746 gives 0 and
 /// x ≥ 709 gives e^709 (callers pass x ≤ 700: see `log_psi_step`).
 #[inline(always)]
-pub(crate) fn exp_lanes(x: [f64; W]) -> [f64; W] {
+pub(crate) fn exp_lanes<const W: usize>(x: [f64; W]) -> [f64; W] {
     const LOG2E: f64 = std::f64::consts::LOG2_E;
     const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
     const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
@@ -210,7 +333,8 @@ pub(crate) fn exp_lanes(x: [f64; W]) -> [f64; W] {
     let mut n = [0.0f64; W];
     let mut r = [0.0f64; W];
     for l in 0..W {
-        let xc = x[l].max(-746.0).min(709.0);
+        // x.max(−746).min(709) as selects (NaN gives −746 here; it is restored at the end).
+        let xc = min_of(max_of(x[l], -746.0), 709.0);
         n[l] = (xc * LOG2E + ROUND) - ROUND;
         r[l] = (xc - n[l] * LN2_HI) - n[l] * LN2_LO;
     }
@@ -235,90 +359,118 @@ pub(crate) fn exp_lanes(x: [f64; W]) -> [f64; W] {
         let n2 = n[l] - n1;
         let s1 = f64::from_bits((n1 + BIAS).to_bits() << 52);
         let s2 = f64::from_bits((n2 + BIAS).to_bits() << 52);
-        out[l] = (p[l] * s1) * s2;
-    }
-    for l in 0..W {
-        if x[l].is_nan() {
-            out[l] = x[l];
-        }
+        // NaN in, NaN out: all-ones bits (a NaN) or'ed in on NaN lanes, as arithmetic rather than a select,
+        // which LLVM turned into a branch around the whole polynomial (scalarising it).
+        let nan = 0u64.wrapping_sub(u64::from(x[l].is_nan()));
+        out[l] = f64::from_bits(((p[l] * s1) * s2).to_bits() | nan);
     }
     out
 }
 
-/// The block: groups of W rows, the last one padded with zero rows (f = 0, ψ = 1, d = 0: they add exactly
-/// zero to every sum).
+/// One group of rows r0..r0 + n (n ≤ W; lanes n.. are zero rows: f = 0, ψ = 1, d = 0, which add exactly zero
+/// to every sum). Inlined twice by [`sga_block`], with n = W a constant for the full groups. Returns the
+/// number of diverged ψ steps.
 #[inline(always)]
-fn sga_block<T: Real, const K: usize>(c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, nb: usize) {
-    let mut su = [[0.0f64; W]; K];
-    let mut ss = [[[0.0f64; W]; K]; K];
+fn sga_group<T: Real, const K: usize, const W: usize>(
+    c: &SgaConsts<'_>,
+    st: Option<&StepT<T, K>>,
+    io: &mut SgaBlockIo<'_, T>,
+    r0: usize,
+    n: usize,
+    acc: &mut LaneSums<T, K, W>,
+) -> usize {
+    let zero = T::default();
+    let mut g = Group::<T, K, W> {
+        f: [[zero; W]; K],
+        psi: [1.0; W],
+    };
+    let mut d_prev = [zero; W];
+    for l in 0..n {
+        let row = &io.f[(r0 + l) * K..(r0 + l + 1) * K];
+        for j in 0..K {
+            g.f[j][l] = row[j];
+        }
+        g.psi[l] = io.psi[r0 + l].to_f64();
+        d_prev[l] = io.d_last[r0 + l];
+    }
+    if let Some(start) = c.start {
+        start_lanes::<T, K, W>(&mut g, start, c.floor);
+    }
+    let mut overshoot = 0;
+    if let Some(st) = st {
+        let d64 = d_prev.map(|v| v.to_f64());
+        overshoot = step_lanes::<T, K, W>(&mut g, (&d_prev, &d64), st, c, n);
+    }
+    if st.is_some() || c.start.is_some() {
+        for l in 0..n {
+            let row = &mut io.f[(r0 + l) * K..(r0 + l + 1) * K];
+            for j in 0..K {
+                row[j] = g.f[j][l];
+            }
+            io.psi[r0 + l] = T::from_f64(g.psi[l]);
+        }
+    }
+    // Lines 5, 6: θ̄_t and d_t = x_t − θ̄_t in f64, stored rounded; the sums use the stored d.
+    let mut x = [0.0f64; W];
+    let mut m0 = [0.0f64; W];
+    for l in 0..n {
+        x[l] = io.x[r0 + l];
+        m0[l] = io.mean[r0 + l].to_f64();
+    }
+    let mut mean_s = [zero; W];
+    let mut d = [zero; W];
+    for l in 0..W {
+        let (ms, m1) = stored::<T>(m0[l] + c.rho * (x[l] - m0[l]));
+        mean_s[l] = ms;
+        d[l] = T::from_f64(x[l] - m1);
+    }
+    io.mean[r0..r0 + n].copy_from_slice(&mean_s[..n]);
+    io.d_last[r0..r0 + n].copy_from_slice(&d[..n]);
+    // The sums of (4.23): y = f/ψ, u += y d, S += y fᵀ (upper triangle).
+    let mut inv_psi = [zero; W];
+    for l in 0..W {
+        inv_psi[l] = T::from_f64(1.0 / g.psi[l]);
+    }
+    for i in 0..K {
+        let mut y = [zero; W];
+        for l in 0..W {
+            y[l] = g.f[i][l] * inv_psi[l];
+            acc.u[i][l] = acc.u[i][l] + y[l] * d[l];
+        }
+        for j in i..K {
+            for l in 0..W {
+                acc.s[i][j][l] = acc.s[i][j][l] + y[l] * g.f[j][l];
+            }
+        }
+    }
+    overshoot
+}
+
+/// The block: groups of W rows, the last one padded (see [`sga_group`]); the per-lane partial sums in T,
+/// added to the f64 totals lane by lane at the end.
+#[inline(always)]
+fn sga_block<T: Real, const K: usize, const W: usize>(c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, nb: usize) {
+    let zero = T::default();
+    let st = c.step.as_ref().map(StepT::<T, K>::new);
+    let mut acc = LaneSums::<T, K, W> {
+        u: [[zero; W]; K],
+        s: [[[zero; W]; K]; K],
+    };
     let mut overshoot = 0usize;
-    let writes = c.step.is_some() || c.start.is_some();
     let mut r0 = 0;
     while r0 < nb {
-        let n = (nb - r0).min(W);
-        let mut g = Group::<K> {
-            f: [[0.0; W]; K],
-            psi: [1.0; W],
-        };
-        let mut d_prev = [0.0f64; W];
-        for l in 0..n {
-            let row = &io.f[(r0 + l) * K..(r0 + l + 1) * K];
-            for j in 0..K {
-                g.f[j][l] = row[j].to_f64();
-            }
-            g.psi[l] = io.psi[r0 + l].to_f64();
-            d_prev[l] = io.d_last[r0 + l].to_f64();
-        }
-        if let Some(start) = c.start {
-            start_lanes::<T, K>(&mut g, start, c.floor);
-        }
-        if let Some(step) = &c.step {
-            overshoot += step_lanes::<T, K>(&mut g, &d_prev, step, c, n);
-        }
-        if writes {
-            for l in 0..n {
-                let row = &mut io.f[(r0 + l) * K..(r0 + l + 1) * K];
-                for j in 0..K {
-                    row[j] = T::from_f64(g.f[j][l]);
-                }
-                io.psi[r0 + l] = T::from_f64(g.psi[l]);
-            }
-        }
-        // Lines 5, 6: θ̄_t and d_t = x_t − θ̄_t (stored rounded; the sums use the f64 value).
-        let mut d = [0.0f64; W];
-        for l in 0..n {
-            let x = io.x[r0 + l];
-            let m0 = io.mean[r0 + l].to_f64();
-            let (mean_s, m1) = stored::<T>(m0 + c.rho * (x - m0));
-            io.mean[r0 + l] = mean_s;
-            d[l] = x - m1;
-            io.d_last[r0 + l] = T::from_f64(d[l]);
-        }
-        // The sums of (4.23): y = f/ψ, u += y d, S += y fᵀ (upper triangle).
-        let mut inv_psi = [0.0f64; W];
-        for l in 0..W {
-            inv_psi[l] = 1.0 / g.psi[l];
-        }
-        for i in 0..K {
-            let mut y = [0.0f64; W];
-            for l in 0..W {
-                y[l] = g.f[i][l] * inv_psi[l];
-                su[i][l] += y[l] * d[l];
-            }
-            for j in i..K {
-                for l in 0..W {
-                    ss[i][j][l] += y[l] * g.f[j][l];
-                }
-            }
+        if nb - r0 >= W {
+            overshoot += sga_group::<T, K, W>(c, st.as_ref(), io, r0, W, &mut acc);
+        } else {
+            overshoot += sga_group::<T, K, W>(c, st.as_ref(), io, r0, nb - r0, &mut acc);
         }
         r0 += W;
     }
-    // Per-block partials: lanes in order, then added to the totals.
-    let lanes = |v: &[f64; W]| v.iter().fold(0.0f64, |acc, x| acc + x);
+    let lanes = |v: &[T; W]| v.iter().fold(0.0f64, |acc, x| acc + x.to_f64());
     for i in 0..K {
-        io.u[i] += lanes(&su[i]);
+        io.u[i] += lanes(&acc.u[i]);
         for j in i..K {
-            io.s[i * K + j] += lanes(&ss[i][j]);
+            io.s[i * K + j] += lanes(&acc.s[i][j]);
         }
     }
     *io.overshoot += overshoot as f64;
@@ -326,19 +478,52 @@ fn sga_block<T: Real, const K: usize>(c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_,
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn sga_block_avx2<T: Real, const K: usize>(c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, nb: usize) {
-    sga_block::<T, K>(c, io, nb)
+unsafe fn sga_block_avx2<T: Real, const K: usize, const W: usize>(
+    c: &SgaConsts<'_>,
+    io: &mut SgaBlockIo<'_, T>,
+    nb: usize,
+) {
+    sga_block::<T, K, W>(c, io, nb)
 }
 
-fn sga_block_portable<T: Real, const K: usize>(c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, nb: usize) {
-    sga_block::<T, K>(c, io, nb)
+fn sga_block_portable<T: Real, const K: usize, const W: usize>(
+    c: &SgaConsts<'_>,
+    io: &mut SgaBlockIo<'_, T>,
+    nb: usize,
+) {
+    sga_block::<T, K, W>(c, io, nb)
 }
 
 #[cfg(target_arch = "x86_64")]
-fn sga_block_avx2_entry<T: Real, const K: usize>(c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, nb: usize) {
-    // SAFETY: this function is only handed out by `SgaRowKernel::select` with `Isa::Avx2`, which is only
-    // constructed after `is_x86_feature_detected!("avx2")`.
-    unsafe { sga_block_avx2::<T, K>(c, io, nb) }
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn sga_block_avx512<T: Real, const K: usize, const W: usize>(
+    c: &SgaConsts<'_>,
+    io: &mut SgaBlockIo<'_, T>,
+    nb: usize,
+) {
+    sga_block::<T, K, W>(c, io, nb)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn sga_block_avx512_entry<T: Real, const K: usize, const W: usize>(
+    c: &SgaConsts<'_>,
+    io: &mut SgaBlockIo<'_, T>,
+    nb: usize,
+) {
+    // SAFETY: this function is only handed out by `SgaRowKernel::select` with `Isa::Avx512`, which
+    // `Isa::available` constructs only after detecting avx2 and avx512f.
+    unsafe { sga_block_avx512::<T, K, W>(c, io, nb) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn sga_block_avx2_entry<T: Real, const K: usize, const W: usize>(
+    c: &SgaConsts<'_>,
+    io: &mut SgaBlockIo<'_, T>,
+    nb: usize,
+) {
+    // SAFETY: this function is only handed out by `SgaRowKernel::select` with `Isa::Avx2`, which
+    // `Isa::available` constructs only after `is_x86_feature_detected!("avx2")`.
+    unsafe { sga_block_avx2::<T, K, W>(c, io, nb) }
 }
 
 /// One block of the SGA pass: (constants, rows, number of rows).
@@ -357,37 +542,23 @@ impl<T: Real> std::fmt::Debug for SgaRowKernel<T> {
     }
 }
 
-macro_rules! by_k {
-    ($k:expr, $isa:expr, $portable:ident, $avx:ident) => {{
-        macro_rules! pick {
-            ($kk:literal) => {
-                match $isa {
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 | Isa::Avx512 => $avx::<T, $kk> as BlockFn<T>,
-                    Isa::Portable => $portable::<T, $kk> as BlockFn<T>,
-                }
-            };
+/// The block function for K = `kk` (a literal) on `isa`, with W = vector bytes / size of T lanes: 4 f64 / 8 f32
+/// on AVX2 and on the portable path (the same W, so the two agree bit for bit), 8 / 16 with AVX-512.
+macro_rules! pick {
+    ($isa:expr, $kk:literal) => {
+        match ($isa, $isa.vector_bytes() / std::mem::size_of::<T>()) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, 16) => sga_block_avx512_entry::<T, $kk, 16> as BlockFn<T>,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, _) => sga_block_avx512_entry::<T, $kk, 8> as BlockFn<T>,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, 8) => sga_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, _) => sga_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
+            (Isa::Portable, 8) => sga_block_portable::<T, $kk, 8> as BlockFn<T>,
+            (Isa::Portable, _) => sga_block_portable::<T, $kk, 4> as BlockFn<T>,
         }
-        match $k {
-            1 => Some(pick!(1)),
-            2 => Some(pick!(2)),
-            3 => Some(pick!(3)),
-            4 => Some(pick!(4)),
-            5 => Some(pick!(5)),
-            6 => Some(pick!(6)),
-            7 => Some(pick!(7)),
-            8 => Some(pick!(8)),
-            9 => Some(pick!(9)),
-            10 => Some(pick!(10)),
-            11 => Some(pick!(11)),
-            12 => Some(pick!(12)),
-            13 => Some(pick!(13)),
-            14 => Some(pick!(14)),
-            15 => Some(pick!(15)),
-            16 => Some(pick!(16)),
-            _ => None,
-        }
-    }};
+    };
 }
 
 impl<T: Real> SgaRowKernel<T> {
@@ -396,7 +567,26 @@ impl<T: Real> SgaRowKernel<T> {
         if k > MAX_K {
             return None;
         }
-        by_k!(k, isa, sga_block_portable, sga_block_avx2_entry).map(|run| SgaRowKernel { run, isa })
+        let run = match k {
+            1 => pick!(isa, 1),
+            2 => pick!(isa, 2),
+            3 => pick!(isa, 3),
+            4 => pick!(isa, 4),
+            5 => pick!(isa, 5),
+            6 => pick!(isa, 6),
+            7 => pick!(isa, 7),
+            8 => pick!(isa, 8),
+            9 => pick!(isa, 9),
+            10 => pick!(isa, 10),
+            11 => pick!(isa, 11),
+            12 => pick!(isa, 12),
+            13 => pick!(isa, 13),
+            14 => pick!(isa, 14),
+            15 => pick!(isa, 15),
+            16 => pick!(isa, 16),
+            _ => return None,
+        };
+        Some(SgaRowKernel { run, isa })
     }
 
     /// Run the pass on the `nb` rows of `io`.
@@ -431,5 +621,35 @@ mod tests {
         let special = exp_lanes([f64::NAN, f64::NEG_INFINITY, -800.0, 0.0]);
         assert!(special[0].is_nan());
         assert_eq!(&special[1..], &[0.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn lane_bounds_follow_f64_min_max() {
+        // The compare-and-select forms give what `bounded` and `log_psi_step` give, NaN and infinities included.
+        use crate::online_sga::{bounded, log_psi_step};
+        let values = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -2.0,
+            -1.0,
+            -0.5,
+            0.0,
+            -0.0,
+            0.5,
+            1.0,
+            3.0,
+            701.0,
+        ];
+        for &v in &values {
+            for (lo, hi) in [(-1e150, 1e150), (1e-10, 1e18), (0.25, 2.0)] {
+                assert_eq!(bounded_lane(v, lo, hi).to_bits(), bounded(v, lo, hi).to_bits(), "{v}");
+            }
+            for pre in [false, true] {
+                let (a, b) = (log_psi_step_lane(v, pre), log_psi_step(v, pre));
+                assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{v} {pre}");
+            }
+            assert_eq!(max_of(v, 0.5).to_bits(), v.max(0.5).to_bits(), "{v}");
+        }
     }
 }
