@@ -19,7 +19,7 @@
 //! previous value and d'² (a diverged step, see `online_sga::overshooting_features`).
 //!
 //! **SIMD across rows.** W rows are processed at once (one vector of lanes: W = 4 f64 / 8 f32 on AVX2,
-//! 8 / 16 with AVX-512), each of the K columns held as a W-lane array, so every operation is lane-parallel over
+//! 8 f64 with AVX-512; see [`pick`] for float32 there), each of the K columns held as a W-lane array, so every operation is lane-parallel over
 //! rows whatever K is. Per-lane minima, maxima and bounds are written as compare-and-select (with the NaN rule
 //! of `f64::min`/`max` spelled out), so they vectorise like the rest.
 //!
@@ -384,14 +384,18 @@ fn sga_group<T: Real, const K: usize, const W: usize>(
         f: [[zero; W]; K],
         psi: [1.0; W],
     };
+    // The group's rows as slices of length n (W for full groups, so every index below is in bounds at
+    // compile time and the transposition is plain loads and shuffles, not gathers).
+    let f_rows = &mut io.f[r0 * K..(r0 + n) * K];
+    let (psi_rows, d_last_rows) = (&mut io.psi[r0..r0 + n], &mut io.d_last[r0..r0 + n]);
+    let (mean_rows, x_rows) = (&mut io.mean[r0..r0 + n], &io.x[r0..r0 + n]);
     let mut d_prev = [zero; W];
     for l in 0..n {
-        let row = &io.f[(r0 + l) * K..(r0 + l + 1) * K];
         for j in 0..K {
-            g.f[j][l] = row[j];
+            g.f[j][l] = f_rows[l * K + j];
         }
-        g.psi[l] = io.psi[r0 + l].to_f64();
-        d_prev[l] = io.d_last[r0 + l];
+        g.psi[l] = psi_rows[l].to_f64();
+        d_prev[l] = d_last_rows[l];
     }
     if let Some(start) = c.start {
         start_lanes::<T, K, W>(&mut g, start, c.floor);
@@ -403,19 +407,18 @@ fn sga_group<T: Real, const K: usize, const W: usize>(
     }
     if st.is_some() || c.start.is_some() {
         for l in 0..n {
-            let row = &mut io.f[(r0 + l) * K..(r0 + l + 1) * K];
             for j in 0..K {
-                row[j] = g.f[j][l];
+                f_rows[l * K + j] = g.f[j][l];
             }
-            io.psi[r0 + l] = T::from_f64(g.psi[l]);
+            psi_rows[l] = T::from_f64(g.psi[l]);
         }
     }
     // Lines 5, 6: θ̄_t and d_t = x_t − θ̄_t in f64, stored rounded; the sums use the stored d.
     let mut x = [0.0f64; W];
     let mut m0 = [0.0f64; W];
     for l in 0..n {
-        x[l] = io.x[r0 + l];
-        m0[l] = io.mean[r0 + l].to_f64();
+        x[l] = x_rows[l];
+        m0[l] = mean_rows[l].to_f64();
     }
     let mut mean_s = [zero; W];
     let mut d = [zero; W];
@@ -424,8 +427,8 @@ fn sga_group<T: Real, const K: usize, const W: usize>(
         mean_s[l] = ms;
         d[l] = T::from_f64(x[l] - m1);
     }
-    io.mean[r0..r0 + n].copy_from_slice(&mean_s[..n]);
-    io.d_last[r0..r0 + n].copy_from_slice(&d[..n]);
+    mean_rows.copy_from_slice(&mean_s[..n]);
+    d_last_rows.copy_from_slice(&d[..n]);
     // The sums of (4.23): y = f/ψ, u += y d, S += y fᵀ (upper triangle).
     let mut inv_psi = [zero; W];
     for l in 0..W {
@@ -521,8 +524,8 @@ fn sga_block_avx2_entry<T: Real, const K: usize, const W: usize>(
     io: &mut SgaBlockIo<'_, T>,
     nb: usize,
 ) {
-    // SAFETY: this function is only handed out by `SgaRowKernel::select` with `Isa::Avx2`, which
-    // `Isa::available` constructs only after `is_x86_feature_detected!("avx2")`.
+    // SAFETY: this function is only handed out by `SgaRowKernel::select` with `Isa::Avx2` or `Isa::Avx512`,
+    // which `Isa::available` constructs only after `is_x86_feature_detected!("avx2")`.
     unsafe { sga_block_avx2::<T, K, W>(c, io, nb) }
 }
 
@@ -542,21 +545,22 @@ impl<T: Real> std::fmt::Debug for SgaRowKernel<T> {
     }
 }
 
-/// The block function for K = `kk` (a literal) on `isa`, with W = vector bytes / size of T lanes: 4 f64 / 8 f32
-/// on AVX2 and on the portable path (the same W, so the two agree bit for bit), 8 / 16 with AVX-512.
+/// The block function for K = `kk` (a literal) on `isa`: 4 f64 / 8 f32 lanes (one 256-bit vector) on AVX2 and
+/// on the portable path (the same W, so the two agree bit for bit); with AVX-512, 8 f64 lanes for float64
+/// state, while float32 state runs the AVX2 build (8 lanes): compiled for avx512f, the float32 kernel was
+/// measured 4–10× slower than on AVX2 (D = 10⁶, K = 10, at 8 and at 16 lanes; its profile is dominated by
+/// masked gathers, scatters and 256/512-bit lane inserts that LLVM generates for the float32 lanes).
 macro_rules! pick {
     ($isa:expr, $kk:literal) => {
-        match ($isa, $isa.vector_bytes() / std::mem::size_of::<T>()) {
+        match ($isa, std::mem::size_of::<T>() == 4) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, 16) => sga_block_avx512_entry::<T, $kk, 16> as BlockFn<T>,
+            (Isa::Avx512, false) => sga_block_avx512_entry::<T, $kk, 8> as BlockFn<T>,
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, _) => sga_block_avx512_entry::<T, $kk, 8> as BlockFn<T>,
+            (Isa::Avx2 | Isa::Avx512, true) => sga_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, 8) => sga_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, _) => sga_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
-            (Isa::Portable, 8) => sga_block_portable::<T, $kk, 8> as BlockFn<T>,
-            (Isa::Portable, _) => sga_block_portable::<T, $kk, 4> as BlockFn<T>,
+            (Isa::Avx2, false) => sga_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
+            (Isa::Portable, true) => sga_block_portable::<T, $kk, 8> as BlockFn<T>,
+            (Isa::Portable, false) => sga_block_portable::<T, $kk, 4> as BlockFn<T>,
         }
     };
 }
