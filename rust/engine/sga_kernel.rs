@@ -18,9 +18,8 @@
 //! the model's queries see them. `overshoot` counts the rows whose ψ grew more than 10⁶-fold past both its
 //! previous value and d'² (a diverged step, see `online_sga::overshooting_features`).
 //!
-//! **SIMD across rows.** W rows are processed at once (one vector of lanes: W = 4 f64 / 8 f32 on AVX2,
-//! 8 f64 with AVX-512; see [`pick`] for float32 there), each of the K columns held as a W-lane array, so every operation is lane-parallel over
-//! rows whatever K is. Per-lane minima, maxima and bounds are written as compare-and-select (with the NaN rule
+//! **SIMD across rows.** W rows are processed at once (one 256-bit vector of lanes: W = 4 f64 / 8 f32), each
+//! of the K columns held as a W-lane array, so every operation is lane-parallel over rows whatever K is. Per-lane minima, maxima and bounds are written as compare-and-select (with the NaN rule
 //! of `f64::min`/`max` spelled out), so they vectorise like the rest.
 //!
 //! **Arithmetic type.** The per-row K-dimensional arithmetic (g = f P, f·m, g·f, the F step, y = f/ψ and the
@@ -33,11 +32,10 @@
 //! mean θ̄ and d = x − θ̄ (computed in f64 and rounded to T). For float64 state every operation is the f64
 //! operation it always was, in the same order.
 //!
-//! **Paths.** The same source is compiled for baseline x86-64 / any other target (portable), with AVX2 and
-//! with AVX-512 enabled; [`SgaRowKernel::select`] picks one, once per model. Every lane computes the same
-//! operations in the same order on every path, and Rust never contracts a·b + c into an FMA, so paths with
-//! the same W agree bit for bit (AVX-512's wider W only changes how the block's rows are split among lanes
-//! before the partial sums are added).
+//! **Paths.** The same source is compiled for baseline x86-64 / any other target (portable) and with AVX2
+//! enabled (which AVX-512 CPUs run too, see [`pick`]); [`SgaRowKernel::select`] picks one, once per model.
+//! Every lane computes the same operations in the same order on every path, with the same W, and Rust never
+//! contracts a·b + c into an FMA, so the paths agree bit for bit.
 
 use crate::online_sga::{MAX_LOG_PSI_STEP, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
@@ -498,27 +496,6 @@ fn sga_block_portable<T: Real, const K: usize, const W: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2")]
-unsafe fn sga_block_avx512<T: Real, const K: usize, const W: usize>(
-    c: &SgaConsts<'_>,
-    io: &mut SgaBlockIo<'_, T>,
-    nb: usize,
-) {
-    sga_block::<T, K, W>(c, io, nb)
-}
-
-#[cfg(target_arch = "x86_64")]
-fn sga_block_avx512_entry<T: Real, const K: usize, const W: usize>(
-    c: &SgaConsts<'_>,
-    io: &mut SgaBlockIo<'_, T>,
-    nb: usize,
-) {
-    // SAFETY: this function is only handed out by `SgaRowKernel::select` with `Isa::Avx512`, which
-    // `Isa::available` constructs only after detecting avx2 and avx512f.
-    unsafe { sga_block_avx512::<T, K, W>(c, io, nb) }
-}
-
-#[cfg(target_arch = "x86_64")]
 fn sga_block_avx2_entry<T: Real, const K: usize, const W: usize>(
     c: &SgaConsts<'_>,
     io: &mut SgaBlockIo<'_, T>,
@@ -545,20 +522,18 @@ impl<T: Real> std::fmt::Debug for SgaRowKernel<T> {
     }
 }
 
-/// The block function for K = `kk` (a literal) on `isa`: 4 f64 / 8 f32 lanes (one 256-bit vector) on AVX2 and
-/// on the portable path (the same W, so the two agree bit for bit); with AVX-512, 8 f64 lanes for float64
-/// state, while float32 state runs the AVX2 build (8 lanes): compiled for avx512f, the float32 kernel was
-/// measured 4–10× slower than on AVX2 (D = 10⁶, K = 10, at 8 and at 16 lanes; its profile is dominated by
-/// masked gathers, scatters and 256/512-bit lane inserts that LLVM generates for the float32 lanes).
+/// The block function for K = `kk` (a literal) on `isa`: 4 f64 / 8 f32 lanes (one 256-bit vector) on every
+/// path, so all paths agree bit for bit. AVX-512 CPUs run the AVX2 build: the same source compiled for
+/// avx512f (8 f64 / 8 or 16 f32 lanes) was measured slower at D = 10⁶, K = 10 (float64 1.25×, float32 4–10×
+/// the AVX2 time on the same machine, back to back); its profile is dominated by the masked gathers, scatters
+/// and 256/512-bit lane inserts LLVM generates for the row-to-lane transposition and the lane loops.
 macro_rules! pick {
     ($isa:expr, $kk:literal) => {
         match ($isa, std::mem::size_of::<T>() == 4) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => sga_block_avx512_entry::<T, $kk, 8> as BlockFn<T>,
-            #[cfg(target_arch = "x86_64")]
             (Isa::Avx2 | Isa::Avx512, true) => sga_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => sga_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
+            (Isa::Avx2 | Isa::Avx512, false) => sga_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
             (Isa::Portable, true) => sga_block_portable::<T, $kk, 8> as BlockFn<T>,
             (Isa::Portable, false) => sga_block_portable::<T, $kk, 4> as BlockFn<T>,
         }
