@@ -929,6 +929,57 @@ mod tests {
     }
 
     #[test]
+    fn wide_kernel_float32_arithmetic_matches_float64_arithmetic() {
+        // float32 state: the wide pass (f32 scratch and tiled products) against the explicit-F block path (f64
+        // arithmetic) from the same f32 state, plain and whitened, both tiled code paths. The state rows they
+        // write come from the same f64 row-local arithmetic, so they are equal; Ā (rounded to f32 after line 12
+        // and, when whitening, after the f32 product a W) within one f32 rounding of the product's terms. The sums
+        // differ by the f32 rounding of z = aᵀL: each z carries at most (K + 1)·2⁻²⁴ ≈ 3e-6 (K = 50) of
+        // Σ|a_i L_ij|, which ψ = d̄² − |z|² and the back transform Uᵀ S_z U carry into S and u; measured
+        // ≤ 3e-6 relative to the largest entry here, bound 1e-4 (the bound of the K ≤ 16 kernel's f32 sums).
+        for k in [17usize, 24, 50] {
+            for whiten in [false, true] {
+                let d = 2 * BLOCK_ROWS + 3 * k + 7;
+                let f0 = orthonormal_loadings(d, k, k as u64).expect("init");
+                let x = stream(k + 8, d, 40 + k as u64);
+                let cfg = EmConfig {
+                    n_warmup: k as u64 + 4,
+                    whiten,
+                    ..EmConfig::default()
+                };
+                let mut em = OnlineEm::<f32>::new(d, k, f0.view(), cfg).expect("new");
+                let n = x.nrows();
+                em.update(x.slice(s![..n - 1, ..])).expect("update");
+                assert!(em.is_fitted() && em.pending.is_some());
+                let [(wide, ws), (slow, ss)] = both_paths(&em, x.row(n - 1), Isa::detect());
+                let t = em.n_seen + 1;
+                let rho = em.config.step_size.rho(t);
+                let consts = em.wide_consts(rho, rho, em.floor(), TiledIsa::Portable).expect("wide");
+                let mut portable = em.clone();
+                let mut scratch = Scratch::new(d, k);
+                let mut ps = StepSums::zeros(k);
+                assert!(portable.pass_with(x.row(n - 1), rho, rho, &mut scratch, &mut ps, None, Some(consts)));
+                for (path, state, sums) in [("detected", &wide, &ws), ("portable", &portable, &ps)] {
+                    let rel_s = max_rel(sums.s.as_slice().unwrap(), ss.s.as_slice().unwrap());
+                    let rel_u = max_rel(sums.u.as_slice().unwrap(), ss.u.as_slice().unwrap());
+                    eprintln!("K = {k}, whiten = {whiten}, {path}: S {rel_s:.2e}, u {rel_u:.2e}");
+                    assert!(rel_s < 1e-4, "S, K = {k}, whiten = {whiten}, {path}: {rel_s:e}");
+                    assert!(rel_u < 1e-4, "u, K = {k}, whiten = {whiten}, {path}: {rel_u:e}");
+                    assert!((sums.dsq_sum - ss.dsq_sum).abs() < 1e-13 * ss.dsq_sum);
+                    assert_eq!(
+                        (&state.mean, &state.dsq_bar, &state.d_last),
+                        (&slow.mean, &slow.dsq_bar, &slow.d_last)
+                    );
+                    let a_wide: Vec<f64> = state.a_bar.iter().map(|&v| f64::from(v)).collect();
+                    let a_slow: Vec<f64> = slow.a_bar.iter().map(|&v| f64::from(v)).collect();
+                    let bound = if whiten { (k as f64 + 2.0) * 6e-8 } else { 0.0 };
+                    assert!(max_rel(&a_wide, &a_slow) <= bound, "Ā, K = {k}, {path}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn wide_kernel_is_thread_count_independent() {
         // Two rayon tasks (D > TASK_ROWS) and D·K above the parallel gate: pool of 1 thread = default pool.
         for whiten in [false, true] {

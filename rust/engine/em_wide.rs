@@ -16,11 +16,16 @@
 //! symmetric rank-nb update, each register-tiled; that costs K² + O(K) multiply-adds per row (K²/2 per
 //! triangular product, K²/2 for the upper triangle of S_z), against 2–3 K² for the explicit-F block path.
 //!
-//! Arithmetic is f64 for both storage types (the running moments are rounded to T as everywhere in the
-//! crate); Ā is rounded to T after its pending update, exactly as the block path does.
+//! **Arithmetic** follows the storage type. f64 state: everything in f64. f32 state: the scratch rows (Ā, Z,
+//! Y) and both tiled products are f32 (twice the lanes per vector, half the bytes), while the row-local
+//! moments, line 12 (computed in f64 and rounded to storage, as the block path does), |z|² (each z widened,
+//! summed in f64: ψ = d̄² − |z|² cancels when the factors explain most of the variance, so its error must not
+//! be relative to d̄²'s f32 rounding amplified by 1/ψ), u_z (accumulated in f64) and the f32 S_z tiles of each
+//! sub-block are added into the f64 totals. Ā is rounded to T after its pending update, exactly as the block
+//! path does.
 
 use super::advance;
-use super::tiled::{padded_width, rows_times, syrk_upper_add, Tiled, TiledIsa, TILE_ROWS};
+use super::tiled::{padded_width, TileElem, Tiled, TiledIsa, TILE_ROWS};
 use crate::scalar::{stored, Real};
 
 /// Largest sub-block (rows).
@@ -45,7 +50,8 @@ pub(crate) struct WideConsts {
     pub(crate) isa: TiledIsa,
 }
 
-/// Scratch of one task: three nbp×kp buffers and one nbp vector (nbp = [`WideScratch::rows`]).
+/// Scratch of one task: three nbp×kp buffers and one nbp vector (nbp = [`WideScratch::rows`]); for f32 state
+/// the three buffers are used as f32 buffers of twice their length.
 pub(crate) struct WideScratch<'a> {
     pub(crate) a: &'a mut [f64],
     pub(crate) z: &'a mut [f64],
@@ -54,7 +60,7 @@ pub(crate) struct WideScratch<'a> {
 }
 
 impl WideScratch<'_> {
-    /// Rows per sub-block that fit buffers of `len` f64 each (for K = `k`), a multiple of the tile height and
+    /// Rows per sub-block that fit buffers of `len` elements each (for K = `k`), a multiple of the tile height and
     /// at most [`MAX_SUB_ROWS`] (so the three buffers of a sub-block stay in L2 next to the state stream).
     pub(crate) fn rows(k: usize, len: usize) -> usize {
         (len / padded_width(k)).min(MAX_SUB_ROWS) / TILE_ROWS * TILE_ROWS
@@ -77,38 +83,66 @@ pub(crate) struct WideIo<'a, T> {
     pub(crate) s: &'a mut [f64],
 }
 
-/// Run the pass over the rows of `io` in sub-blocks of `WideScratch::rows` rows.
+/// Run the pass over the rows of `io` in sub-blocks of `WideScratch::rows` rows, in f32 arithmetic for f32
+/// state and in f64 otherwise.
 pub(crate) fn em_wide_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, scratch: &mut WideScratch<'_>) {
+    if std::mem::size_of::<T>() == std::mem::size_of::<f32>() {
+        em_wide_block_in::<T, f32>(c, io, scratch)
+    } else {
+        em_wide_block_in::<T, f64>(c, io, scratch)
+    }
+}
+
+/// [`em_wide_block`] with the scratch rows and the tiled products in E.
+pub(crate) fn em_wide_block_in<T: Real, E: TileElem>(
+    c: &WideConsts,
+    io: &mut WideIo<'_, T>,
+    scratch: &mut WideScratch<'_>,
+) {
+    let mut bufs = Bufs {
+        a: E::scratch(scratch.a),
+        z: E::scratch(scratch.z),
+        y: E::scratch(scratch.y),
+        d_prev: scratch.d_prev,
+    };
     match c.isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA.
-        TiledIsa::Fma => unsafe { em_wide_block_fma(c, io, scratch) },
-        TiledIsa::Portable => em_wide_block_with(c, io, scratch),
+        TiledIsa::Fma => unsafe { em_wide_block_fma(c, io, &mut bufs) },
+        TiledIsa::Portable => em_wide_block_with(c, io, &mut bufs),
     }
+}
+
+/// The scratch of one task viewed in the arithmetic type E.
+struct Bufs<'a, E> {
+    a: &'a mut [E],
+    z: &'a mut [E],
+    y: &'a mut [E],
+    d_prev: &'a mut [f64],
 }
 
 /// The row-local loops compiled for AVX2 (the tiled products dispatch on their own).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn em_wide_block_fma<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, scratch: &mut WideScratch<'_>) {
-    em_wide_block_with(c, io, scratch)
+unsafe fn em_wide_block_fma<T: Real, E: TileElem>(c: &WideConsts, io: &mut WideIo<'_, T>, bufs: &mut Bufs<'_, E>) {
+    em_wide_block_with(c, io, bufs)
 }
 
 #[inline(always)]
-fn em_wide_block_with<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, scratch: &mut WideScratch<'_>) {
+fn em_wide_block_with<T: Real, E: TileElem>(c: &WideConsts, io: &mut WideIo<'_, T>, bufs: &mut Bufs<'_, E>) {
     let k = c.k;
     let n = io.mean.len();
-    let step = WideScratch::rows(k, scratch.a.len().min(scratch.z.len()).min(scratch.y.len()))
-        .min(scratch.d_prev.len() / TILE_ROWS * TILE_ROWS);
+    let step = WideScratch::rows(k, bufs.a.len().min(bufs.z.len()).min(bufs.y.len()))
+        .min(bufs.d_prev.len() / TILE_ROWS * TILE_ROWS);
     assert!(step > 0, "wide-kernel scratch too small");
     for b0 in (0..n).step_by(step) {
         let nb = (n - b0).min(step);
-        sub_block(c, io, scratch, b0, nb);
+        sub_block(c, io, bufs, b0, nb);
     }
 }
 
 #[inline(always)]
-fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScratch<'_>, b0: usize, nb: usize) {
+fn sub_block<T: Real, E: TileElem>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut Bufs<'_, E>, b0: usize, nb: usize) {
     let k = c.k;
     let kp = padded_width(k);
     let nbp = nb.div_ceil(TILE_ROWS) * TILE_ROWS;
@@ -128,7 +162,7 @@ fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScrat
         }
     }
     // Ā rows into the padded buffer (padding rows and columns zero) with line 12, a ← a + ρ (d mᵀ − a), applied
-    // on the way; without whitening they are rounded to storage and written back in the same sweep.
+    // on the way (in f64); without whitening they are rounded to storage and written back in the same sweep.
     let store_now = c.transform.is_none();
     let rows = sc.a[..nb * kp]
         .chunks_exact_mut(kp)
@@ -139,37 +173,40 @@ fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScrat
                 let dp = sc.d_prev[r];
                 for ((d, v), &mj) in dst[..k].iter_mut().zip(src.iter_mut()).zip(m) {
                     let a = v.to_f64();
-                    *d = a + rho_p * (dp * mj - a);
+                    let mut next = a + rho_p * (dp * mj - a);
                     if store_now {
-                        (*v, *d) = stored::<T>(*d);
+                        (*v, next) = stored::<T>(next);
                     }
+                    *d = E::from_f64(next);
                 }
             }
             None => {
                 for (d, v) in dst[..k].iter_mut().zip(src.iter()) {
-                    *d = v.to_f64();
+                    *d = E::from_f64(v.to_f64());
                 }
             }
         }
-        dst[k..].fill(0.0);
+        dst[k..].fill(E::default());
     }
-    sc.a[nb * kp..nbp * kp].fill(0.0);
+    sc.a[nb * kp..nbp * kp].fill(E::default());
     if let (Some(w), Some(_)) = (&c.transform, &c.pending) {
         // Whitening: a ← a W, then rounded to storage and written back.
-        rows_times(c.isa, sc.a, w, sc.z, nbp);
+        E::rows_times(c.isa, sc.a, w, sc.z, nbp);
         std::mem::swap(&mut sc.a, &mut sc.z);
         for r in 0..nb {
             let row = &mut sc.a[r * kp..r * kp + k];
             for (dst, v) in io.a[(b0 + r) * k..(b0 + r + 1) * k].iter_mut().zip(row.iter_mut()) {
-                (*dst, *v) = stored::<T>(*v);
+                let (s, rounded) = stored::<T>(v.to_f64());
+                *dst = s;
+                *v = E::from_f64(rounded);
             }
         }
     }
     prefetch_rows(&io.a[((b0 + nb) * k).min(io.a.len())..((b0 + 2 * nb) * k).min(io.a.len())]);
     // Z = A L (or A in the whitened basis).
-    let z: &[f64] = match &c.factor {
+    let z: &[E] = match &c.factor {
         Some(l) => {
-            rows_times(c.isa, sc.a, l, sc.z, nbp);
+            E::rows_times(c.isa, sc.a, l, sc.z, nbp);
             sc.z
         }
         None => sc.a,
@@ -180,34 +217,36 @@ fn sub_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, sc: &mut WideScrat
         let zr = &z[r * kp..(r + 1) * kp];
         let yr = &mut sc.y[r * kp..(r + 1) * kp];
         if r >= nb {
-            yr.fill(0.0);
+            yr.fill(E::default());
             continue;
         }
         let i = b0 + r;
         let fa = squared_norm(zr);
         let inv_psi = 1.0 / (dsq0[r] - fa).max(c.floor);
+        let inv_psi_e = E::from_f64(inv_psi);
         let (e_s, e) = stored::<T>(io.x[i] - m0[r]);
         let adv = advance::<T>(m0[r], dsq0[r], e, c.mean_rho, c.rho);
         dsq_sum += adv.dsq.1;
         io.d_last[i] = e_s;
         for ((y, &zv), u) in yr.iter_mut().zip(zr).zip(io.u.iter_mut()) {
-            *y = zv * inv_psi;
-            *u += *y * adv.d;
+            *y = zv * inv_psi_e;
+            *u += y.to_f64() * adv.d;
         }
-        yr[k..].fill(0.0);
+        yr[k..].fill(E::default());
     }
     *io.dsq_sum += dsq_sum;
-    syrk_upper_add(c.isa, sc.y, z, nbp, k, io.s);
+    E::syrk_upper_add(c.isa, sc.y, z, nbp, k, io.s);
 }
 
 /// |z|² of a padded row (kp a multiple of 4): four partial sums over the lanes j ≡ 0, 1, 2, 3 (mod 4), added in
 /// that order at the end, so the loop vectorises and the order is fixed.
+/// Each z is widened to f64 first.
 #[inline(always)]
-fn squared_norm(z: &[f64]) -> f64 {
+fn squared_norm<E: Real>(z: &[E]) -> f64 {
     let mut acc = [0.0f64; 4];
     for c in 0..z.len() / 4 {
         for (l, a) in acc.iter_mut().enumerate() {
-            let v = z[4 * c + l];
+            let v = z[4 * c + l].to_f64();
             *a += v * v;
         }
     }

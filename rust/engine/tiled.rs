@@ -12,6 +12,15 @@
 //! fused multiply-add is part of the base ISA and both paths fuse). The two therefore agree to rounding, not
 //! bit for bit. Within one path the order of every sum is fixed by the shapes alone (inner index ascending),
 //! so results do not depend on the thread count.
+//!
+//! **f32.** For f32 state the wide pass runs the f32 versions of both products (module `single`: the same
+//! equations with eight f32 lanes per vector and 16-wide tiles); [`TileElem`] picks the version from the
+//! scratch type.
+
+mod single;
+
+use crate::scalar::Real;
+pub(crate) use single::{rows_times32, syrk_upper_add32};
 
 /// Rows of a `rows_times` tile.
 pub(crate) const TILE_ROWS: usize = 6;
@@ -30,6 +39,8 @@ pub(crate) fn padded_width(k: usize) -> usize {
 #[derive(Debug, Clone)]
 pub(crate) struct Tiled {
     pub(crate) m: Vec<f64>,
+    /// `m` rounded to f32, for the f32 products.
+    pub(crate) m32: Vec<f32>,
     pub(crate) kp: usize,
     pub(crate) rows: Vec<(usize, usize)>,
 }
@@ -51,7 +62,25 @@ impl Tiled {
                 (lo, hi.max(lo))
             })
             .collect();
-        Tiled { m: padded, kp, rows }
+        let m32 = padded.iter().map(|&v| v as f32).collect();
+        Tiled {
+            m: padded,
+            m32,
+            kp,
+            rows,
+        }
+    }
+
+    /// The rows that hold a non-zero in columns j0..j0 + width (both multiples of 8): the union of the ranges
+    /// of its 8-column tiles, (0, 0) when there is none.
+    fn span(&self, j0: usize, width: usize) -> (usize, usize) {
+        self.rows[j0 / WIDE..(j0 + width) / WIDE]
+            .iter()
+            .filter(|(lo, hi)| lo < hi)
+            .fold(None, |acc: Option<(usize, usize)>, &(lo, hi)| {
+                Some(acc.map_or((lo, hi), |(l, h)| (l.min(lo), h.max(hi))))
+            })
+            .unwrap_or((0, 0))
     }
 }
 
@@ -79,6 +108,7 @@ impl TiledIsa {
 /// a·b + c, fused or not.
 pub(crate) trait MulAdd {
     fn mul_add(a: f64, b: f64, c: f64) -> f64;
+    fn mul_add32(a: f32, b: f32, c: f32) -> f32;
 }
 
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
@@ -91,11 +121,19 @@ impl MulAdd for Fused {
     fn mul_add(a: f64, b: f64, c: f64) -> f64 {
         a.mul_add(b, c)
     }
+    #[inline(always)]
+    fn mul_add32(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
 }
 
 impl MulAdd for Separate {
     #[inline(always)]
     fn mul_add(a: f64, b: f64, c: f64) -> f64 {
+        a * b + c
+    }
+    #[inline(always)]
+    fn mul_add32(a: f32, b: f32, c: f32) -> f32 {
         a * b + c
     }
 }
@@ -251,6 +289,50 @@ fn syrk_with<F: MulAdd>(y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64
     }
 }
 
+/// The arithmetic type of a wide pass's scratch (f64 for f64 state, f32 for f32 state) and its tiled products.
+pub(crate) trait TileElem: Real {
+    /// An f64 scratch buffer viewed as a buffer of this type (its whole length).
+    fn scratch(buf: &mut [f64]) -> &mut [Self];
+    /// [`rows_times`] in this type.
+    fn rows_times(isa: TiledIsa, a: &[Self], m: &Tiled, out: &mut [Self], nbp: usize);
+    /// [`syrk_upper_add`] in this type, added into f64 sums.
+    fn syrk_upper_add(isa: TiledIsa, y: &[Self], z: &[Self], nbp: usize, k: usize, s: &mut [f64]);
+}
+
+impl TileElem for f64 {
+    #[inline(always)]
+    fn scratch(buf: &mut [f64]) -> &mut [f64] {
+        buf
+    }
+    #[inline(always)]
+    fn rows_times(isa: TiledIsa, a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
+        rows_times(isa, a, m, out, nbp)
+    }
+    #[inline(always)]
+    fn syrk_upper_add(isa: TiledIsa, y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64]) {
+        syrk_upper_add(isa, y, z, nbp, k, s)
+    }
+}
+
+impl TileElem for f32 {
+    #[inline(always)]
+    fn scratch(buf: &mut [f64]) -> &mut [f32] {
+        let len = 2 * buf.len();
+        // SAFETY: the f64 buffer spans exactly 2·len(buf) f32 of memory, its alignment (8) is a multiple of
+        // f32's (4), every bit pattern is a valid f32, and the returned slice borrows `buf` mutably for its
+        // whole lifetime, so nothing else can access that memory meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<f32>(), len) }
+    }
+    #[inline(always)]
+    fn rows_times(isa: TiledIsa, a: &[f32], m: &Tiled, out: &mut [f32], nbp: usize) {
+        rows_times32(isa, a, m, out, nbp)
+    }
+    #[inline(always)]
+    fn syrk_upper_add(isa: TiledIsa, y: &[f32], z: &[f32], nbp: usize, k: usize, s: &mut [f64]) {
+        syrk_upper_add32(isa, y, z, nbp, k, s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +404,66 @@ mod tests {
         }
     }
 
+    /// Tolerance of an f32 sum of n products against its exact value: the recursive-summation bound
+    /// |error| ≤ γ_n Σ|terms| with γ_n ≈ n·2⁻²⁴ (Higham, Accuracy and Stability of Numerical Algorithms, (3.5)),
+    /// plus one rounding of each f32 input of M (relative 2⁻²⁴ per term), so (n + 1)·2⁻²⁴ Σ|terms|.
+    fn f32_bound(n: usize, sum_abs: f64) -> f64 {
+        (n as f64 + 1.0) * f64::from(f32::EPSILON) / 2.0 * sum_abs
+    }
+
+    #[test]
+    fn f32_products_match_naive_sums_on_every_path() {
+        // Inputs are f32 values; the reference sums their products exactly enough in f64. K = 17, 24 (one 16-wide
+        // and one 8-wide tile of kp = 24 / 32), 50 (kp = 56: three 16-wide tiles and an 8-wide one) and 63.
+        for k in [17usize, 24, 50, 63] {
+            let kp = padded_width(k);
+            let nbp = 4 * TILE_ROWS;
+            let to32 = |v: Vec<f64>| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+            let a = to32(padded_rows(nbp, k, 1));
+            let mut upper = filled(k * k, 2);
+            for i in 0..k {
+                for j in 0..i {
+                    upper[i * k + j] = 0.0;
+                }
+            }
+            let full = filled(k * k, 3);
+            let y = to32(padded_rows(nbp, k, 4));
+            for isa in [TiledIsa::Portable, TiledIsa::detect()] {
+                for m in [&upper, &full] {
+                    let tiled = Tiled::new(k, m);
+                    let mut out = vec![f32::NAN; nbp * kp];
+                    rows_times32(isa, &a, &tiled, &mut out, nbp);
+                    for r in 0..nbp {
+                        for j in 0..k {
+                            let terms = (0..k).map(|i| f64::from(a[r * kp + i]) * m[i * k + j]);
+                            let want: f64 = terms.clone().sum();
+                            let sum_abs: f64 = terms.map(f64::abs).sum();
+                            let got = f64::from(out[r * kp + j]);
+                            assert!((got - want).abs() <= f32_bound(k, sum_abs), "K = {k}, {isa:?}");
+                        }
+                        assert!(out[r * kp + k..(r + 1) * kp].iter().all(|&v| v == 0.0));
+                    }
+                }
+                let mut s = vec![7.0; k * k];
+                syrk_upper_add32(isa, &y, &a, nbp, k, &mut s);
+                for i in 0..k {
+                    for j in 0..k {
+                        if i > j {
+                            assert_eq!(s[i * k + j], 7.0, "below the diagonal, K = {k}");
+                            continue;
+                        }
+                        let terms = (0..nbp).map(|r| f64::from(y[r * kp + i]) * f64::from(a[r * kp + j]));
+                        let want = 7.0 + terms.clone().sum::<f64>();
+                        let sum_abs: f64 = terms.map(f64::abs).sum();
+                        // One more rounding: the f32 tile total added to 7 in f64 (exact to 2⁻⁵³, negligible).
+                        let bound = f32_bound(nbp, sum_abs) + 1e-15 * want.abs();
+                        assert!((s[i * k + j] - want).abs() <= bound, "K = {k}, {isa:?}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn triangular_matrices_skip_their_zero_rows() {
         let k = 50;
@@ -336,5 +478,9 @@ mod tests {
             let want = if t * WIDE < k { (t * WIDE, k) } else { (0, 0) };
             assert_eq!(range, want, "column tile {t}");
         }
+        // The 16-column tiles of the f32 products take the union of their two 8-column tiles.
+        assert_eq!(tiled.span(0, 2 * WIDE), (0, k));
+        assert_eq!(tiled.span(48, WIDE), (48, k));
+        assert_eq!(tiled.span(32, 2 * WIDE), (32, k));
     }
 }
