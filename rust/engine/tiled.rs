@@ -93,11 +93,12 @@ pub(crate) enum TiledIsa {
 }
 
 impl TiledIsa {
-    /// The best path this CPU supports.
+    /// The best path this CPU supports (the portable one when `ONLINEFA_ISA=portable` caps the row kernels).
     pub(crate) fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            let capped = super::isa::Isa::detect() == super::isa::Isa::Portable;
+            if !capped && std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 return TiledIsa::Fma;
             }
         }
