@@ -85,6 +85,33 @@ pub struct OnlineSga<T: Real> {
     pub(crate) scale_sq: f64,
     /// The engine kernel that runs the passes after warm-up (chosen once, for K and this CPU).
     pub(crate) path: SgaPath<T>,
+    /// Buffers `update` reuses from one call to the next.
+    pub(crate) reused: Reused<T>,
+}
+
+/// Buffers an update reuses from one call to the next — the private copy of a row and the running mean before
+/// a step, D values each — so that a large model does not map (and the kernel zero) fresh pages on every
+/// call. They hold nothing between calls that matters: not part of the model's value, a clone starts empty
+/// and any two compare equal.
+#[derive(Debug, Default)]
+pub(crate) struct Reused<T> {
+    row: Vec<f64>,
+    mean: Vec<T>,
+}
+
+impl<T> Clone for Reused<T> {
+    fn clone(&self) -> Self {
+        Reused {
+            row: Vec::new(),
+            mean: Vec::new(),
+        }
+    }
+}
+
+impl<T> PartialEq for Reused<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl<T: Real> OnlineSga<T> {
@@ -109,6 +136,7 @@ impl<T: Real> OnlineSga<T> {
             pending: None,
             scale_sq: 0.0,
             path: SgaPath::detect(n_components),
+            reused: Reused::default(),
         })
     }
 
@@ -138,35 +166,42 @@ impl<T: Real> OnlineSga<T> {
     /// exactly as they were before the failing row (the rows before it stay applied).
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
         validate_batch::<T, X>(&x, self.n_features)?;
+        let mut reused = std::mem::take(&mut self.reused);
+        let result = self.update_rows(x, &mut reused);
+        self.reused = reused;
+        result
+    }
+
+    /// `update` after the batch's validation, with the reused buffers.
+    fn update_rows<X: Real>(&mut self, x: ArrayView2<X>, reused: &mut Reused<T>) -> Result<()> {
         let mut scratch = Scratch::new(self.n_features, self.n_components);
         let mut sums = StepSums::zeros(self.n_components);
         let backup = (self.n_features * self.n_components <= SNAPSHOT_MAX_ELEMENTS).then(|| self.clone());
         // Without a backup, a row changed by another thread between the validation and the pass would be
         // applied unchecked (a NaN mean poisons every later step): large models validate and read a private
-        // copy of each row instead (O(D) per row against the pass's O(D·K)).
-        let mut private = Vec::new();
-        let mut mean_before: Vec<T> = Vec::new();
+        // copy of each row instead (O(D) per row against the pass's O(D·K); as f64, exact for f32 input).
         for row in x.rows() {
-            let row = if backup.is_none() {
-                private.clear();
-                private.extend(row.iter().copied());
-                let copy = ArrayView1::from(&private[..]);
-                validate_batch::<T, X>(&copy.insert_axis(ndarray::Axis(0)), self.n_features)?;
-                copy
-            } else {
-                row
-            };
+            if backup.is_none() {
+                reused.row.clear();
+                reused.row.extend(row.iter().map(|v| v.to_f64()));
+                let copy = ArrayView1::from(&reused.row[..]);
+                validate_batch::<T, f64>(&copy.insert_axis(ndarray::Axis(0)), self.n_features)?;
+            }
             // Without a backup, a failed step is undone row-locally (see `undo_failed_step`); the sample that
             // applies the data-scaled start rewrites F and ψ, so that one sample keeps a copy of the model.
             let start_backup = (backup.is_none() && self.starts_next()).then(|| self.clone());
             if backup.is_none() && start_backup.is_none() {
-                mean_before.clear();
-                mean_before.extend_from_slice(&self.mean);
+                reused.mean.clear();
+                reused.mean.extend_from_slice(&self.mean);
             }
-            if let Err(err) = self.step(row, &mut scratch, &mut sums) {
+            let stepped = match backup {
+                None => self.step(ArrayView1::from(&reused.row[..]), &mut scratch, &mut sums),
+                Some(_) => self.step(row, &mut scratch, &mut sums),
+            };
+            if let Err(err) = stepped {
                 match backup.or(start_backup) {
                     Some(previous) => *self = previous,
-                    None => self.undo_failed_step(&mean_before),
+                    None => self.undo_failed_step(&reused.mean),
                 }
                 return Err(err);
             }
@@ -825,6 +860,7 @@ mod checkpoint {
                 pending,
                 scale_sq,
                 path: SgaPath::detect(k),
+                reused: Reused::default(),
             };
             crate::state_checks::online_sga(&sga)?;
             Ok(sga)
