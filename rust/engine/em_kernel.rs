@@ -24,6 +24,7 @@
 
 use super::advance;
 pub(crate) use super::isa::Isa;
+use super::lane_syrk::LaneSyrk;
 use crate::scalar::{stored, Real};
 
 /// Inputs and outputs of one block (nb rows). State slices are the block's rows of the stored state.
@@ -90,81 +91,21 @@ pub(crate) fn to_loadings_space(k: usize, upper: Option<&[f64]>, s: &mut [f64], 
     }
 }
 
-/// Groups whose z and y = z/ψ are kept for one register-tiled S_z update (see [`Acc::flush`]).
-const CHUNK_GROUPS: usize = 8;
-
-/// Per-lane accumulators of one block: u_z (K), S_z (K×K, upper triangle used), Σ d̄² after the update, and
-/// the z and y = z/ψ lanes of up to [`CHUNK_GROUPS`] groups not yet added to S_z.
+/// Per-lane accumulators of one block: u_z (K), Σ d̄² after the update, and S_z (K×K, upper triangle) with
+/// its kept z and y = z/ψ lanes (see [`LaneSyrk`]).
 struct Acc<T, const K: usize, const W: usize> {
     su: [[T; W]; K],
-    ss: [[[T; W]; K]; K],
     dsq: [f64; W],
-    zs: [[[T; W]; K]; CHUNK_GROUPS],
-    ys: [[[T; W]; K]; CHUNK_GROUPS],
-    pending: usize,
+    syrk: LaneSyrk<T, K, W>,
 }
-
-/// Rows × columns of S_z's register tile: 2 × 4 lane-vectors of accumulators plus the operands fit the 16
-/// vector registers of AVX2.
-const TILE_I: usize = 2;
-const TILE_J: usize = 4;
 
 impl<T: Real, const K: usize, const W: usize> Acc<T, K, W> {
     fn new() -> Self {
-        let zero = T::default();
         Acc {
-            su: [[zero; W]; K],
-            ss: [[[zero; W]; K]; K],
+            su: [[T::default(); W]; K],
             dsq: [0.0; W],
-            zs: [[[zero; W]; K]; CHUNK_GROUPS],
-            ys: [[[zero; W]; K]; CHUNK_GROUPS],
-            pending: 0,
+            syrk: LaneSyrk::new(),
         }
-    }
-
-    /// S_z += Σ_g y_g z_gᵀ over the kept groups (upper triangle, per lane), in register tiles of
-    /// TILE_I × TILE_J entries: each tile is loaded once, takes every kept group in order, and is stored once.
-    /// Each lane adds its groups in the same order as a per-group update would, so the result is the same.
-    #[inline(always)]
-    fn flush(&mut self) {
-        let ng = self.pending;
-        let zero = T::default();
-        for i0 in (0..K).step_by(TILE_I) {
-            for j0 in ((i0 / TILE_J) * TILE_J..K).step_by(TILE_J) {
-                let mut t = [[[zero; W]; TILE_J]; TILE_I];
-                for ii in 0..TILE_I {
-                    for jj in 0..TILE_J {
-                        if i0 + ii < K && j0 + jj < K {
-                            t[ii][jj] = self.ss[i0 + ii][j0 + jj];
-                        }
-                    }
-                }
-                for g in 0..ng {
-                    for ii in 0..TILE_I {
-                        if i0 + ii >= K {
-                            continue;
-                        }
-                        let y = self.ys[g][i0 + ii];
-                        for jj in 0..TILE_J {
-                            if j0 + jj < K {
-                                let z = &self.zs[g][j0 + jj];
-                                for l in 0..W {
-                                    t[ii][jj][l] = t[ii][jj][l] + y[l] * z[l];
-                                }
-                            }
-                        }
-                    }
-                }
-                for ii in 0..TILE_I {
-                    for jj in 0..TILE_J {
-                        if i0 + ii < K && j0 + jj < K {
-                            self.ss[i0 + ii][j0 + jj] = t[ii][jj];
-                        }
-                    }
-                }
-            }
-        }
-        self.pending = 0;
     }
 }
 
@@ -206,9 +147,7 @@ fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, 
             },
             &mut acc,
         );
-        if acc.pending == CHUNK_GROUPS {
-            acc.flush();
-        }
+        acc.syrk.flush_if_full();
     }
     let n = nb - full;
     if n > 0 {
@@ -232,13 +171,13 @@ fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, 
         io.dsq[full..nb].copy_from_slice(&dsq[..n]);
         io.d_last[full..nb].copy_from_slice(&d_last[..n]);
     }
-    acc.flush();
+    acc.syrk.flush();
     // Per-block partials: lanes in order, then added to the f64 totals.
     let lanes = |v: &[T; W]| v.iter().fold(0.0f64, |acc, x| acc + x.to_f64());
     for i in 0..K {
         io.u[i] += lanes(&acc.su[i]);
         for j in i..K {
-            io.s[i * K + j] += lanes(&acc.ss[i][j]);
+            io.s[i * K + j] += lanes(&acc.syrk.s[i][j]);
         }
     }
     *io.dsq_sum += acc.dsq.iter().sum::<f64>();
@@ -354,13 +293,13 @@ fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRo
         }
     }
     // z goes straight into the chunk's slot (no copy of the K×W lanes).
-    let slot = acc.pending;
-    let z = &mut acc.zs[slot];
+    let slot = acc.syrk.kept;
+    let z = &mut acc.syrk.z[slot];
     match &c.upper {
         Some(u) => upper_times::<T, K, W>(&a, u, z),
         None => *z = a,
     }
-    let z = &acc.zs[slot];
+    let z = &acc.syrk.z[slot];
     // |z|² in f64: ψ = d̄² − |z|² cancels when ψ ≪ d̄², and float32 would lose ψ entirely there.
     let mut fa = [0.0f64; W];
     for zj in z {
@@ -384,15 +323,15 @@ fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRo
         inv_psi[l] = T::from_f64(1.0 / psi);
     }
     // E-step sums in Ā space: u_z += z d/ψ here; S_z += z zᵀ/ψ (upper triangle) from the kept y = z/ψ and z
-    // when the chunk is full (`Acc::flush`).
+    // when the chunk is full (`LaneSyrk::flush`).
     for i in 0..K {
         for l in 0..W {
-            let y = acc.zs[slot][i][l] * inv_psi[l];
+            let y = acc.syrk.z[slot][i][l] * inv_psi[l];
             acc.su[i][l] = acc.su[i][l] + y * dv[l];
-            acc.ys[slot][i][l] = y;
+            acc.syrk.y[slot][i][l] = y;
         }
     }
-    acc.pending += 1;
+    acc.syrk.kept += 1;
 }
 
 /// out = a · M per lane (M K×K row-major): out_j = Σ_i a_i M[i][j], summed over i in order.
