@@ -838,6 +838,23 @@ mod tests {
         [run(Some(isa)), run(None)]
     }
 
+    /// A model with K = `k` > MAX_K past warm-up with a pending step, over several blocks, partial sub-blocks and
+    /// tiles (D = 2·BLOCK_ROWS + 3K + 7), and its stream; the last row is not applied yet. Returns (model, x, D).
+    fn wide_model<T: Real>(k: usize, whiten: bool) -> (OnlineEm<T>, Array2<f64>, usize) {
+        let d = 2 * BLOCK_ROWS + 3 * k + 7;
+        let f0 = orthonormal_loadings(d, k, k as u64).expect("init");
+        let x = stream(k + 8, d, 40 + k as u64);
+        let cfg = EmConfig {
+            n_warmup: k as u64 + 4,
+            whiten,
+            ..EmConfig::default()
+        };
+        let mut em = OnlineEm::<T>::new(d, k, f0.view(), cfg).expect("new");
+        em.update(x.slice(s![..x.nrows() - 1, ..])).expect("update");
+        assert!(em.is_fitted() && em.pending.is_some());
+        (em, x, d)
+    }
+
     fn max_rel(a: &[f64], b: &[f64]) -> f64 {
         let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         a.iter().zip(b).fold(0.0f64, |m, (p, q)| m.max((p - q).abs() / scale))
@@ -886,18 +903,8 @@ mod tests {
         // the pending update (and whitening transform) applied in the pass; both tiled code paths.
         for k in [17usize, 24, 50] {
             for whiten in [false, true] {
-                let d = 2 * BLOCK_ROWS + 3 * k + 7; // several blocks, partial sub-blocks and tiles
-                let f0 = orthonormal_loadings(d, k, k as u64).expect("init");
-                let x = stream(k + 8, d, 40 + k as u64);
-                let cfg = EmConfig {
-                    n_warmup: k as u64 + 4,
-                    whiten,
-                    ..EmConfig::default()
-                };
-                let mut em = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
+                let (em, x, d) = wide_model::<f64>(k, whiten);
                 let n = x.nrows();
-                em.update(x.slice(s![..n - 1, ..])).expect("update");
-                assert!(em.is_fitted() && em.pending.is_some());
                 let [(wide, ws), (slow, ss)] = both_paths(&em, x.row(n - 1), Isa::detect());
                 assert!(
                     max_rel(ws.s.as_slice().unwrap(), ss.s.as_slice().unwrap()) < 1e-12,
@@ -940,18 +947,8 @@ mod tests {
         // to the largest entry here, bound 1e-4 (that of the K ≤ 16 kernel's f32 sums against the same path).
         for k in [17usize, 24, 50] {
             for whiten in [false, true] {
-                let d = 2 * BLOCK_ROWS + 3 * k + 7;
-                let f0 = orthonormal_loadings(d, k, k as u64).expect("init");
-                let x = stream(k + 8, d, 40 + k as u64);
-                let cfg = EmConfig {
-                    n_warmup: k as u64 + 4,
-                    whiten,
-                    ..EmConfig::default()
-                };
-                let mut em = OnlineEm::<f32>::new(d, k, f0.view(), cfg).expect("new");
+                let (em, x, d) = wide_model::<f32>(k, whiten);
                 let n = x.nrows();
-                em.update(x.slice(s![..n - 1, ..])).expect("update");
-                assert!(em.is_fitted() && em.pending.is_some());
                 let [(wide, ws), (slow, ss)] = both_paths(&em, x.row(n - 1), Isa::detect());
                 let t = em.n_seen + 1;
                 let rho = em.config.step_size.rho(t);
