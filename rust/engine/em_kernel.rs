@@ -248,9 +248,8 @@ fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRo
     let zero = T::default();
     let (a_rows, x_rows) = (&mut g.a[..W * K], &g.x[..W]);
     let (mean_rows, dsq_rows, d_last_rows) = (&mut g.mean[..W], &mut g.dsq[..W], &mut g.d_last[..W]);
-    // Ā rows, transposed to K lane-arrays: one column at a time, so each lane-array is assembled in a
-    // register and stored whole (assembling all K of them element by element through memory makes every
-    // later vector load wait on W narrow stores).
+    // Ā rows, transposed to K lane-arrays, one column at a time (each lane-array can be assembled in a
+    // register and stored whole).
     let mut a = [[zero; W]; K];
     for (j, col) in a.iter_mut().enumerate() {
         *col = std::array::from_fn(|l| a_rows[l * K + j]);

@@ -64,9 +64,9 @@ impl Isa {
         paths
     }
 
-    /// Bytes per vector register on this path: the lane count of a kernel is this over the size of its type.
+    /// Bytes per vector register on this path; a kernel runs at most this over the size of its type lanes (the
+    /// online-EM kernel runs fewer on AVX-512, see `em_kernel::EmRowKernel`).
     /// The portable path uses 32 bytes, the width LLVM vectorises to on most targets.
-    #[allow(dead_code)] // kernels may pick fewer lanes than this, see `em_kernel::EmRowKernel`
     pub(crate) fn vector_bytes(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
