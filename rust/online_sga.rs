@@ -245,9 +245,7 @@ impl<T: Real> OnlineSga<T> {
             rho,
             precondition: data,
         };
-        let kernel = self
-            .path
-            .for_pass(k, self.pending.as_ref().and_then(|p| p.p.as_slice()));
+        let kernel = self.path.for_pass(k, consts.step.as_ref());
         let track_dsq = data && !active;
         let state = StateRows {
             matrix: &mut self.f,
@@ -361,9 +359,7 @@ impl<T: Real> OnlineSga<T> {
             rho: 0.0,
             precondition: data,
         };
-        let kernel = self
-            .path
-            .for_pass(k, self.pending.as_ref().and_then(|p| p.p.as_slice()));
+        let kernel = self.path.for_pass(k, consts.step.as_ref());
         let mut blk = Block::new(k);
         let mut f = vec![T::default(); BLOCK_ROWS * k];
         let (mut psi, mut mean, mut d_last) = (

@@ -2,7 +2,7 @@
 //! with that pass's constants ([`SgaPass`]), and run over blocks of rows.
 
 use super::isa::Isa;
-use super::sga_kernel::{SgaBlockIo, SgaConsts, SgaRowKernel};
+use super::sga_kernel::{SgaBlockIo, SgaConsts, SgaRowKernel, SgaStep};
 use super::sga_wide::{SgaWide, SgaWideScratch};
 use super::tiled::TiledIsa;
 use crate::scalar::Real;
@@ -36,11 +36,11 @@ impl<T: Real> SgaPath<T> {
         }
     }
 
-    /// Resolve for one pass of K = `k` with the pending step's P (K×K row-major), if any.
-    pub(crate) fn for_pass(&self, k: usize, p: Option<&[f64]>) -> SgaPass<T> {
+    /// Resolve for one pass of K = `k` with the pending step, if any.
+    pub(crate) fn for_pass(&self, k: usize, step: Option<&SgaStep<'_>>) -> SgaPass<T> {
         match self {
             SgaPath::Rows(kernel) => SgaPass::Rows(*kernel),
-            SgaPath::Wide(isa) => SgaPass::Wide(SgaWide::new(k, p, *isa)),
+            SgaPath::Wide(isa) => SgaPass::Wide(SgaWide::new::<T>(k, step, *isa)),
         }
     }
 }
@@ -53,7 +53,8 @@ pub(crate) enum SgaPass<T: Real> {
 
 impl<T: Real> SgaPass<T> {
     /// Run the pass on the rows of `io` (nb = `io.mean.len()` rows); `wide` is the wide kernel's scratch
-    /// (three f64 buffers of equal length; the wide kernel sizes its sub-blocks to them).
+    /// (three f64 buffers of equal length, used as f32 buffers for f32 state; the wide kernel sizes its
+    /// sub-blocks to them).
     pub(crate) fn run(&self, c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, wide: &mut SgaWideScratch<'_>) {
         match self {
             SgaPass::Rows(kernel) => {

@@ -89,7 +89,7 @@ pub(crate) struct SgaBlockIo<'a, T> {
 }
 
 /// Whether T's lanes use the residual form of the step (see [`step_lanes`]): float32 arithmetic.
-const fn residual_form<T>() -> bool {
+pub(crate) const fn residual_form<T>() -> bool {
     std::mem::size_of::<T>() < 8
 }
 
@@ -158,7 +158,7 @@ fn max_of<T: PartialOrd>(v: T, lo: T) -> T {
 
 /// `online_sga::bounded` (v kept in [lo, hi], NaN sent to hi) as compares and selects.
 #[inline(always)]
-fn bounded_lane<T: PartialOrd>(v: T, lo: T, hi: T) -> T {
+pub(crate) fn bounded_lane<T: PartialOrd>(v: T, lo: T, hi: T) -> T {
     max_of(min_of(v, hi), lo)
 }
 

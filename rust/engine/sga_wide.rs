@@ -10,20 +10,27 @@
 //!   y = f/ψ,   u += y d,   S += y fᵀ (upper triangle)     (a block: S += Yᵀ F, one tiled rank-nb update)
 //! ```
 //!
-//! Shapes: a sub-block of nb ≤ 96 rows is held as nbp×kp row-major f64 buffers (nbp = nb rounded up to the
-//! tile height, kp = K padded to the tile width, padding zero). Arithmetic is f64 for both storage types; F
-//! and ψ are rounded to T after their step, as in the row kernel. The tiled products fuse multiply-adds on
-//! the FMA path, so the two code paths agree to rounding, not bit for bit.
+//! Shapes: a sub-block of nb ≤ 96 rows is held as nbp×kp row-major buffers (nbp = nb rounded up to the tile
+//! height, kp = K padded to the tile width, padding zero) of the arithmetic type.
+//!
+//! **Arithmetic** follows the storage type, as in the row kernel. f64 state: everything in f64, in the order
+//! above. f32 state: the sub-block buffers (F, G, Y) and both tiled products are f32, and the step uses the
+//! residual form of the row kernel (with Σ = P − m mᵀ and r = d' − f·m: g = f Σ, q = r² + g·f, F step
+//! r m − g), so no f32 term cancels: r (f·m summed in f64), 1/ψ, ∇β, the exp and the ψ step stay f64, as do
+//! the running mean and d; u is accumulated in f64 from the f32 y, and the f32 S tiles of each sub-block are
+//! added into the f64 totals. F and ψ are rounded to T after their step. The tiled products fuse
+//! multiply-adds on the FMA path, so the two code paths agree to rounding, not bit for bit.
 
-use super::sga_kernel::{SgaBlockIo, SgaConsts, Start};
-use super::tiled::{padded_width, rows_times, syrk_upper_add, Tiled, TiledIsa, TILE_ROWS};
+use super::sga_kernel::{bounded_lane, residual_form, SgaBlockIo, SgaConsts, SgaStep, Start};
+use super::tiled::{padded_width, TileElem, Tiled, TiledIsa, TILE_ROWS};
 use crate::online_sga::{bounded, log_psi_step, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
 
 /// Largest sub-block (rows).
 const MAX_SUB_ROWS: usize = 96;
 
-/// Per-pass constants of the wide kernel: K, P tiled (when a step is pending) and the code path.
+/// Per-pass constants of the wide kernel: K, the pending step's matrix tiled (P, or Σ = P − m mᵀ for the
+/// residual form) and the code path.
 #[derive(Debug, Clone)]
 pub(crate) struct SgaWide {
     pub(crate) k: usize,
@@ -32,42 +39,73 @@ pub(crate) struct SgaWide {
 }
 
 impl SgaWide {
-    /// For K = `k`, with the pending step's P (K×K row-major) if any.
-    pub(crate) fn new(k: usize, p: Option<&[f64]>, isa: TiledIsa) -> Self {
-        SgaWide {
-            k,
-            p: p.map(|p| Tiled::new(k, p)),
-            isa,
-        }
+    /// For K = `k`, with the pending step if any, for state of type T (f32 state tiles Σ = P − m mᵀ, formed in
+    /// f64; f64 state tiles P).
+    pub(crate) fn new<T: Real>(k: usize, step: Option<&SgaStep<'_>>, isa: TiledIsa) -> Self {
+        let p = step.map(|st| {
+            if residual_form::<T>() {
+                let mut sigma = st.p[..k * k].to_vec();
+                for (i, row) in sigma.chunks_exact_mut(k).enumerate() {
+                    for (v, &mj) in row.iter_mut().zip(st.m) {
+                        *v -= st.m[i] * mj;
+                    }
+                }
+                Tiled::new(k, &sigma)
+            } else {
+                Tiled::new(k, st.p)
+            }
+        });
+        SgaWide { k, p, isa }
     }
 }
 
-/// Scratch of one task: three f64 buffers of equal use (a sub-block of F, G = F P and Y = F/ψ).
+/// Scratch of one task: three f64 buffers of equal use (a sub-block of F, G = F P and Y = F/ψ); for f32 state
+/// they are used as f32 buffers of twice their length.
 pub(crate) struct SgaWideScratch<'a> {
     pub(crate) f: &'a mut [f64],
     pub(crate) g: &'a mut [f64],
     pub(crate) y: &'a mut [f64],
 }
 
+/// The scratch of one task viewed in the arithmetic type E.
+struct Bufs<'a, E> {
+    f: &'a mut [E],
+    g: &'a mut [E],
+    y: &'a mut [E],
+}
+
 impl SgaWide {
     /// Run the pass over the rows of `io` in sub-blocks of as many rows as the scratch holds (at most
-    /// [`MAX_SUB_ROWS`], a multiple of the tile height).
+    /// [`MAX_SUB_ROWS`], a multiple of the tile height), in f32 arithmetic for f32 state and in f64 otherwise.
     pub(crate) fn run<T: Real>(&self, c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, sc: &mut SgaWideScratch<'_>) {
+        if residual_form::<T>() {
+            self.run_in::<T, f32>(c, io, sc)
+        } else {
+            self.run_in::<T, f64>(c, io, sc)
+        }
+    }
+
+    fn run_in<T: Real, E: TileElem>(&self, c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, sc: &mut SgaWideScratch<'_>) {
+        let mut bufs = Bufs {
+            f: E::scratch(sc.f),
+            g: E::scratch(sc.g),
+            y: E::scratch(sc.y),
+        };
         let n = io.mean.len();
-        let len = sc.f.len().min(sc.g.len()).min(sc.y.len());
+        let len = bufs.f.len().min(bufs.g.len()).min(bufs.y.len());
         let step = (len / padded_width(self.k)).min(MAX_SUB_ROWS) / TILE_ROWS * TILE_ROWS;
         assert!(step > 0, "wide-kernel scratch too small");
         for b0 in (0..n).step_by(step) {
             let nb = (n - b0).min(step);
-            self.sub_block(c, io, sc, b0, nb);
+            self.sub_block(c, io, &mut bufs, b0, nb);
         }
     }
 
-    fn sub_block<T: Real>(
+    fn sub_block<T: Real, E: TileElem>(
         &self,
         c: &SgaConsts<'_>,
         io: &mut SgaBlockIo<'_, T>,
-        sc: &mut SgaWideScratch<'_>,
+        sc: &mut Bufs<'_, E>,
         b0: usize,
         nb: usize,
     ) {
@@ -79,23 +117,29 @@ impl SgaWide {
         for r in 0..nb {
             let dst = &mut sc.f[r * kp..(r + 1) * kp];
             for (d, v) in dst[..k].iter_mut().zip(&io.f[(b0 + r) * k..(b0 + r + 1) * k]) {
-                *d = v.to_f64();
+                *d = E::from_f64(v.to_f64());
             }
-            dst[k..].fill(0.0);
+            dst[k..].fill(E::default());
             psi[r] = io.psi[b0 + r].to_f64();
             d_prev[r] = io.d_last[b0 + r].to_f64();
         }
-        sc.f[nb * kp..nbp * kp].fill(0.0);
+        sc.f[nb * kp..nbp * kp].fill(E::default());
         if let Some(start) = c.start {
-            start_rows::<T>(&mut sc.f[..nb * kp], &mut psi[..nb], start, c.floor);
+            start_rows::<T, E>(&mut sc.f[..nb * kp], &mut psi[..nb], start, c.floor);
         }
         if let (Some(step), Some(p)) = (&c.step, &self.p) {
-            rows_times(self.isa, sc.f, p, sc.g, nbp);
+            E::rows_times(self.isa, sc.f, p, sc.g, nbp);
+            let m: Vec<E> = step.m.iter().map(|&v| E::from_f64(v)).collect();
             let mut overshoot = 0usize;
             for r in 0..nb {
                 let f = &mut sc.f[r * kp..r * kp + k];
                 let g = &sc.g[r * kp..r * kp + k];
-                overshoot += step_row::<T>(f, g, &mut psi[r], d_prev[r], step.m, c);
+                let row_step = RowStep {
+                    m64: step.m,
+                    m: &m,
+                    residual: residual_form::<T>(),
+                };
+                overshoot += row_step.apply::<T>(f, g, &mut psi[r], d_prev[r], c);
             }
             *io.overshoot += overshoot as f64;
         }
@@ -103,7 +147,7 @@ impl SgaWide {
             for r in 0..nb {
                 let src = &sc.f[r * kp..r * kp + k];
                 for (dst, &v) in io.f[(b0 + r) * k..(b0 + r + 1) * k].iter_mut().zip(src) {
-                    *dst = T::from_f64(v);
+                    *dst = T::from_f64(v.to_f64());
                 }
                 io.psi[b0 + r] = T::from_f64(psi[r]);
             }
@@ -112,7 +156,7 @@ impl SgaWide {
         for r in 0..nbp {
             let y = &mut sc.y[r * kp..(r + 1) * kp];
             if r >= nb {
-                y.fill(0.0);
+                y.fill(E::default());
                 continue;
             }
             let i = b0 + r;
@@ -122,53 +166,78 @@ impl SgaWide {
             io.mean[i] = mean_s;
             let d = x - m1;
             io.d_last[i] = T::from_f64(d);
-            let inv_psi = 1.0 / psi[r];
+            let inv_psi = E::from_f64(1.0 / psi[r]);
             for ((yv, &fv), u) in y.iter_mut().zip(&sc.f[r * kp..r * kp + k]).zip(io.u.iter_mut()) {
                 *yv = fv * inv_psi;
-                *u += *yv * d;
+                *u += yv.to_f64() * d;
             }
-            y[k..].fill(0.0);
+            y[k..].fill(E::default());
         }
-        syrk_upper_add(self.isa, sc.y, sc.f, nbp, k, io.s);
+        E::syrk_upper_add(self.isa, sc.y, sc.f, nbp, k, io.s);
     }
 }
 
 /// The data-scaled start on rows of F (padded rows, kp wide) and their ψ, rounded to T.
-fn start_rows<T: Real>(f: &mut [f64], psi: &mut [f64], start: Start, floor: f64) {
+fn start_rows<T: Real, E: Real>(f: &mut [E], psi: &mut [f64], start: Start, floor: f64) {
     if start.degenerate {
         psi.fill(1.0);
         return;
     }
     for v in f.iter_mut() {
-        *v = stored::<T>(*v * start.sigma).1;
+        *v = E::from_f64(stored::<T>(v.to_f64() * start.sigma).1);
     }
     for v in psi.iter_mut() {
         *v = stored::<T>(v.max(floor)).1;
     }
 }
 
-/// Lines 10–14 of Algorithm 1 on one row (f, g = f P: K each), rounded to T; 1 if its ψ step diverged.
-#[inline(always)]
-fn step_row<T: Real>(f: &mut [f64], g: &[f64], psi: &mut f64, d: f64, m: &[f64], c: &SgaConsts<'_>) -> usize {
-    let mut f_m = 0.0;
-    let mut g_f = 0.0;
-    for ((&fv, &gv), &mj) in f.iter().zip(g).zip(m) {
-        f_m += fv * mj;
-        g_f += gv * fv;
+/// The pending step's m (f64 and in the arithmetic type E) and its form (residual for f32 arithmetic).
+struct RowStep<'a, E> {
+    m64: &'a [f64],
+    m: &'a [E],
+    residual: bool,
+}
+
+impl<E: Real> RowStep<'_, E> {
+    /// Lines 10–14 of Algorithm 1 on one row (f, g = f P or f Σ: K each), rounded to T; 1 if its ψ step
+    /// diverged. f64 form: q = d'² − 2 d' f·m + g·f, F step d' m − g. Residual form (g = f Σ, see the module
+    /// documentation): r = d' − f·m in f64, q = r² + g·f, F step r m − g.
+    #[inline(always)]
+    fn apply<T: Real>(&self, f: &mut [E], g: &[E], psi: &mut f64, d: f64, c: &SgaConsts<'_>) -> usize {
+        let (q, coef) = if self.residual {
+            let mut f_m = 0.0f64;
+            let mut g_f = E::default();
+            for ((&fv, &gv), &mj) in f.iter().zip(g).zip(self.m64) {
+                f_m += fv.to_f64() * mj;
+                g_f = g_f + gv * fv;
+            }
+            let r = d - f_m;
+            (r * r + g_f.to_f64(), r)
+        } else {
+            let mut f_m = 0.0;
+            let mut g_f = 0.0;
+            for ((&fv, &gv), &mj) in f.iter().zip(g).zip(self.m64) {
+                f_m += fv.to_f64() * mj;
+                g_f += gv.to_f64() * fv.to_f64();
+            }
+            (d * d - 2.0 * d * f_m + g_f, d)
+        };
+        let inv_psi = 1.0 / *psi;
+        let grad_beta = 0.5 * inv_psi * q - 0.5;
+        let scale = E::from_f64(if c.precondition { 1.0 } else { inv_psi });
+        let (lr, coef) = (E::from_f64(c.lr), E::from_f64(coef));
+        let (lo, hi) = (E::from_f64(-T::MAX_STATE), E::from_f64(T::MAX_STATE));
+        for ((fv, &gv), &mj) in f.iter_mut().zip(g).zip(self.m) {
+            let grad_f = scale * (coef * mj - gv);
+            *fv = E::from_f64(stored::<T>(bounded_lane(*fv + lr * grad_f, lo, hi).to_f64()).1);
+        }
+        let old = *psi;
+        let new = bounded(
+            old * log_psi_step(c.lr * grad_beta, c.precondition).exp(),
+            c.floor,
+            T::MAX_STATE,
+        );
+        *psi = stored::<T>(new).1;
+        usize::from(*psi > MAX_PSI_OVERSHOOT * old.max(d * d))
     }
-    let inv_psi = 1.0 / *psi;
-    let grad_beta = 0.5 * inv_psi * (d * d - 2.0 * d * f_m + g_f) - 0.5;
-    let f_scale = if c.precondition { 1.0 } else { inv_psi };
-    for ((fv, &gv), &mj) in f.iter_mut().zip(g).zip(m) {
-        let grad_f = f_scale * (d * mj - gv);
-        *fv = stored::<T>(bounded(*fv + c.lr * grad_f, -T::MAX_STATE, T::MAX_STATE)).1;
-    }
-    let old = *psi;
-    let new = bounded(
-        old * log_psi_step(c.lr * grad_beta, c.precondition).exp(),
-        c.floor,
-        T::MAX_STATE,
-    );
-    *psi = stored::<T>(new).1;
-    usize::from(*psi > MAX_PSI_OVERSHOOT * old.max(d * d))
 }
