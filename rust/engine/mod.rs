@@ -19,7 +19,6 @@ pub(crate) mod sga_kernel;
 pub(crate) mod sga_wide;
 pub(crate) mod tiled;
 
-pub(crate) use block::block_times;
 pub use model::{StepSums, StreamingModel};
 pub(crate) use partition::{use_parallel, validate_batch, BLOCK_ROWS, TASK_ROWS};
 

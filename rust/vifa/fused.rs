@@ -14,9 +14,10 @@ use super::lanes::{self, Draws, Lanes, RuleT};
 use super::params::RowsMut;
 use super::update::{UpdateRule, LOG_NOISE_LIMIT};
 use crate::engine::isa::Isa;
+use crate::engine::tiled::TiledIsa;
 use crate::scalar::Real;
 
-/// Largest K the fused kernels handle (larger K runs the blocked GEMM path of `update`).
+/// Largest K the fused kernels handle (larger K runs the blocked path of `update`).
 pub(super) const MAX_K: usize = 16;
 
 /// Which kernels a model's passes run; chosen once per model (at construction and restore).
@@ -24,8 +25,9 @@ pub(super) const MAX_K: usize = 16;
 pub(crate) enum Kernel {
     /// The fused lane kernels of this module (K ≤ [`MAX_K`]) on the given code path.
     Fused(Isa),
-    /// Blocked GEMMs over row blocks (`gradient`, `update`), any K.
-    Blocked,
+    /// Row blocks with register-tiled K×K products (`gradient`, `products`, `update`), any K, the products
+    /// on the given code path.
+    Blocked(TiledIsa),
 }
 
 impl Kernel {
@@ -42,7 +44,7 @@ impl Kernel {
                 .unwrap_or(Isa::Portable);
             Kernel::Fused(best_256)
         } else {
-            Kernel::Blocked
+            Kernel::Blocked(TiledIsa::detect())
         }
     }
 }

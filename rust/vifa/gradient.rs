@@ -1,13 +1,13 @@
 //! The gradient of the negative ELBO for one block of rows (4.42–4.61), and the block's share of
 //! B = Fᵀ Ψ⁻¹ F (Algorithm 3, line 11).
 
-use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array2, ArrayView2};
 
 use super::draws::fill_noise;
 use super::params::Params;
+use super::products::Products;
 use super::{Vifa, BLOCK_ROWS};
-use crate::engine::block_times;
+use crate::engine::tiled::{Tiled, TiledIsa};
 use crate::scalar::Real;
 
 /// Everything the gradient of one block needs besides its rows.
@@ -19,8 +19,9 @@ pub(super) struct GradCtx<'a, X> {
     pub(super) h: ArrayView2<'a, f64>,
     /// g_l = ∇θ NLL at draw l (L×D).
     pub(super) grads: ArrayView2<'a, X>,
-    /// (I + B)⁻¹ (K×K).
+    /// (I + B)⁻¹ (K×K), and tiled for the blocked path's products.
     pub(super) m_inv: ArrayView2<'a, f64>,
+    pub(super) m_inv_tiled: Tiled,
     pub(super) alpha: f64,
     /// Global index of row 0 (for the noise).
     pub(super) row_offset: usize,
@@ -39,6 +40,7 @@ impl<T: Real> Vifa<T> {
             first_draw: self.first_pending(),
             h,
             grads,
+            m_inv_tiled: Tiled::new(self.n_components, &m_inv.iter().copied().collect::<Vec<f64>>()),
             m_inv,
             alpha: self.config.prior_precision,
             row_offset: self.row_offset,
@@ -46,7 +48,8 @@ impl<T: Real> Vifa<T> {
     }
 }
 
-/// One block of rows in f64. Vectors hold BLOCK_ROWS values, matrices BLOCK_ROWS×K (row-major).
+/// One block of rows in f64 (vectors hold BLOCK_ROWS values, matrices BLOCK_ROWS×K row-major), and the padded
+/// buffers of the block's K×K products.
 pub(super) struct Scratch {
     pub(super) k: usize,
     pub(super) c: Vec<f64>,
@@ -63,10 +66,12 @@ pub(super) struct Scratch {
     pub(super) cr: Vec<f64>,
     pub(super) gh: Vec<f64>,
     pub(super) grad_f: Vec<f64>,
+    pub(super) products: Products,
 }
 
 impl Scratch {
-    pub(super) fn new(k: usize) -> Self {
+    /// For state of type T (whose type the products compute in) on the products' code path `isa`.
+    pub(super) fn new<T: Real>(k: usize, isa: TiledIsa) -> Self {
         let v = || vec![0.0; BLOCK_ROWS];
         let m = || vec![0.0; BLOCK_ROWS * k];
         Scratch {
@@ -85,6 +90,7 @@ impl Scratch {
             cr: m(),
             gh: m(),
             grad_f: m(),
+            products: Products::new(k, isa, std::mem::size_of::<T>() < 8),
         }
     }
 
@@ -98,6 +104,7 @@ impl Scratch {
         );
     }
 
+    #[inline(always)]
     pub(super) fn load_rows<T: Real>(&mut self, c: &[T], f: &[T], beta: &[T]) {
         for (dst, src) in self.c.iter_mut().zip(c) {
             *dst = src.to_f64();
@@ -111,6 +118,7 @@ impl Scratch {
     }
 
     /// ψ^{1/2} = exp(β/2) and ψ = (ψ^{1/2})² for the loaded rows: one exp per row.
+    #[inline(always)]
     pub(super) fn derive_noise(&mut self, nb: usize) {
         for ((psi, sqrt_psi), beta) in self.psi[..nb].iter_mut().zip(&mut self.sqrt_psi[..nb]).zip(&self.beta) {
             *sqrt_psi = (0.5 * beta).exp();
@@ -119,22 +127,19 @@ impl Scratch {
     }
 }
 
-/// View the first `nb` rows of a row-major K-wide buffer as an nb×K matrix.
-pub(super) fn rows(buf: &[f64], nb: usize, k: usize) -> ArrayView2<'_, f64> {
-    ArrayView2::from_shape((nb, k), &buf[..nb * k]).expect("buffer holds nb rows of K")
-}
-
-/// A = Ψ⁻¹ F (line 10) and gram += Aᵀ F, the block's share of B = Fᵀ Ψ⁻¹ F (line 11), for the loaded
-/// rows. Overwrites ψ, ψ^{1/2} and A. The same kernel serves the step and `recompute_m_inv`, so a
-/// restored model has bit-identical (I + B)⁻¹.
+/// A = Ψ⁻¹ F (line 10) and gram += Aᵀ F, the block's share of B = Fᵀ Ψ⁻¹ F (line 11; upper triangle only,
+/// see `products::mirror_upper`), for the loaded rows. Overwrites ψ, ψ^{1/2} and A. The same kernel serves
+/// the step and `recompute_m_inv`, so a restored model has bit-identical (I + B)⁻¹.
+#[inline(always)]
 pub(super) fn accumulate_gram(s: &mut Scratch, nb: usize, gram: &mut Array2<f64>) {
     s.derive_noise(nb);
     scaled_rows(s, nb);
-    let (a, f) = (rows(&s.a, nb, s.k), rows(&s.f, nb, s.k));
-    general_mat_mul(1.0, &a.t(), &f, 1.0, gram);
+    let gram = gram.as_slice_mut().expect("gram is allocated contiguous");
+    s.products.gram_upper_add(&s.a, &s.f, nb, gram);
 }
 
 /// A = Ψ⁻¹ F for the loaded rows (ψ already derived): one reciprocal per row.
+#[inline(always)]
 pub(super) fn scaled_rows(s: &mut Scratch, nb: usize) {
     let k = s.k;
     for ((a_row, f_row), psi) in s.a[..nb * k].chunks_exact_mut(k).zip(s.f.chunks_exact(k)).zip(&s.psi) {
@@ -156,12 +161,13 @@ pub(super) fn scaled_rows(s: &mut Scratch, nb: usize) {
 ///
 /// with A = Ψ⁻¹ F, C = A (I + B)⁻¹ and ḡ = mean_l g_l. Line 13's −A + C Bᵀ equals −C exactly, because
 /// (I + B)⁻¹ B = I − (I + B)⁻¹ (i.e. (F Fᵀ + Ψ)⁻¹ F = Ψ⁻¹ F (I + B)⁻¹); −C avoids the cancellation.
+#[inline(always)]
 pub(super) fn block_gradients<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: usize, nb: usize) {
     let k = ctx.k;
     s.derive_noise(nb);
     scaled_rows(s, nb);
     // Line 12: C = A (I + B)⁻¹, this block's rows (nb×K times K×K).
-    block_times(&s.a, ctx.m_inv, &mut s.cr, nb);
+    s.products.times(&s.a, &ctx.m_inv_tiled, &mut s.cr, nb);
     likelihood_terms(ctx, s, row0, nb);
     let alpha = ctx.alpha;
     for i in 0..nb {
@@ -173,17 +179,32 @@ pub(super) fn block_gradients<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: 
             &s.cr[span.clone()],
             &s.gh[span.clone()],
         );
-        let mut c_dot_a = 0.0;
         for (j, g) in s.grad_f[span].iter_mut().enumerate() {
             *g = -cr[j] + alpha * f[j] + gh[j];
-            c_dot_a += cr[j] * a[j];
         }
+        let c_dot_a = dot(cr, a);
         let psi = s.psi[i];
         s.grad_b[i] = -0.5 + 0.5 * psi * c_dot_a + 0.5 * alpha * psi + 0.5 * s.sqrt_psi[i] * s.gz[i];
     }
 }
 
+/// a·b in four partial sums over j ≡ 0, 1, 2, 3 (mod 4), added in that order (a fixed order whose four
+/// independent chains pipeline, where one chain of K dependent additions would not).
+#[inline(always)]
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let (a4, b4) = (a.chunks_exact(4), b.chunks_exact(4));
+    let tail: f64 = a4.remainder().iter().zip(b4.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in a4.zip(b4) {
+        for l in 0..4 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + tail
+}
+
 /// The reparameterised likelihood terms averaged over the L draws: ḡ, mean g hᵀ, mean g ⊙ z.
+#[inline(always)]
 pub(super) fn likelihood_terms<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0: usize, nb: usize) {
     let k = ctx.k;
     let n_draws = ctx.grads.nrows();
@@ -197,7 +218,15 @@ pub(super) fn likelihood_terms<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0:
             ctx.row_offset + row0,
             &mut s.z[..nb],
         );
-        let h = ctx.h.row(l);
+        let h_row = ctx.h.row(l);
+        let h_owned;
+        let h: &[f64] = match h_row.as_slice() {
+            Some(h) => h,
+            None => {
+                h_owned = h_row.to_vec();
+                &h_owned
+            }
+        };
         let g_block = ctx.grads.row(l).slice_move(s![row0..row0 + nb]);
         let per_row = s.g_mean[..nb]
             .iter_mut()
@@ -207,17 +236,15 @@ pub(super) fn likelihood_terms<X: Real>(ctx: &GradCtx<X>, s: &mut Scratch, row0:
             let g = g.to_f64();
             *g_sum += g;
             *gz += g * z;
-            for (gh, h) in gh_row.iter_mut().zip(h.iter()) {
+            for (gh, h) in gh_row.iter_mut().zip(h) {
                 *gh += g * h;
             }
         }
     }
     let inv_l = 1.0 / n_draws as f64;
-    for v in s.g_mean[..nb]
-        .iter_mut()
-        .chain(&mut s.gz[..nb])
-        .chain(&mut s.gh[..nb * k])
-    {
-        *v *= inv_l;
+    for buf in [&mut s.g_mean[..nb], &mut s.gz[..nb], &mut s.gh[..nb * k]] {
+        for v in buf.iter_mut() {
+            *v *= inv_l;
+        }
     }
 }

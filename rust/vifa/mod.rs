@@ -29,7 +29,7 @@
 //! for the next step. Nothing D×D is ever formed.
 //!
 //! Layout: `config` (hyper-parameters, optimiser, learning rates), `params` (c, F, β and Adam's moments),
-//! `draws` (sampling with counter-based noise), `gradient` (the block gradient kernels), `update` (the SGD
+//! `draws` (sampling with counter-based noise), `gradient` (the block gradient kernels), `products` (their K×K products), `update` (the SGD
 //! and Adam rules and clipping), `step` (the step split into local gradient norms, local step and finish
 //! for models sharded across processes), `checkpoint` (the saved state).
 
@@ -43,6 +43,7 @@ mod gradient;
 mod kernel_tests;
 mod lanes;
 mod params;
+mod products;
 mod sample_kernel;
 mod step;
 #[cfg(test)]

@@ -10,6 +10,7 @@ use super::fused::{Kernel, StepConsts};
 use super::fused_tasks;
 use super::gradient::{accumulate_gram, block_gradients, GradCtx, Scratch};
 use super::params::RowsMut;
+use super::products::mirror_upper;
 use super::update::{clip_scales, update_task, StepTask, UpdateRule};
 use super::{Vifa, BLOCK_ROWS, DIVERGED, TASK_ROWS};
 use crate::engine::{use_parallel, validate_batch};
@@ -27,17 +28,21 @@ impl<T: Real> Vifa<T> {
             .collect();
         let kernel = self.kernel;
         let partials = run_tasks(tasks, use_parallel(d, k), |(lo, hi)| {
-            if let Kernel::Fused(isa) = kernel {
-                let gram = fused_tasks::gram_task(isa, k, &self.params, &self.sqrt_psi, (lo, hi));
-                return square(k, gram);
-            }
-            let mut s = Scratch::new(k);
+            let isa = match kernel {
+                Kernel::Fused(isa) => {
+                    let gram = fused_tasks::gram_task(isa, k, &self.params, &self.sqrt_psi, (lo, hi));
+                    return square(k, gram);
+                }
+                Kernel::Blocked(isa) => isa,
+            };
+            let mut s = Scratch::new::<T>(k, isa);
             let mut gram = Array2::zeros((k, k));
             for b0 in (lo..hi).step_by(BLOCK_ROWS) {
                 let nb = (hi - b0).min(BLOCK_ROWS);
                 s.load(&self.params, b0, nb);
                 accumulate_gram(&mut s, nb, &mut gram);
             }
+            mirror_upper(k, gram.as_slice_mut().expect("gram is allocated contiguous"));
             gram
         });
         precision_inverse(k, partials)
@@ -146,10 +151,13 @@ impl<T: Real> Vifa<T> {
             .collect();
         let (kernel, h, m_inv) = (self.kernel, flat(ctx.h), flat(ctx.m_inv));
         let partials = run_tasks(tasks, use_parallel(d, k), |(lo, hi)| {
-            if let Kernel::Fused(isa) = kernel {
-                return fused_tasks::norms_task(isa, &self.params, &self.sqrt_psi, (lo, hi), ctx, &h, &m_inv);
-            }
-            let mut s = Scratch::new(k);
+            let isa = match kernel {
+                Kernel::Fused(isa) => {
+                    return fused_tasks::norms_task(isa, &self.params, &self.sqrt_psi, (lo, hi), ctx, &h, &m_inv)
+                }
+                Kernel::Blocked(isa) => isa,
+            };
+            let mut s = Scratch::new::<T>(k, isa);
             let mut sq = [0.0; 3];
             for b0 in (lo..hi).step_by(BLOCK_ROWS) {
                 let nb = (hi - b0).min(BLOCK_ROWS);
@@ -167,7 +175,7 @@ impl<T: Real> Vifa<T> {
     }
 
     /// The step pass: gradients, optimiser update, and B of the new parameters, in one read and one write
-    /// of each row (the model's `kernel`: fused for K ≤ 16, blocked GEMMs above). Returns (B, all finite).
+    /// of each row (the model's `kernel`: fused for K ≤ 16, blocked above). Returns (B, all finite).
     pub(super) fn update_pass<X: Real>(&mut self, ctx: &GradCtx<X>, rule: &UpdateRule) -> (Array2<f64>, bool) {
         let (d, k) = (self.n_features, self.n_components);
         let n_tasks = d.div_ceil(TASK_ROWS);
@@ -195,12 +203,12 @@ impl<T: Real> Vifa<T> {
             alpha: ctx.alpha,
             rule,
         };
-        let partials = run_tasks(tasks, use_parallel(d, k), |task| {
-            if let Kernel::Fused(isa) = kernel {
+        let partials = run_tasks(tasks, use_parallel(d, k), |task| match kernel {
+            Kernel::Fused(isa) => {
                 let (gram, finite) = fused_tasks::update_task(isa, task, ctx, &h, &consts);
-                return (square(k, gram), finite);
+                (square(k, gram), finite)
             }
-            update_task(task, ctx, rule)
+            Kernel::Blocked(isa) => update_task(task, ctx, rule, isa),
         });
         let finite = partials.iter().all(|(_, ok)| *ok);
         let gram = partials.into_iter().fold(Array2::zeros((k, k)), |acc, (g, _)| acc + g);

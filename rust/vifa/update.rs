@@ -5,9 +5,11 @@ use ndarray::Array2;
 
 use super::config::{ADAM_BETA1, ADAM_BETA2};
 use super::gradient::{accumulate_gram, block_gradients, GradCtx, Scratch};
-use super::lanes::{adam, sgd};
+use super::lanes::{adam, adam_column, sgd, sgd_column, RuleT};
 use super::params::RowsMut;
+use super::products::mirror_upper;
 use super::BLOCK_ROWS;
+use crate::engine::tiled::TiledIsa;
 use crate::scalar::Real;
 
 /// Learning rates η, clipping factors and Adam's bias corrections of one step (per group c, F, β).
@@ -63,6 +65,7 @@ pub(super) const LOG_NOISE_LIMIT: f64 = 700.0;
 /// SGD p ← p − η g, or Adam (moments `m`, `v` updated in place) p ← p − η m̂ / (√v̂ + ε). New values are
 /// rounded to the storage type and written to `stored_vals` and (as used) `vals`. Returns whether all
 /// new values are finite.
+#[inline(always)]
 pub(super) fn apply_group<T: Real>(
     stored_vals: &mut [T],
     vals: &mut [f64],
@@ -95,17 +98,84 @@ pub(super) fn apply_group<T: Real>(
     finite
 }
 
+/// Lines 17–19 for F's rows in the arithmetic of the storage type T, as the fused kernels do: each gradient is
+/// rounded to T and the rule ([`sgd_column`], [`adam_column`], one value at a time in a loop the compiler
+/// vectorises) runs in T. For float64 state these are the operations of [`apply_group`], in the same order (bit
+/// for bit); float32 state does float32 arithmetic. Writes the new values to `stored_vals` and (as f64) `vals`;
+/// returns whether all are finite.
+#[inline(always)]
+pub(super) fn apply_loadings<T: Real>(
+    stored_vals: &mut [T],
+    vals: &mut [f64],
+    grads: &[f64],
+    rule: &UpdateRule,
+    moments: Option<(&mut [T], &mut [T])>,
+) -> bool {
+    let rule_t = RuleT::<T>::new(rule.lr[1], rule.adam_lr[1], rule.scale[1], rule.inv_sqrt_bias2);
+    let mut finite = true;
+    let params = stored_vals.iter_mut().zip(vals.iter_mut()).zip(grads);
+    match moments {
+        None => {
+            for ((p_s, p), &g) in params {
+                let [new] = sgd_column(&[*p_s], &[T::from_f64(g)], &rule_t);
+                finite &= new.to_f64().is_finite();
+                (*p_s, *p) = (new, new.to_f64());
+            }
+        }
+        Some((first, second)) => {
+            for (((p_s, p), &g), (m, v)) in params.zip(first.iter_mut().zip(second.iter_mut())) {
+                let (mut m1, mut v1) = ([*m], [*v]);
+                let [new] = adam_column(&[*p_s], &[T::from_f64(g)], &mut m1, &mut v1, &rule_t);
+                (*m, *v) = (m1[0], v1[0]);
+                finite &= new.to_f64().is_finite();
+                (*p_s, *p) = (new, new.to_f64());
+            }
+        }
+    }
+    finite
+}
+
 /// Apply the update to one task's rows block by block, then accumulate B of the new (stored) rows.
 /// Returns this task's share of B and whether every new value is finite (and |β| ≤ 700).
+///
+/// The row-local loops are compiled for AVX2 when the products run on the FMA path (same operations in the
+/// same order: Rust never contracts a·b + c, so both builds give the same bits).
 pub(super) fn update_task<T: Real, X: Real>(
     task: StepTask<T>,
     ctx: &GradCtx<X>,
     rule: &UpdateRule,
+    isa: TiledIsa,
+) -> (Array2<f64>, bool) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA.
+        TiledIsa::Fma => unsafe { update_task_avx2(task, ctx, rule, isa) },
+        TiledIsa::Portable => update_task_with(task, ctx, rule, isa),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn update_task_avx2<T: Real, X: Real>(
+    task: StepTask<T>,
+    ctx: &GradCtx<X>,
+    rule: &UpdateRule,
+    isa: TiledIsa,
+) -> (Array2<f64>, bool) {
+    update_task_with(task, ctx, rule, isa)
+}
+
+#[inline(always)]
+fn update_task_with<T: Real, X: Real>(
+    task: StepTask<T>,
+    ctx: &GradCtx<X>,
+    rule: &UpdateRule,
+    isa: TiledIsa,
 ) -> (Array2<f64>, bool) {
     let k = ctx.k;
     let StepTask { lo, p, sqrt_psi, mut m } = task;
     let n = p.c.len();
-    let mut s = Scratch::new(k);
+    let mut s = Scratch::new::<T>(k, isa);
     let mut gram = Array2::zeros((k, k));
     let mut finite = true;
     for b0 in (0..n).step_by(BLOCK_ROWS) {
@@ -127,12 +197,13 @@ pub(super) fn update_task<T: Real, X: Real>(
             None => [None, None, None],
         };
         finite &= apply_group(c, &mut s.c[..nb], &s.grad_c[..nb], 0, rule, m_c);
-        finite &= apply_group(f, &mut s.f[..nb * k], &s.grad_f[..nb * k], 1, rule, m_f);
+        finite &= apply_loadings(f, &mut s.f[..nb * k], &s.grad_f[..nb * k], rule, m_f);
         finite &= apply_group(beta, &mut s.beta[..nb], &s.grad_b[..nb], 2, rule, m_b);
         finite &= s.beta[..nb].iter().all(|b| b.abs() <= LOG_NOISE_LIMIT);
         // Line 11 for the next step: B += Aᵀ F over the rows just written (as stored).
         accumulate_gram(&mut s, nb, &mut gram);
         sqrt_psi[b0..b0 + nb].copy_from_slice(&s.sqrt_psi[..nb]);
     }
+    mirror_upper(k, gram.as_slice_mut().expect("gram is allocated contiguous"));
     (gram, finite)
 }
