@@ -264,12 +264,17 @@ fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRo
         d_prev[l] = d_last_rows[l].to_f64();
     }
     if let Some((mean_rho, rho)) = c.moments {
+        // The stored values go to lane arrays first and then to the rows in one copy each, so the stores
+        // are whole vectors (stored lane by lane, they compiled to one extract-and-store per value).
+        let (mut mean_s, mut dsq_s) = ([zero; W], [zero; W]);
         for l in 0..W {
             let adv = advance::<T>(m0[l], dsq0[l], d_prev[l], mean_rho, rho);
-            (mean_rows[l], m0[l]) = adv.mean;
-            (dsq_rows[l], dsq0[l]) = adv.dsq;
+            (mean_s[l], m0[l]) = adv.mean;
+            (dsq_s[l], dsq0[l]) = adv.dsq;
             d_prev[l] = adv.d;
         }
+        mean_rows.copy_from_slice(&mean_s);
+        dsq_rows.copy_from_slice(&dsq_s);
     }
     if let Some((rho_p, m)) = &c.pending {
         // Line 12 of the previous sample: Ā ← Ā + ρ (d mᵀ − Ā), then Ā ← Ā W when whitening.
@@ -310,6 +315,7 @@ fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRo
     // This sample: innovation e = x − θ̄_{t−1} (stored), d_t and d̄²_t in registers (ψ uses d̄²_{t−1}).
     let mut inv_psi = [zero; W];
     let mut dv = [zero; W];
+    let mut e_s = [zero; W];
     for l in 0..W {
         // ψ = max(d̄² − |z|², floor), written as a select (a NaN difference gives the floor, as f64::max does).
         let diff = dsq0[l] - fa[l];
@@ -317,10 +323,11 @@ fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRo
         let (es, e) = stored::<T>(x_rows[l] - m0[l]);
         let adv = advance::<T>(m0[l], dsq0[l], e, c.mean_rho, c.rho);
         acc.dsq[l] += adv.dsq.1;
-        d_last_rows[l] = es;
+        e_s[l] = es;
         dv[l] = T::from_f64(adv.d);
         inv_psi[l] = T::from_f64(1.0 / psi);
     }
+    d_last_rows.copy_from_slice(&e_s);
     // E-step sums in Ā space: u_z += z d/ψ here; S_z += z zᵀ/ψ (upper triangle) from the kept y = z/ψ and z
     // when the chunk is full (`LaneSyrk::flush`).
     for i in 0..K {
