@@ -32,23 +32,38 @@ pub(crate) fn use_parallel(d: usize, k: usize) -> bool {
     d.saturating_mul(k.max(1)) >= PARALLEL_MIN_ELEMENTS && crate::fork::parallel_allowed()
 }
 
-/// Scratch buffers of one `update` call: a block and a partial sum per task, allocated once per call
-/// (not per sample) and reused by every row of the batch.
+/// Scratch of one `update` call: a partial sum per task (allocated once per call, not per sample, and reused by
+/// every row of the batch). The block buffers are not here: each worker of a pass makes its own (one per
+/// rayon job, one on the calling thread), so a call does not allocate — and the kernel zero — a block per
+/// task (at D = 10⁷ that was 1,221 blocks, 80 MB at K = 10, on every call).
 pub(crate) struct Scratch {
-    blocks: Vec<Block>,
     partials: Vec<StepSums>,
-    /// Each task's block of the sample, as f64.
-    samples: Vec<Vec<f64>>,
 }
 
 impl Scratch {
-    /// Buffers for a state of `n_rows` rows and K = `k`.
+    /// Partial sums for a state of `n_rows` rows and K = `k`.
     pub(crate) fn new(n_rows: usize, k: usize) -> Self {
         let n_tasks = n_rows.div_ceil(TASK_ROWS).max(1);
         Scratch {
-            blocks: (0..n_tasks).map(|_| Block::new(k)).collect(),
             partials: (0..n_tasks).map(|_| StepSums::zeros(k)).collect(),
-            samples: (0..n_tasks).map(|_| vec![0.0; BLOCK_ROWS]).collect(),
+        }
+    }
+}
+
+/// The buffers one worker of a pass reuses from task to task: a block and the block's sample as f64. A task
+/// already reuses them from one block of rows to the next (the kernels write what they read of them first),
+/// so carrying them on to the next task changes no result (tested: results do not depend on the thread
+/// count).
+struct WorkerBuffers {
+    block: Block,
+    sample: Vec<f64>,
+}
+
+impl WorkerBuffers {
+    fn new(k: usize) -> Self {
+        WorkerBuffers {
+            block: Block::new(k),
+            sample: vec![0.0; BLOCK_ROWS],
         }
     }
 }
@@ -105,31 +120,25 @@ pub(crate) fn stream_pass<T, X, F>(
             var,
             d_last,
         });
-    let work = tasks.enumerate().zip(
-        scratch
-            .blocks
-            .iter_mut()
-            .zip(scratch.partials.iter_mut())
-            .zip(scratch.samples.iter_mut()),
-    );
-    let run = |((task, mut rows), ((blk, sums), x_buf)): (
-        (usize, StateRows<'_, T>),
-        ((&mut Block, &mut StepSums), &mut Vec<f64>),
-    )| {
+    let work = tasks.enumerate().zip(scratch.partials.iter_mut());
+    let run = |buf: &mut WorkerBuffers, ((task, mut rows), sums): ((usize, StateRows<'_, T>), &mut StepSums)| {
         sums.s.fill(0.0);
         sums.u.fill(0.0);
         sums.dsq_sum = 0.0;
         let (lo, n) = (task * TASK_ROWS, rows.mean.len());
         for b0 in (0..n).step_by(BLOCK_ROWS) {
             let nb = (n - b0).min(BLOCK_ROWS);
-            let x_rows = block_as_f64(x, lo + b0, nb, x_buf);
-            block(lo + b0, rows.rows(b0, nb, k), x_rows, blk, sums);
+            let x_rows = block_as_f64(x, lo + b0, nb, &mut buf.sample);
+            block(lo + b0, rows.rows(b0, nb, k), x_rows, &mut buf.block, sums);
         }
     };
     if use_parallel(n_rows, k) {
-        work.collect::<Vec<_>>().into_par_iter().for_each(run);
+        work.collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each_init(|| WorkerBuffers::new(k), run);
     } else {
-        work.for_each(run);
+        let mut buf = WorkerBuffers::new(k);
+        work.for_each(|item| run(&mut buf, item));
     }
     total.s.fill(0.0);
     total.u.fill(0.0);
