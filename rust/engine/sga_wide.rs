@@ -95,9 +95,14 @@ impl SgaWide {
         let len = bufs.f.len().min(bufs.g.len()).min(bufs.y.len());
         let step = (len / padded_width(self.k)).min(MAX_SUB_ROWS) / TILE_ROWS * TILE_ROWS;
         assert!(step > 0, "wide-kernel scratch too small");
+        // The pending step's m in E, once for the block.
+        let m: Vec<E> = c
+            .step
+            .as_ref()
+            .map_or_else(Vec::new, |st| st.m.iter().map(|&v| E::from_f64(v)).collect());
         for b0 in (0..n).step_by(step) {
             let nb = (n - b0).min(step);
-            self.sub_block(c, io, &mut bufs, b0, nb);
+            self.sub_block(c, io, &mut bufs, &m, b0, nb);
         }
     }
 
@@ -106,6 +111,7 @@ impl SgaWide {
         c: &SgaConsts<'_>,
         io: &mut SgaBlockIo<'_, T>,
         sc: &mut Bufs<'_, E>,
+        m: &[E],
         b0: usize,
         nb: usize,
     ) {
@@ -129,16 +135,15 @@ impl SgaWide {
         }
         if let (Some(step), Some(p)) = (&c.step, &self.p) {
             E::rows_times(self.isa, sc.f, p, sc.g, nbp);
-            let m: Vec<E> = step.m.iter().map(|&v| E::from_f64(v)).collect();
+            let row_step = RowStep {
+                m64: step.m,
+                m,
+                residual: residual_form::<T>(),
+            };
             let mut overshoot = 0usize;
             for r in 0..nb {
                 let f = &mut sc.f[r * kp..r * kp + k];
                 let g = &sc.g[r * kp..r * kp + k];
-                let row_step = RowStep {
-                    m64: step.m,
-                    m: &m,
-                    residual: residual_form::<T>(),
-                };
                 overshoot += row_step.apply::<T>(f, g, &mut psi[r], d_prev[r], c);
             }
             *io.overshoot += overshoot as f64;
