@@ -181,6 +181,26 @@ def test_chunked_draws_equal_unchunked_draws_for_a_seed() -> None:
     assert list(sample_parameters(em, 0, seed=7)) == []
 
 
+def test_chunked_draws_do_not_depend_on_how_the_blas_rounds_each_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in for a BLAS whose rounding of a row depends on the product's row count (PyTorch's AVX-512
+    # GEMM differs by one ulp between 1, 2, 5, 8 and 23 rows): the perturbation is a relative 1e-6 per
+    # row of the product, far above one float32 ulp, so any chunking that changes the product's shape
+    # changes the draws.
+    real_addmm = torch.addmm
+
+    def shape_dependent_addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = real_addmm(bias, a, b)
+        return out + out.abs() * (1e-6 * a.shape[0])
+
+    monkeypatch.setattr(torch, "addmm", shape_dependent_addmm)
+    em = _fitted_em(np.linspace(-1.0, 1.0, 11), seed=0)
+    whole = torch.cat(list(sample_parameters(em, 23, seed=7, chunk_size=23)))
+    for chunk_size in (1, 2, 5, 8, 100):
+        assert torch.equal(torch.cat(list(sample_parameters(em, 23, seed=7, chunk_size=chunk_size))), whole)
+    # Fewer draws with the same seed are the first rows of more draws (a mixture component draws alone).
+    assert torch.equal(torch.cat(list(sample_parameters(em, 3, seed=7))), whole[:3])
+
+
 def test_sampling_moments_match_the_scaled_factor_gaussian() -> None:
     em = _fitted_em(np.array([0.5, -1.0, 2.0, 0.0, 3.0, -0.5]), seed=1, spread=0.8)
     mean, loadings, noise = em.mean, em.loadings, em.noise_variance

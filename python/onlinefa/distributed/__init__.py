@@ -1,4 +1,4 @@
-"""Factor-analysis models whose D features are split across processes (``pip install "onlinefa[torch]"``).
+"""Factor-analysis models whose D features are split across processes (needs PyTorch for the default communicator).
 
 A network trained sharded (FSDP2, ZeRO-3, or any layout where each process owns a contiguous slice of the
 flattened parameters) can fit its posterior without ever gathering the parameters: the rows of F, ψ and c

@@ -70,7 +70,8 @@ class Communicator:
             import torch.distributed as dist
         except ImportError as err:  # pragma: no cover - the torch extra is installed in the test environment
             raise ImportError(
-                "the default communicator needs PyTorch (pip install 'onlinefa[torch]'), or pass allreduce="
+                "the default communicator needs PyTorch (pip install torch, or pip install \".[torch]\" in "
+                "onlinefa's source tree), or pass allreduce="
             ) from err
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(

@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     text = report(synth, digits)
     heat_maps(synthetic_fit, digits_fit, out / "gfa_activity.png")
     if importlib.util.find_spec("torch") is None:
-        print("part (c), groups = network layers, skipped: PyTorch is not installed (pip install 'onlinefa[torch]')")
+        print("part (c), groups = network layers, skipped: PyTorch is not installed (pip install torch)")
     else:
         from . import _gfa_layers as layers
 

@@ -129,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401
     except ModuleNotFoundError as err:
-        raise CommandError("the swag experiment needs PyTorch (pip install 'onlinefa[torch]')") from err
+        raise CommandError(
+            "the swag experiment needs PyTorch (pip install torch, or pip install \".[torch]\" in onlinefa's source tree)"
+        ) from err
     from ._calibration import plot_reliability
     from ._swag_report import FIELDS, METHODS, summary_markdown
 

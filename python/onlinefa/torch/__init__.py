@@ -1,6 +1,6 @@
 """PyTorch workflow: collect SGD iterates, sample posterior parameter vectors, average predictions.
 
-Needs the optional extra ``onlinefa[torch]``; this is the only part of onlinefa that imports torch.
+Needs PyTorch (the optional extra ``torch``: ``pip install ".[torch]"`` in the source tree); this is the only part of onlinefa that imports torch.
 
 - :class:`ParameterVector`: the flat vector θ of a module's parameters (copy out, copy in).
 - :class:`SnapshotCollector`: feeds θ to a streaming posterior (``OnlineEM``, ``OnlineSGA``, ``SWAG``,

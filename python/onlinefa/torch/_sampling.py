@@ -57,9 +57,11 @@ def sample_parameters(
 ) -> Iterator[torch.Tensor]:
     """Draw parameter vectors θ = c + √scale · (F h + ψ^{1/2} ⊙ z), h ~ N(0, I_K), z ~ N(0, I_D), in chunks.
 
-    Memory is O(chunk_size·D + D·K): no D×D matrix and never all draws at once. Draw i uses the i-th
-    block of K + D standard normals of one ``torch.Generator``, so for a given seed the concatenated
-    draws do not depend on ``chunk_size``.
+    Memory is O((chunk_size + 8)·D + D·K): no D×D matrix and never all draws at once. Draw i uses the
+    i-th block of K + D standard normals of one ``torch.Generator``, and its product with F is always
+    computed in a product of the same shape (eight draws at a time), so for a given seed the draws are
+    bit-identical whatever ``chunk_size`` (on every BLAS: a matrix product's rounding of a row can depend
+    on how many rows it has, which is why the shape is fixed).
 
     Parameters
     ----------
@@ -124,6 +126,12 @@ def _draw_plan(
         yield from _draw_gaussian(gaussian, count, seed, scale, dtype, device, chunk_size)
 
 
+#: Draws per product with F: every product has this fixed shape (the last block is padded with zero rows),
+#: so a draw's rounding never depends on how many draws share its product. A BLAS rounds a row of
+#: ``addmm`` differently for different row counts, so chunks of varying size would differ in the last bit.
+_PRODUCT_ROWS = 8
+
+
 def _draw_gaussian(
     gaussian: GaussianParameters,
     n_samples: int,
@@ -133,6 +141,19 @@ def _draw_gaussian(
     device: torch.device,
     chunk_size: int,
 ) -> Iterator[torch.Tensor]:
+    blocks = _draw_blocks(gaussian, n_samples, seed, scale, device, dtype)
+    yield from _rechunk(blocks, n_samples, chunk_size, dtype)
+
+
+def _draw_blocks(
+    gaussian: GaussianParameters,
+    n_samples: int,
+    seed: int | None,
+    scale: float,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Iterator[torch.Tensor]:
+    """Draws in blocks of at most ``_PRODUCT_ROWS`` rows, each computed by one (``_PRODUCT_ROWS``, D) product."""
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     mean = torch.as_tensor(gaussian.mean, dtype=compute, device=device)
     loadings_t = torch.as_tensor(gaussian.loadings.T, dtype=compute, device=device)  # (K, D)
@@ -144,12 +165,38 @@ def _draw_gaussian(
     else:
         generator.manual_seed(seed)
     root_scale = math.sqrt(scale)
-    noise = torch.empty((min(chunk_size, n_samples), n_components + n_features), dtype=compute, device=device)
-    for start in range(0, n_samples, chunk_size):
-        rows = min(chunk_size, n_samples - start)
+    noise = torch.zeros((_PRODUCT_ROWS, n_components + n_features), dtype=compute, device=device)
+    for start in range(0, n_samples, _PRODUCT_ROWS):
+        rows = min(_PRODUCT_ROWS, n_samples - start)
         for row in range(rows):  # one block of K + D normals per draw: independent of the chunking
             torch.randn(n_components + n_features, generator=generator, out=noise[row])
-        h, z = noise[:rows, :n_components], noise[:rows, n_components:]
-        draws = torch.addmm(z * noise_sd, h, loadings_t)
+        noise[rows:].zero_()
+        h, z = noise[:, :n_components], noise[:, n_components:]
+        draws = torch.addmm(z * noise_sd, h, loadings_t)  # θ − c = F h + ψ^{1/2} ⊙ z, row by row
         draws.mul_(root_scale).add_(mean)
-        yield draws.to(dtype)
+        yield draws[:rows]
+
+
+def _rechunk(
+    blocks: Iterator[torch.Tensor], n_samples: int, chunk_size: int, dtype: torch.dtype
+) -> Iterator[torch.Tensor]:
+    """The rows of ``blocks`` regrouped into fresh ``dtype`` tensors of ``chunk_size`` rows (the last shorter)."""
+    out: torch.Tensor | None = None
+    filled, remaining = 0, n_samples
+    for block in blocks:
+        if out is None and block.shape[0] == min(chunk_size, remaining):  # the block is the chunk: no copy
+            remaining -= block.shape[0]
+            yield block.to(dtype)
+            continue
+        taken = 0
+        while taken < block.shape[0]:
+            if out is None:
+                out = torch.empty((min(chunk_size, remaining), block.shape[1]), dtype=dtype, device=block.device)
+                filled = 0
+            count = min(block.shape[0] - taken, out.shape[0] - filled)
+            out[filled : filled + count] = block[taken : taken + count]
+            filled, taken = filled + count, taken + count
+            if filled == out.shape[0]:
+                remaining -= filled
+                yield out
+                out = None
