@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import re
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +16,8 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from .. import _core
 from .._gaussian import sample_noise, sample_seed
-from .._validation import as_numpy, as_sample_matrix, check_int
-from ._comm import Communicator, exchange
+from .._validation import as_numpy, as_sample_matrix, check_finite_samples, check_int
+from ._comm import Communicator, ShardCommunicationError, exchange
 from ._layout import ShardLayout
 
 FloatArray = NDArray[np.float64]
@@ -36,9 +40,19 @@ def local_matrix(X: ArrayLike, n_local: int) -> NDArray[Any]:
     return as_sample_matrix(host_array(X), n_local)  # type: ignore[arg-type]
 
 
-def rank_file(rank: int, world_size: int) -> str:
-    """File name of one rank's checkpoint inside a sharded checkpoint directory."""
-    return f"rank-{rank:05d}-of-{world_size:05d}.npz"
+def rank_file(rank: int, world_size: int, generation: int | None = None) -> str:
+    """File name of one rank's checkpoint inside a sharded checkpoint directory.
+
+    ``generation`` (a 48-bit id of one ``save``) is part of the names written since checkpoints became
+    atomic sets; checkpoints of the previous layout name their files without it (``generation=None``).
+    """
+    if generation is None:
+        return f"rank-{rank:05d}-of-{world_size:05d}.npz"
+    return f"rank-{rank:05d}-of-{world_size:05d}.g{generation:012x}.npz"
+
+
+#: Names of rank files, of either layout: rank, world size and (new layout) generation.
+_RANK_FILE = re.compile(r"rank-(\d{5})-of-(\d{5})(?:\.g([0-9a-f]{12}))?\.npz")
 
 
 class ShardedGaussianMixin:
@@ -121,6 +135,9 @@ class ShardedGaussianMixin:
         try:
             x = np.ascontiguousarray(local_matrix(X, self._layout.sizes[self.rank]), dtype=np.float64)
             n = x.shape[0]
+            # As the single-process queries: NaN, ±Inf or a too large value is an error (the failure travels
+            # with the first collective below, so every rank raises, not only this one).
+            check_finite_samples(x)
             local = self._local_engine().query_sums(x)
         except Exception as err:
             failure = err
@@ -213,31 +230,71 @@ class ShardedGaussianMixin:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write a sharded checkpoint (collective): directory ``path`` gets one file per rank and a manifest.
 
-        The manifest names the class, the world size, every rank's row range and the SHA-256 of every
-        rank's file; rank 0 writes it (atomically) once every rank has written its own file.
+        The manifest names the class, the world size, every rank's row range, file and SHA-256, and its own
+        SHA-256. The set of files is replaced atomically: every rank writes its file under a new generation
+        name beside the previous checkpoint's files, the ranks agree that every file was written, and only
+        then rank 0 switches ``manifest.json`` to the new generation with one atomic rename. Once every rank
+        knows the switch succeeded, each rank deletes its own files of other generations.
+
+        Raises
+        ------
+        OSError, ValueError, RuntimeError
+            Writing failed on this rank, or (on the other ranks) on the rank named in the message. Every
+            rank raises; the directory's previous checkpoint still loads and the new generation's files are
+            removed.
+        ShardCommunicationError
+            A collective failed (a peer died or the process group's timeout passed). The previous checkpoint
+            still loads unless rank 0 had already switched the manifest, in which case the new one does.
         """
         directory = Path(path)
+        rank, w = self.rank, self.world_size
+        # 1. Agree on a new generation id (rank 0 draws it; the directory exists on every rank).
         failure: BaseException | None = None
-        digest = np.zeros(4)
+        payload = np.zeros(1)
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            file = directory / rank_file(self.rank, self.world_size)
+            if rank == 0:
+                payload[0] = _new_generation(directory)
+        except Exception as err:
+            failure = err
+        total, _ = exchange(self._comm, failure, payload, 1, what="save (generation)")
+        generation = int(total[0])
+        # 2. Every rank writes its file of the new generation beside the old ones; agree that all succeeded.
+        file = directory / rank_file(rank, w, generation)
+        failure, digest = None, np.zeros(4)
+        try:
             self._save_local(file)
             digest[:] = _digest_words(file)
         except Exception as err:
             failure = err
-        w = self.world_size
         payload = np.zeros(4 * w)
-        payload[4 * self.rank: 4 * self.rank + 4] = digest
-        total, _ = exchange(self._comm, failure, payload, 4 * w, what="save")
-        failure = None
-        if self.rank == 0:
+        payload[4 * rank: 4 * rank + 4] = digest
+        try:
+            total, _ = exchange(self._comm, failure, payload, 4 * w, what="save")
+        except BaseException:
+            _remove(file)  # the manifest still names the previous generation
+            raise
+        # 3. Rank 0 switches the manifest (atomic rename); every rank learns whether it did.
+        failure, switched = None, False
+        if rank == 0:
             try:
-                _write_manifest(directory, type(self).__name__, self._layout, total.reshape(w, 4))
+                _write_manifest(directory, type(self).__name__, self._layout, total.reshape(w, 4), generation)
+                switched = True
             except Exception as err:
                 failure = err
-        exchange(self._comm, failure, None, 0, what="save (manifest)")
-
+        try:
+            exchange(self._comm, failure, None, 0, what="save (manifest)")
+        except ShardCommunicationError:
+            # A peer died after the files were written: rank 0 knows whether the manifest names them; the
+            # others cannot tell, so they keep theirs (the next successful save removes them if orphaned).
+            if rank == 0 and not switched:
+                _remove(file)
+            raise
+        except BaseException:
+            _remove(file)  # rank 0 reported that the manifest was not switched
+            raise
+        # 4. The new generation is the checkpoint: remove this rank's files of any other generation.
+        _remove_other_generations(directory, rank, w, file.name)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, group: Any = None, allreduce: Any = None,
@@ -274,42 +331,125 @@ class ShardedGaussianMixin:
 
 
 def _digest_words(file: Path) -> list[float]:
-    import hashlib
-
     digest = hashlib.sha256(file.read_bytes()).digest()
     return [float(int.from_bytes(digest[i: i + 6], "little")) for i in range(0, 24, 6)]
 
 
-def _write_manifest(directory: Path, kind: str, layout: ShardLayout, digests: FloatArray) -> None:
+def _remove(file: Path) -> None:
+    """Delete ``file`` if it exists (best effort: a failure to clean up never hides the real error)."""
+    with contextlib.suppress(OSError):
+        file.unlink()
+
+
+def _current_generation(directory: Path) -> int | None:
+    """The generation named by the directory's manifest, if it is readable (None otherwise)."""
+    try:
+        generation = json.loads((directory / MANIFEST_NAME).read_text()).get("generation")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return generation if isinstance(generation, int) else None
+
+
+def _new_generation(directory: Path) -> int:
+    """A random 48-bit generation id (exact in the float64 collective) that no file in ``directory`` uses."""
+    current = _current_generation(directory)
+    while True:
+        generation = secrets.randbits(48)
+        if generation != current and not any(directory.glob(f"rank-*.g{generation:012x}.npz")):
+            return generation
+
+
+def _remove_other_generations(directory: Path, rank: int, world_size: int, keep: str) -> None:
+    """After a successful switch: delete this rank's rank files other than ``keep`` (older generations,
+    files of the previous layout, failed saves); rank 0 also deletes files of ranks beyond the world size
+    and manifest temporaries left by a killed process. Best effort: the checkpoint is already complete."""
+    with contextlib.suppress(OSError):
+        for entry in directory.iterdir():
+            match = _RANK_FILE.fullmatch(entry.name)
+            if match is not None and entry.name != keep:
+                if int(match.group(1)) == rank or (rank == 0 and int(match.group(1)) >= world_size):
+                    _remove(entry)
+            elif rank == 0 and entry.name.startswith(f".{MANIFEST_NAME}.") and entry.name.endswith(".tmp"):
+                _remove(entry)
+
+
+def _manifest_digest(manifest: dict[str, Any]) -> str:
+    """SHA-256 of a manifest's fields other than ``sha256`` (canonical JSON)."""
+    body = {key: value for key, value in manifest.items() if key != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _write_manifest(directory: Path, kind: str, layout: ShardLayout, digests: FloatArray, generation: int) -> None:
+    """Switch the directory's checkpoint to ``generation``: write the manifest to a temporary file, flush and
+    sync it, rename it over ``manifest.json`` and sync the directory. On failure the previous manifest is
+    untouched and the temporary file removed."""
     bounds = np.concatenate([[0], np.cumsum(layout.sizes)]).tolist()
-    manifest = {
+    manifest: dict[str, Any] = {
         "format": "onlinefa-sharded-checkpoint",
         "version": MANIFEST_VERSION,
         "class": kind,
         "world_size": layout.world_size,
+        "generation": generation,
         "row_ranges": [[int(bounds[r]), int(bounds[r + 1])] for r in range(layout.world_size)],
-        "files": [rank_file(r, layout.world_size) for r in range(layout.world_size)],
+        "files": [rank_file(r, layout.world_size, generation) for r in range(layout.world_size)],
         "digests": [[int(v) for v in row] for row in digests],
     }
+    manifest["sha256"] = _manifest_digest(manifest)
     tmp = directory / f".{MANIFEST_NAME}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, directory / MANIFEST_NAME)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(manifest, indent=1))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, directory / MANIFEST_NAME)
+    except BaseException:
+        _remove(tmp)
+        raise
+    with contextlib.suppress(OSError):  # some file systems refuse fsync on directories
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _manifest_field(manifest: dict[str, Any], key: str, check: Any, what: str, shown: str) -> Any:
+    value = manifest.get(key)
+    try:
+        ok = bool(check(value))
+    except (TypeError, ValueError, KeyError, IndexError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{shown!r}: field {key!r} must be {what}, got {value!r}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_manifest(directory: Path, kind: str, rank: int, world_size: int) -> tuple[Path, tuple[int, ...]]:
     """Check a sharded checkpoint's manifest against this class, world size and this rank's file.
 
+    Reads both layouts: the current one (files named with the save's generation, and the manifest's own
+    SHA-256) and the previous one (files ``rank-RRRRR-of-WWWWW.npz``, no manifest digest). Every field is
+    checked before use (a malformed field is a ``ValueError`` naming the manifest), and rank r's file must
+    be rank r's name inside ``directory`` (a path elsewhere, or another rank's file, is refused).
+
     Returns this rank's file and every rank's row count.
     """
     manifest_path = directory / MANIFEST_NAME
+    shown = os.fspath(manifest_path)
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"{os.fspath(manifest_path)!r} is not a readable sharded-checkpoint manifest: {err}") from err
+        raise ValueError(f"{shown!r} is not a readable sharded-checkpoint manifest: {err}") from err
     if not isinstance(manifest, dict) or manifest.get("format") != "onlinefa-sharded-checkpoint":
-        raise ValueError(f"{os.fspath(manifest_path)!r} is not an onlinefa sharded-checkpoint manifest")
+        raise ValueError(f"{shown!r} is not an onlinefa sharded-checkpoint manifest")
     if manifest.get("version") != MANIFEST_VERSION:
-        raise ValueError(f"{os.fspath(manifest_path)!r} has unknown format version {manifest.get('version')!r}")
+        raise ValueError(f"{shown!r} has unknown format version {manifest.get('version')!r}")
+    if "sha256" in manifest and manifest["sha256"] != _manifest_digest(manifest):
+        raise ValueError(f"{shown!r} is corrupted: its SHA-256 does not match its content")
     if manifest.get("class") != kind:
         raise ValueError(f"{os.fspath(directory)!r} holds a {manifest.get('class')}, not a {kind}")
     if manifest.get("world_size") != world_size:
@@ -317,14 +457,35 @@ def read_manifest(directory: Path, kind: str, rank: int, world_size: int) -> tup
             f"{os.fspath(directory)!r} was written by {manifest.get('world_size')} ranks and is loaded by "
             f"{world_size}; load it with the same number of ranks (re-sharding is not supported)"
         )
-    file = directory / str(manifest["files"][rank])
+    generation = None
+    if "generation" in manifest:
+        generation = _manifest_field(manifest, "generation", lambda g: _is_int(g) and 0 <= g < 1 << 48,
+                                     "a 48-bit non-negative integer", shown)
+    ranges = _manifest_field(
+        manifest, "row_ranges",
+        lambda r: isinstance(r, list) and len(r) == world_size
+        and all(isinstance(p, list) and len(p) == 2 and all(_is_int(v) for v in p) and p[0] < p[1] for p in r)
+        and r[0][0] == 0 and all(r[i][1] == r[i + 1][0] for i in range(world_size - 1)),
+        f"{world_size} contiguous non-empty [start, stop) ranges from 0", shown)
+    files = _manifest_field(manifest, "files", lambda f: isinstance(f, list) and len(f) == world_size,
+                            f"a list of {world_size} file names", shown)
+    digests = _manifest_field(
+        manifest, "digests",
+        lambda d: isinstance(d, list) and len(d) == world_size
+        and all(isinstance(p, list) and len(p) == 4 and all(_is_int(v) for v in p) for p in d),
+        f"a list of {world_size} digests of 4 integers", shown)
+    expected = rank_file(rank, world_size, generation)
+    if files[rank] != expected:
+        raise ValueError(f"{shown!r} names {files[rank]!r} as rank {rank}'s file; a checkpoint of this "
+                         f"generation names it {expected!r} (inside the checkpoint directory)")
+    file = directory / expected
     words = _digest_words(file) if file.is_file() else None
-    if words is None or [int(v) for v in words] != [int(v) for v in manifest["digests"][rank]]:
+    if words is None or [int(v) for v in words] != digests[rank]:
         raise ValueError(
             f"{os.fspath(file)!r} is missing or is not the file rank {rank} wrote (its SHA-256 differs from the "
             "manifest's): was it replaced or moved between ranks?"
         )
-    sizes = tuple(int(stop) - int(start) for start, stop in manifest["row_ranges"])
+    sizes = tuple(int(stop) - int(start) for start, stop in ranges)
     return file, sizes
 
 
