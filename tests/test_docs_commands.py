@@ -68,8 +68,8 @@ def inline_commands(path: Path) -> list[str]:
 SKIPPED_BLOCKS: dict[tuple[str, str], str] = {
     ("swag.md", "train(net, opt, epochs=100)"): (
         "recipe skeleton: `net`, `train`, `steps_per_epoch` and `test_loader` stand for the reader's own "
-        "training code; the same collect/sample/average steps run end to end in usage.md's PyTorch workflow "
-        "block (executed here) and in `onlinefa experiment swag --short` (tests/test_experiment_swag.py)"
+        "training code; tests/test_swag_recipe.py runs this block as written with small stand-ins for them "
+        "(loaders of 1-7 batches)"
     ),
     ("usage.md", "import jax, jax.numpy as jnp"): "JAX is not a dependency of onlinefa or of any of its extras",
     ("usage.md", "from jax.flatten_util import ravel_pytree"): (
