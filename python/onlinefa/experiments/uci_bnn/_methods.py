@@ -1,0 +1,281 @@
+"""The methods of the ``uci-bnn`` experiment and one "stage" (fit on some rows, predict others).
+
+Every method is a function of a *configuration* from its grid (see :mod:`._tuning`) and returns draws
+of the network output (S, N) in standardised target units on the rows it predicts:
+
+* ``map``, ``ensemble``: configuration (λ, f): Adam (rate 1e-3, weight decay λ) for ``f · E`` epochs
+  (f ∈ the early-stopping fractions); the ensemble is 5 independently initialised and shuffled networks
+  (Lakshminarayanan et al., "Simple and Scalable Predictive Uncertainty Estimation using Deep
+  Ensembles"), each predicting one point (S = 5 draws).
+* ``swa``, ``swag_diag``, ``swag``, ``swag_fa``, ``online_sga``, ``vifa``, ``multiswag_fa``:
+  configuration (λ, η): the E-epoch Adam network is trained on by SGD at the constant rate η (weight
+  decay λ) for C epochs while every posterior gets ``snapshots_per_epoch`` snapshots per epoch
+  (:class:`onlinefa.torch.SnapshotCollector`): SWA (the mean), SWAG-diagonal and SWAG (Maddox et al.,
+  "A Simple Baseline for Bayesian Uncertainty in Deep Learning"; SWAG-diagonal drawn at scale ½),
+  SWAG-FA = :class:`onlinefa.OnlineEM` and :class:`onlinefa.OnlineSGA` with their defaults (rank K).
+  VIFA (:class:`onlinefa.VIFA`, Adam, the ``swag`` experiment's rates) starts from SWAG's Gaussian with
+  the likelihood N(y; f(x), σ²_train) (σ²_train the training mean squared residual at θ_SWA) and the
+  prior precision λ N / σ²_train. MultiSWAG-FA mixes the SWAG-FA posteriors of 5 such runs.
+* ``mc_dropout``: configuration (λ, p): the dropout network trained like MAP for E epochs, predicting
+  by S stochastic passes (Gal and Ghahramani, "Dropout as a Bayesian Approximation").
+* ``slang``: configuration (λ, ρ): ``fit_slang`` (rank 1, rate ρ) with the noise precision 1/σ²_MAP of
+  the (λ, 1) MAP network's training residuals and the prior precision λ N / σ²_MAP.
+
+Shared work (the pre-training of a (λ, member), a collection run) is computed once per stage and its
+seconds are counted in full for each method that uses it (``fit_seconds``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+import onlinefa
+from onlinefa.torch import MultiSWAG, ParameterVector, SnapshotCollector, bayesian_model_average, vifa_step
+from onlinefa.torch.swag import SWAG
+
+from ._train import Data, as_tensors, batches, build_network, dropout_draws, generator, half_mse, predict, train
+
+FloatArray = NDArray[np.float64]
+Config = tuple[float, float]
+
+#: Methods in table order, with their labels.
+METHODS: dict[str, str] = {
+    "map": "MAP",
+    "swa": "SWA",
+    "swag_diag": "SWAG-diagonal",
+    "swag": "SWAG",
+    "swag_fa": "SWAG-FA (OnlineEM)",
+    "online_sga": "OnlineSGA",
+    "vifa": "VIFA",
+    "multiswag_fa": "MultiSWAG-FA (5)",
+    "ensemble": "Deep ensemble (5)",
+    "mc_dropout": "MC dropout",
+    "slang": "SLANG (L=1)",
+}
+
+#: Which grid each method is tuned on: "map" (λ, epoch fraction), "collect" (λ, η), "dropout" (λ, p),
+#: "slang" (λ, SLANG's learning rate).
+GRID_KIND: dict[str, str] = {
+    "map": "map", "ensemble": "map", "swa": "collect", "swag_diag": "collect", "swag": "collect",
+    "swag_fa": "collect", "online_sga": "collect", "vifa": "collect", "multiswag_fa": "collect",
+    "mc_dropout": "dropout", "slang": "slang",
+}  # fmt: skip
+
+#: Posterior drawn from each collected model, and its sampling scale.
+_POSTERIORS: dict[str, float] = {"swag_diag": 0.5, "swag": 1.0, "swag_fa": 1.0, "online_sga": 1.0}
+
+#: Members of an ensemble / MultiSWAG-FA mixture.
+N_MEMBERS = 5
+
+
+class Budget(NamedTuple):
+    """Training budget of one fit."""
+
+    batch_size: int
+    epochs: int  #: E, Adam epochs (MAP, ensembles, MC dropout, SWAG pre-training)
+    collect_epochs: int  #: C
+    snapshots_per_epoch: int
+    rank: int  #: K of SWAG, OnlineEM, OnlineSGA and VIFA
+    n_draws: int  #: S per posterior (MultiSWAG-FA: split over its members)
+    vifa_epochs: int
+    slang_epochs: int
+    adam_lr: float
+
+
+class Result(NamedTuple):
+    """Draws (S, N) in standardised units and the fit's wall-clock seconds."""
+
+    draws: FloatArray
+    seconds: float
+
+
+def load_slang() -> Callable[..., Any] | None:
+    """``fit_slang`` from the experiment's SLANG baseline module, or None when it is not installed."""
+    try:
+        from ._slang import fit_slang
+    except ModuleNotFoundError as err:
+        if err.name is not None and err.name.endswith("uci_bnn._slang"):
+            return None
+        raise
+    out: Callable[..., Any] = fit_slang
+    return out
+
+
+def _seed(root: np.random.SeedSequence, *key: int) -> int:
+    return int(np.random.SeedSequence(entropy=root.entropy, spawn_key=(*root.spawn_key, *key))
+               .generate_state(1)[0])
+
+
+class Stage:
+    """Fit on ``(X_fit, y_fit)`` (standardised) and predict ``X_eval``, caching shared training runs.
+
+    Parameters
+    ----------
+    X_fit, y_fit, X_eval : ndarray
+        Standardised rows to fit on and inputs to predict.
+    n_hidden : int
+    budget : Budget
+    seed : numpy.random.SeedSequence
+        Root of every random choice of the stage; a method's result depends only on it and on the
+        configuration, not on which other methods run.
+    fractions : tuple of float
+        The early-stopping fractions of E at which every pre-training run keeps a checkpoint.
+    """
+
+    def __init__(self, X_fit: FloatArray, y_fit: FloatArray, X_eval: FloatArray, n_hidden: int, budget: Budget,
+                 seed: np.random.SeedSequence, fractions: tuple[float, ...]) -> None:
+        self.data: Data = as_tensors(X_fit, y_fit)
+        self.inputs = torch.as_tensor(X_eval, dtype=torch.float32)
+        self.n_hidden = n_hidden
+        self.budget = budget
+        self.seed = seed
+        self.fractions = fractions
+        self.n_fit = X_fit.shape[0]
+        self._pretrained: dict[tuple[float, int], tuple[dict[int, tuple[FloatArray, float]], float]] = {}
+        self._collected: dict[tuple[float, float, int], tuple[dict[str, Any], float, FloatArray]] = {}
+
+    # -- shared runs ----------------------------------------------------------------------------------
+    def _network(self, dropout: float = 0.0) -> torch.nn.Sequential:
+        return build_network(self.data[0].shape[1], self.n_hidden, dropout)
+
+    def _fractions_epochs(self, fractions: tuple[float, ...]) -> list[int]:
+        return sorted({max(1, int(round(f * self.budget.epochs))) for f in fractions})
+
+    def pretrained(self, lam: float, member: int) -> dict[int, tuple[FloatArray, float]]:
+        """Checkpoints {epochs: (θ, seconds)} of Adam with weight decay λ (member ``member``)."""
+        key = (lam, member)
+        if key not in self._pretrained:
+            torch.manual_seed(_seed(self.seed, 1, member, int(lam * 1e9)))
+            model = self._network()
+            optimizer = torch.optim.Adam(model.parameters(), lr=self.budget.adam_lr, weight_decay=lam)
+            wanted = set(self._fractions_epochs(self.fractions)) | {self.budget.epochs}
+            saved = train(model, optimizer, self.data, self.budget.epochs, self.budget.batch_size,
+                          generator(_seed(self.seed, 2, member, int(lam * 1e9))), sorted(wanted))
+            self._pretrained[key] = (saved, saved[self.budget.epochs][1])
+        return self._pretrained[key][0]
+
+    def collected(self, lam: float, eta: float, member: int) -> tuple[dict[str, Any], float, FloatArray]:
+        """The posteriors of one SGD collection run, its seconds (pre-training included), and θ_SWA."""
+        key = (lam, eta, member)
+        if key not in self._collected:
+            theta, pre_seconds = self.pretrained(lam, member)[self.budget.epochs]
+            model = self._network()
+            ParameterVector(model).assign(theta)
+            n_features = theta.size
+            rank = self.budget.rank
+            posteriors: dict[str, Any] = {
+                "swag_diag": SWAG(n_features, diagonal=True),
+                "swag": SWAG(n_features, max_rank=rank),
+                "swag_fa": onlinefa.OnlineEM(n_features, rank, seed=_seed(self.seed, 3, member, int(lam * 1e9))),
+                "online_sga": onlinefa.OnlineSGA(n_features, rank, seed=_seed(self.seed, 4, member, int(lam * 1e9))),
+            }
+            optimizer = torch.optim.SGD(model.parameters(), lr=eta, weight_decay=lam)
+            steps = -(-self.n_fit // self.budget.batch_size)
+            every = max(1, steps // self.budget.snapshots_per_epoch)
+            # at least K + 3 snapshots (past OnlineEM's K + 2 warm-up), also with fewer steps per epoch than asked
+            epochs = max(self.budget.collect_epochs, -(-(rank + 3) * every // steps))
+            collectors = [SnapshotCollector(p, model, every=every).attach(optimizer) for p in posteriors.values()]
+            start = time.perf_counter()
+            train(model, optimizer, self.data, epochs, self.budget.batch_size,
+                  generator(_seed(self.seed, 5, member, int(lam * 1e9), int(eta * 1e9))))
+            for collector in collectors:
+                collector.detach()
+            seconds = pre_seconds + time.perf_counter() - start
+            self._collected[key] = (posteriors, seconds, posteriors["swag"].mean)
+        return self._collected[key]
+
+    # -- prediction -------------------------------------------------------------------------------------
+    def _point(self, theta: FloatArray) -> FloatArray:
+        model = self._network()
+        ParameterVector(model).assign(theta)
+        return predict(model, self.inputs)[None, :]
+
+    def _average(self, posterior: object, n_draws: int, scale: float, seed: int) -> FloatArray:
+        model = self._network()
+        draws = bayesian_model_average(model, posterior, [(self.inputs,)], n_samples=n_draws, scale=scale,
+                                       seed=seed, task="regression")
+        out: FloatArray = draws.double().numpy().reshape(n_draws, -1)
+        return out
+
+    def _training_mse(self, theta: FloatArray) -> float:
+        model = self._network()
+        ParameterVector(model).assign(theta)
+        residual = predict(model, self.data[0]) - self.data[1].double().numpy()
+        return float(np.mean(residual**2))
+
+    # -- methods ----------------------------------------------------------------------------------------
+    def run(self, method: str, config: Config) -> Result:
+        """Fit ``method`` at ``config`` and predict the evaluation inputs."""
+        lam, second = config
+        draw_seed = _seed(self.seed, 9, int(lam * 1e9), int(second * 1e9))
+        if method in ("map", "ensemble"):
+            epochs = max(1, int(round(second * self.budget.epochs)))
+            members = range(1 if method == "map" else N_MEMBERS)
+            runs = [self.pretrained(lam, m)[epochs] for m in members]
+            return Result(np.concatenate([self._point(theta) for theta, _ in runs]), sum(s for _, s in runs))
+        if method == "mc_dropout":
+            start = time.perf_counter()
+            torch.manual_seed(_seed(self.seed, 6, int(lam * 1e9), int(second * 1e9)))
+            model = self._network(second)
+            optimizer = torch.optim.Adam(model.parameters(), lr=self.budget.adam_lr, weight_decay=lam)
+            train(model, optimizer, self.data, self.budget.epochs, self.budget.batch_size,
+                  generator(_seed(self.seed, 7, int(lam * 1e9), int(second * 1e9))))
+            seconds = time.perf_counter() - start
+            return Result(dropout_draws(model, self.inputs, self.budget.n_draws, draw_seed), seconds)
+        if method == "slang":
+            return self._slang(lam, second, draw_seed)
+        if method == "multiswag_fa":
+            collections = [self.collected(lam, second, m) for m in range(N_MEMBERS)]
+            mixture = MultiSWAG([posteriors["swag_fa"] for posteriors, _, _ in collections])
+            return Result(self._average(mixture, self.budget.n_draws, 1.0, draw_seed),
+                          sum(s for _, s, _ in collections))
+        posteriors, seconds, swa = self.collected(lam, second, 0)
+        if method == "swa":
+            return Result(self._point(swa), seconds)
+        if method == "vifa":
+            return self._vifa(lam, second, posteriors["swag"], swa, seconds, draw_seed)
+        return Result(self._average(posteriors[method], self.budget.n_draws, _POSTERIORS[method], draw_seed), seconds)
+
+    def _vifa(self, lam: float, eta: float, swag: SWAG, swa: FloatArray, seconds: float, draw_seed: int) -> Result:
+        start = time.perf_counter()
+        noise = self._training_mse(swa)
+        vifa = onlinefa.VIFA(
+            swag.n_features, swag.max_rank, prior_precision=lam * self.n_fit / noise, lr_mean=1e-4,
+            lr_loadings=1e-4, lr_log_noise=1e-2, optimizer="adam", seed=_seed(self.seed, 8, int(lam * 1e9)),
+            init=swag.loadings, init_mean=swag.mean, init_noise_variance=np.maximum(swag.noise_variance, 1e-12),
+        )
+        model = self._network()
+
+        def loss_fn(module: torch.nn.Module, batch: Data) -> torch.Tensor:
+            return half_mse(module, batch) / noise
+
+        rng = generator(_seed(self.seed, 10, int(lam * 1e9), int(eta * 1e9)))
+        for _ in range(self.budget.vifa_epochs):
+            for batch in batches(self.data, self.budget.batch_size, rng):
+                vifa_step(vifa, model, loss_fn, batch, n_data=self.n_fit)
+        seconds += time.perf_counter() - start
+        return Result(self._average(vifa, self.budget.n_draws, 1.0, draw_seed), seconds)
+
+    def _slang(self, lam: float, rate: float, draw_seed: int) -> Result:
+        fit_slang = load_slang()
+        if fit_slang is None:
+            raise RuntimeError("SLANG is not available")
+        theta, _ = self.pretrained(lam, 0)[self.budget.epochs]
+        noise = self._training_mse(theta)
+        start = time.perf_counter()
+        posterior = fit_slang(self.data[0].double().numpy(), self.data[1].double().numpy(), n_hidden=self.n_hidden,
+                              prior_precision=lam * self.n_fit / noise, noise_precision=1.0 / noise, rank=1,
+                              n_epochs=self.budget.slang_epochs, batch_size=self.budget.batch_size,
+                              learning_rate=rate, seed=_seed(self.seed, 11, int(lam * 1e9), int(rate * 1e9)))
+        seconds = time.perf_counter() - start
+        draws = np.asarray(posterior.predict_draws(self.inputs.double().numpy(), self.budget.n_draws, draw_seed),
+                           dtype=np.float64)
+        return Result(draws, seconds)
+
+

@@ -1,0 +1,123 @@
+"""Tests of the ``uci-bnn`` experiment: published splits, the mixture log-likelihood, end-to-end runs."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("scipy")
+from scipy.stats import norm  # noqa: E402
+
+from onlinefa.experiments import available  # noqa: E402
+from onlinefa.experiments.uci_bnn._metrics import mixture_log_likelihood, rmse, tune_noise_variance  # noqa: E402
+from onlinefa.experiments.uci_bnn._splits import published_splits, validation_split  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("n_rows", "split", "part", "first_five"),
+    [
+        (768, 0, 0, [285, 101, 581, 352, 726]),  # energy, split 0, training rows
+        (768, 19, 1, [484, 395, 446, 148, 764]),  # energy, split 19, test rows
+        (308, 0, 0, [73, 304, 228, 238, 259]),  # yacht, split 0, training rows
+        (308, 19, 1, [74, 54, 250, 21, 71]),  # yacht, split 19, test rows
+    ],
+)
+def test_published_split_indices(n_rows: int, split: int, part: int, first_five: list[int]) -> None:
+    # Values from the published index files of the benchmark (index_train_<i>.txt / index_test_<i>.txt).
+    splits = published_splits(n_rows, 20)
+    assert splits[split][part][:5].tolist() == first_five
+
+
+def test_splits_sizes_and_global_state() -> None:
+    np.random.seed(123)
+    expected_next = np.random.rand()
+    np.random.seed(123)
+    splits = published_splits(308, 20)
+    assert np.random.rand() == expected_next  # NumPy's global generator is untouched
+    for train, test in splits:
+        assert train.size == int(round(308 * 0.9)) and test.size == 308 - train.size
+        assert np.array_equal(np.sort(np.concatenate([train, test])), np.arange(308))
+    assert np.array_equal(published_splits(308, 3)[2][0], splits[2][0])
+    fit, val = validation_split(100, 0)
+    assert fit.size == 80 and val.size == 20 and np.intersect1d(fit, val).size == 0
+
+
+def test_mixture_log_likelihood_against_closed_form() -> None:
+    draws = np.array([[0.1, -0.4, 1.2], [0.5, 0.0, 0.9], [-0.3, 0.2, 1.5]])  # standardised outputs (S=3, N=3)
+    y = np.array([24.0, 18.5, 31.0])  # original units
+    y_mean, y_std, noise = 22.0, 6.0, 0.2
+    density = np.mean(norm.pdf(y[None, :], loc=y_mean + y_std * draws, scale=y_std * math.sqrt(noise)), axis=0)
+    assert mixture_log_likelihood(draws, y, noise, y_mean, y_std) == pytest.approx(np.mean(np.log(density)),
+                                                                                   rel=1e-12)
+    # a point estimate (S = 1) is a single Gaussian
+    single = norm.logpdf(y, loc=y_mean + y_std * draws[0], scale=y_std * math.sqrt(noise)).mean()
+    assert mixture_log_likelihood(draws[:1], y, noise, y_mean, y_std) == pytest.approx(single, rel=1e-12)
+    assert rmse(draws, y, y_mean, y_std) == pytest.approx(
+        math.sqrt(np.mean((y_mean + y_std * draws.mean(axis=0) - y) ** 2)), rel=1e-12)
+
+
+def test_tuned_noise_variance_matches_residual_variance() -> None:
+    rng = np.random.default_rng(0)
+    y = rng.normal(scale=0.3, size=20000)
+    noise, score = tune_noise_variance(np.zeros((1, y.size)), y)
+    # the maximum-likelihood σ² of a zero-mean Gaussian is mean(y²); the grid step is 3.6 %
+    assert noise == pytest.approx(np.mean(y**2), rel=0.04)
+    assert score == pytest.approx(norm.logpdf(y, scale=math.sqrt(noise)).mean(), rel=1e-10)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    module = available()["uci-bnn"]
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_quick_end_to_end_on_packaged_set_and_resume(tmp_path: Path) -> None:
+    module = available()["uci-bnn"]
+    # SLANG (a separate baseline module with tests of its own) is left out to keep this test fast
+    methods = "map,swa,swag_diag,swag,swag_fa,online_sga,vifa,multiswag_fa,ensemble,mc_dropout"
+    argv = ["--quick", "--datasets", "yacht", "--out", str(tmp_path), "--methods", methods]
+    assert module.run(_parse(argv)) == 0
+    rows = _rows(tmp_path / "uci_bnn.csv")
+    assert list(rows[0]) == ["dataset", "split", "method", "test_ll", "rmse", "fit_seconds"]
+    assert [r["method"] for r in rows] == methods.split(",") * 2
+    assert [r["split"] for r in rows] == ["0"] * 10 + ["1"] * 10 and {r["dataset"] for r in rows} == {"yacht"}
+    assert all(math.isfinite(float(r["test_ll"])) and float(r["rmse"]) > 0 for r in rows)
+    markdown = (tmp_path / "uci_bnn.md").read_text()
+    assert "MC dropout (grid)" in markdown and "-1.25 ± 0.01" in markdown
+    # a rerun skips every row already present
+    assert module.run(_parse(argv)) == 0
+    assert len(_rows(tmp_path / "uci_bnn.csv")) == len(rows)
+
+
+def test_data_dir_layout(tmp_path: Path) -> None:
+    folder = tmp_path / "data" / "toy-set" / "data"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(60, 3))
+    y = X @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=60)
+    np.savetxt(folder / "data.txt", np.column_stack([X, y]))
+    (folder / "index_features.txt").write_text("0\n1\n2\n")
+    (folder / "index_target.txt").write_text("3\n")
+    (folder / "n_splits.txt").write_text("3\n")
+    (folder / "n_hidden.txt").write_text("8\n")
+    (folder / "n_epochs.txt").write_text("4\n")
+    out = tmp_path / "out"
+    args = _parse(["--quick", "--data-dir", str(tmp_path / "data"), "--datasets", "toy-set", "--splits", "1",
+                   "--methods", "map,swag_fa,mc_dropout", "--out", str(out)])
+    assert available()["uci-bnn"].run(args) == 0
+    rows = _rows(out / "uci_bnn.csv")
+    assert [(r["dataset"], r["split"], r["method"]) for r in rows] == [
+        ("toy-set", "0", "map"), ("toy-set", "0", "swag_fa"), ("toy-set", "0", "mc_dropout")]
+    assert all(math.isfinite(float(r["test_ll"])) and float(r["rmse"]) > 0 for r in rows)
