@@ -18,7 +18,7 @@ from typing import Any
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _core
-from ._validation import as_sample_matrix, check_finite_samples, check_int, check_seed
+from ._validation import SeedLike, as_sample_matrix, check_finite_samples, check_int, check_seed
 
 #: Largest D for which :meth:`FactorGaussianMixin.covariance` builds the dense D×D matrix without
 #: ``force=True`` (5000² float64 numbers are 200 MB).
@@ -204,7 +204,7 @@ class FactorGaussianMixin:
         return latent_mean(x, mean, loadings, noise_variance)
 
     def sample(
-        self, n_samples: int = 1, seed: int | None = None, *, dtype: DTypeLike = np.float64
+        self, n_samples: int = 1, seed: SeedLike = None, *, dtype: DTypeLike = np.float64
     ) -> NDArray[Any]:
         """Draw samples from N(mean, F Fᵀ + diag ψ) without forming the D×D covariance.
 
@@ -212,10 +212,12 @@ class FactorGaussianMixin:
         ----------
         n_samples : int, default=1
             Number of draws (>= 0).
-        seed : int or None, default=None
-            Seed in [0, 2**64) (None: fresh entropy). The same seed gives the same draws; the noise is
-            counter-based (draw j and feature d give a fixed value for the seed), so a model whose features
-            are split across processes draws exactly the same vectors (:mod:`onlinefa.distributed`).
+        seed : int, numpy.random.Generator, numpy.random.SeedSequence or None, default=None
+            Seed in [0, 2**64) (None: fresh entropy; a ``Generator`` gives one draw
+            ``int(seed.integers(0, 2**63 - 1))``, a ``SeedSequence`` its first 64-bit word). The same seed
+            gives the same draws; the noise is counter-based (draw j and feature d give a fixed value for
+            the seed), so a model whose features are split across processes draws exactly the same vectors
+            (:mod:`onlinefa.distributed`).
         dtype : {float64, float32}, default=float64
             dtype of the result. float32 halves its memory; the draws are the float64 draws rounded.
 

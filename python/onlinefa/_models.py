@@ -22,6 +22,8 @@ from ._validation import (
     check_int,
     check_positive_float,
     check_seed,
+    SeedLike,
+    StateDTypeLike,
 )
 
 Schedule = Literal["harmonic", "power", "constant"]
@@ -295,15 +297,17 @@ class OnlineEM(_StreamingModel):
     init : array-like of shape (D, K), optional
         Initial loadings F₀. Default: Q of the reduced QR of a standard-normal D×K matrix drawn with
         ``seed`` (thesis §4.4), so FᵀF = I. Under ``scaling="data"`` the warm-up uses F₀ σ̂ and ψ₀ = σ̂².
-    seed : int, optional
-        Seed for the default initialisation (None: fresh entropy).
+    seed : int, numpy.random.Generator or numpy.random.SeedSequence, optional
+        Seed for the default initialisation (None: fresh entropy). A ``Generator`` gives one draw
+        ``int(seed.integers(0, 2**63 - 1))`` and so advances it; a ``SeedSequence`` its first 64-bit word.
     noise_floor : float, default=1e-10
         Lower bound on every ψ_d, as a fraction of σ̂² = mean over features of d̄² (``scaling="data"``), or
         in squared data units (``scaling="unit"``). It only acts on degenerate features (constant ones);
         whenever it is not active the result equals the unfloored algorithm.
     dtype : {"float64", "float32"}, default="float64"
         Storage of the D-sized state. "float32" halves memory and traffic; K×K quantities and all sums
-        stay float64. Inputs may then not exceed 1e18 in magnitude.
+        stay float64. Inputs may then not exceed 1e18 in magnitude. Also accepted: ``np.float32``/``np.float64``,
+        ``np.dtype`` objects and ``torch.float32``/``torch.float64``.
     whiten : bool, default=True
         Apply the whitening (parameter-expanded EM) step after each M-step: with R Rᵀ = H̄, F ← F R,
         Ā ← Ā R⁻ᵀ, H̄ ← I.
@@ -336,9 +340,9 @@ class OnlineEM(_StreamingModel):
         *,
         n_warmup: int | Literal["auto"] = "auto",
         init: ArrayLike | None = None,
-        seed: int | None = None,
+        seed: SeedLike = None,
         noise_floor: float = DEFAULT_NOISE_FLOOR,
-        dtype: str = "float64",
+        dtype: StateDTypeLike = "float64",
         whiten: bool = True,
         schedule: Schedule = "power",
         tau0: float = 0.0,
@@ -363,9 +367,9 @@ class OnlineEM(_StreamingModel):
         *,
         n_warmup: int = 100,
         init: ArrayLike | None = None,
-        seed: int | None = None,
+        seed: SeedLike = None,
         noise_floor: float = DEFAULT_NOISE_FLOOR,
-        dtype: str = "float64",
+        dtype: StateDTypeLike = "float64",
     ) -> "OnlineEM":
         """The thesis's Algorithm 2 exactly: no whitening, ρ_t = 1/t, F₀ = Q, ψ₀ = 1, 100 warm-up samples,
         absolute noise floor (``scaling="unit"``). For reproducing the thesis; on data far from unit scale
@@ -404,12 +408,14 @@ class OnlineSGA(_StreamingModel):
         "auto" is min(K + 2, 100).
     init : array-like of shape (D, K), optional
         Initial loadings; default: orthonormal (thesis §4.4) drawn with ``seed``.
-    seed : int, optional
-        Seed for the default initialisation.
+    seed : int, numpy.random.Generator or numpy.random.SeedSequence, optional
+        Seed for the default initialisation (None: fresh entropy). A ``Generator`` gives one draw
+        ``int(seed.integers(0, 2**63 - 1))`` and so advances it; a ``SeedSequence`` its first 64-bit word.
     noise_floor : float, default=1e-10
         Lower bound on every ψ_d, relative to σ̂² (``scaling="data"``) or absolute (``"unit"``).
     dtype : {"float64", "float32"}, default="float64"
-        Storage of the D-sized state (K×K quantities and sums stay float64).
+        Storage of the D-sized state (K×K quantities and sums stay float64); dtype objects are accepted as
+        for :class:`OnlineEM`.
     schedule, tau0, kappa, rho
         Step sizes of the running mean under ``scaling="unit"``, as in :class:`OnlineEM`; under "data"
         the mean is the exact running average.
@@ -439,9 +445,9 @@ class OnlineSGA(_StreamingModel):
         lr: float = 1e-3,
         n_warmup: int | Literal["auto"] = "auto",
         init: ArrayLike | None = None,
-        seed: int | None = None,
+        seed: SeedLike = None,
         noise_floor: float = DEFAULT_NOISE_FLOOR,
-        dtype: str = "float64",
+        dtype: StateDTypeLike = "float64",
         schedule: Schedule = "harmonic",
         tau0: float = 0.0,
         kappa: float = 0.9,
@@ -466,9 +472,9 @@ class OnlineSGA(_StreamingModel):
         lr: float = 1e-3,
         n_warmup: int = 100,
         init: ArrayLike | None = None,
-        seed: int | None = None,
+        seed: SeedLike = None,
         noise_floor: float = DEFAULT_NOISE_FLOOR,
-        dtype: str = "float64",
+        dtype: StateDTypeLike = "float64",
     ) -> "OnlineSGA":
         """The thesis's Algorithm 1 exactly: plain SGD (lr = 1e-3) from F₀ = Q, ψ₀ = 1, 100 warm-up samples,
         ρ_t = 1/t, absolute noise floor (``scaling="unit"``). For reproducing the thesis only."""

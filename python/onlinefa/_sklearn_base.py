@@ -36,16 +36,16 @@ else:
 
 
 def seed_from(random_state: object) -> int | None:
-    """Seed for an estimator's random initialisation, following scikit-learn's ``random_state`` convention."""
+    """Seed for an estimator's random initialisation, following scikit-learn's ``random_state`` convention:
+    a ``RandomState`` gives one ``randint`` draw; None, ints, Generators and SeedSequences are read by
+    :func:`onlinefa._validation.check_seed`."""
     if isinstance(random_state, np.random.RandomState):
         return int(random_state.randint(0, 2**31 - 1))
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**63 - 1))
     try:
         return check_seed(random_state)
     except TypeError as err:
         raise TypeError(
-            "random_state must be None, an int or a numpy RandomState/Generator, "
+            "random_state must be None, an int, or a numpy RandomState, Generator or SeedSequence, "
             f"got {type(random_state).__name__}"
         ) from err
 

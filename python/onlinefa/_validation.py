@@ -4,7 +4,7 @@ imports nothing of the package)."""
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
@@ -31,7 +31,8 @@ def as_numpy(data: object) -> NDArray[Any]:
         An ``ndarray`` is returned as is. Objects implementing a NumPy array protocol or the buffer
         protocol go through :func:`numpy.asarray`; objects that only implement DLPack
         (``__dlpack__``) through :func:`numpy.from_dlpack`. Anything else (lists, scalars) is
-        converted by :func:`numpy.asarray`.
+        converted by :func:`numpy.asarray`. A PyTorch ``bfloat16`` tensor (mixed-precision training;
+        NumPy has no such dtype) is converted to float32, which holds each of its values exactly (a copy).
 
     Returns
     -------
@@ -64,6 +65,10 @@ def as_numpy(data: object) -> NDArray[Any]:
             f"the {type(data).__name__} requires grad; pass tensor.detach() (onlinefa never differentiates "
             "through its input)"
         )
+    if _is_torch_bfloat16(data):
+        # NumPy has no bfloat16; float32 holds every bfloat16 value exactly (same exponent range, 8 of its
+        # 24 significand bits), so this copy changes no value.
+        data = getattr(data, "float")()
     if hasattr(data, "__dlpack__") and not any(hasattr(data, name) for name in _ARRAY_PROTOCOLS):
         try:
             return np.from_dlpack(data)
@@ -73,6 +78,11 @@ def as_numpy(data: object) -> NDArray[Any]:
                 "pass an array in CPU memory with a bool, integer or float dtype"
             ) from err
     return np.asarray(data)
+
+
+def _is_torch_bfloat16(data: object) -> bool:
+    """Whether ``data`` is a PyTorch tensor of dtype bfloat16 (recognised without importing torch)."""
+    return type(data).__module__.startswith("torch") and str(getattr(data, "dtype", "")) == "torch.bfloat16"
 
 
 def _unmasked(data: np.ma.MaskedArray[Any, Any]) -> NDArray[Any]:
@@ -194,15 +204,80 @@ def check_positive_float(value: object, name: str) -> float:
     return out
 
 
+#: What a ``seed`` parameter accepts (see :func:`check_seed`).
+SeedLike = int | np.integer[Any] | np.random.Generator | np.random.SeedSequence | None
+
+
 def check_seed(seed: object) -> int | None:
-    """Return ``seed`` as a non-negative int below 2**64, or None."""
+    """Return ``seed`` as a non-negative int below 2**64, or None.
+
+    Parameters
+    ----------
+    seed : None, int, numpy.random.Generator or numpy.random.SeedSequence
+        An int in [0, 2**64) is returned as is. A ``Generator`` gives ``int(seed.integers(0, 2**63 - 1))``:
+        one draw, which advances the generator, as scikit-learn's ``check_random_state`` consumers do (the
+        same fresh ``np.random.default_rng(0)`` always gives the same seed; passing one generator twice gives
+        two different seeds). A ``SeedSequence`` gives the first 64-bit word of its ``generate_state``
+        (deterministic; the sequence is not changed).
+
+    Raises
+    ------
+    TypeError
+        Anything else: floats, bools, strings, and a legacy ``numpy.random.RandomState`` (whose stream
+        cannot be advanced the same way; pass ``int(rs.randint(2**31))`` or a ``Generator``).
+    ValueError
+        A negative int or one of 2**64 or more.
+    """
     if seed is None:
         return None
+    if isinstance(seed, np.random.Generator):
+        return int(seed.integers(0, 2**63 - 1))
+    if isinstance(seed, np.random.SeedSequence):
+        return int(seed.generate_state(1, dtype=np.uint64)[0])
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        hint = (
+            " (a legacy RandomState is not accepted as a seed: pass int(rs.randint(2**31)) or a "
+            "numpy.random.Generator)" if isinstance(seed, np.random.RandomState) else ""
+        )
+        raise TypeError(
+            "seed must be None, an int in [0, 2**64), a numpy.random.Generator or a numpy.random.SeedSequence, "
+            f"got {type(seed).__name__}{hint}"
+        )
     return check_int(seed, "seed", 0, 2**64 - 1)
 
 
+class TorchDTypeLike(Protocol):
+    """A ``torch.dtype`` as the type checker sees it (this module never imports torch)."""
+
+    @property
+    def is_floating_point(self) -> bool: ...
+
+    @property
+    def is_complex(self) -> bool: ...
+
+    def to_real(self) -> Any: ...
+
+
+#: What a ``dtype`` parameter of a state accepts (see :func:`check_dtype`).
+StateDTypeLike = DTypeLike | TorchDTypeLike
+
+#: The torch dtypes of a state, by their ``str``.
+_TORCH_STATE_DTYPES = {"torch.float32": "float32", "torch.float64": "float64"}
+
+
 def check_dtype(dtype: object) -> str:
-    """Return the state dtype name, "float32" or "float64"."""
+    """Return the state dtype name, "float32" or "float64".
+
+    Accepted: the names ``"float32"``/``"float64"`` (and NumPy's aliases such as ``"f4"``, ``"double"``),
+    the type objects ``np.float32``/``np.float64`` (and Python's ``float``), ``np.dtype`` objects, and
+    ``torch.float32``/``torch.float64`` (``torch.float``/``torch.double``), recognised without importing
+    torch. Anything else, lower precisions included, raises ValueError.
+    """
+    if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
+        name = _TORCH_STATE_DTYPES.get(str(dtype))
+        if name is None:
+            raise ValueError(f"dtype must be float32 or float64 (torch.float32/torch.float64), got {dtype!r}")
+        return name
     try:
         name = str(np.dtype(dtype).name)  # type: ignore[call-overload]
     except Exception as err:  # numpy raises TypeError, ValueError or even SyntaxError for odd strings

@@ -22,6 +22,7 @@ from ._persist import CheckpointMixin
 from ._gaussian import FactorGaussianMixin
 from ._validation import (
     NATIVE_FLOATS, as_numpy, check_dtype, check_init, check_int, check_positive_float, check_seed, core_readable,
+    SeedLike, StateDTypeLike,
 )
 
 __all__ = ["VIFA"]
@@ -44,7 +45,7 @@ def _check_vector(value: ArrayLike | None, n_features: int, name: str) -> FloatA
     """Validate an optional real (D,) vector of finite values and return it as float64."""
     if value is None:
         return None
-    arr = np.asarray(value)
+    arr = as_numpy(value)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a real ({n_features},) array, got dtype {arr.dtype}")
     out = np.ascontiguousarray(arr, dtype=np.float64)
@@ -122,9 +123,10 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
     optimizer : {"sgd", "adam"}, default="sgd"
         "sgd": p ← p − η g (Algorithm 3, lines 17–19). "adam": Adam with bias correction, β₁ = 0.9,
         β₂ = 0.999, ε = 1e-8, separate moment estimates for every entry of c, F and β.
-    seed : int, optional
+    seed : int, numpy.random.Generator or numpy.random.SeedSequence, optional
         Seed of the training draws (and of the default initial F). None: fresh entropy. The random stream
-        is part of the state, so a checkpoint resumes the same draws.
+        is part of the state, so a checkpoint resumes the same draws. A ``Generator`` gives one draw
+        ``int(seed.integers(0, 2**63 - 1))`` (and so advances); a ``SeedSequence`` its first 64-bit word.
     init : array-like of shape (D, K), optional
         Initial F. Default: Q of the reduced QR of a standard-normal D×K matrix drawn with ``seed``
         (thesis §4.4), so FᵀF = I.
@@ -140,6 +142,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         Initial ψ (> 0; default 1, line 1).
     dtype : {"float64", "float32"}, default="float64"
         Storage of the D-sized state (c, F, β and Adam's moments); K×K algebra and sums stay float64.
+        dtype objects are accepted as for :class:`onlinefa.OnlineEM`.
 
     Raises
     ------
@@ -173,13 +176,13 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         lr_loadings: float,
         lr_log_noise: float,
         optimizer: OptimizerName = "sgd",
-        seed: int | None = None,
+        seed: SeedLike = None,
         init: ArrayLike | None = None,
         n_grad_samples: int = 1,
         clip_grad_norm: float | None = None,
         init_mean: ArrayLike | None = None,
         init_noise_variance: ArrayLike | None = None,
-        dtype: str = "float64",
+        dtype: StateDTypeLike = "float64",
     ) -> None:
         d = check_int(n_features, "n_features", 1)
         k = check_int(n_components, "n_components", 1)
@@ -210,7 +213,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
 
     # -- training --------------------------------------------------------------------------------
     def sample(
-        self, n_samples: int | None = None, seed: int | None = None, *, dtype: DTypeLike = np.float64
+        self, n_samples: int | None = None, seed: SeedLike = None, *, dtype: DTypeLike = np.float64
     ) -> NDArray[Any]:
         """Training draw (no arguments), or ``n_samples`` model draws (any argument).
 
@@ -220,7 +223,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
             Omitted (and ``seed`` omitted): draw θ = F h + c + ψ^{1/2} ⊙ z (4.50) from the training
             stream, remember (h, z) for :meth:`step`, and return θ with shape (D,). Given: return
             ``n_samples`` independent draws from q with shape (n_samples, D); nothing is remembered.
-        seed : int, optional
+        seed : int, numpy.random.Generator or numpy.random.SeedSequence, optional
             Seed of the model draws (as in ``OnlineEM.sample``); giving it alone means ``n_samples=1``.
         dtype : {float64, float32}, default=float64
             dtype of model draws (as in ``OnlineEM.sample``); the training draw is always float64.
