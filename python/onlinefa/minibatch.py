@@ -153,22 +153,36 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         Raises
         ------
         ValueError
-            Wrong shape, or NaN/±Inf/too large values (the message names the row within its batch); the
-            batches before the failing one stay applied, the failing one is not.
+            Wrong shape, or NaN/±Inf/too large values (the message names the row of ``X``): every row is
+            checked before the first mini-batch is applied, so nothing is applied.
         TypeError
             ``rows`` is not an array of integers.
         IndexError
             An index in ``rows`` is out of bounds (checked before any batch is applied).
+        NumericalBreakdownError
+            A mini-batch broke down numerically. The state from before the call is restored when the
+            model's D·K is at most ``onlinefa._core.snapshot_max_elements()`` (as the per-sample models do);
+            for larger models the mini-batches before the failing one stay applied.
         """
         arr = as_sample_matrix(X, self._n_features)
         index = None if rows is None else _row_index(rows, arr.shape[0])
-        self._cache = None
         n = arr.shape[0] if index is None else index.shape[0]
-        for start in range(0, n, self._batch_size):
-            if index is None:
-                self._core.update(arr[start:start + self._batch_size])
-            else:
-                self._core.update(arr, index[start:start + self._batch_size])
+        backup = None
+        if n > self._batch_size:  # one mini-batch is atomic in the core; several need these two guards
+            _check_rows(arr, index)
+            if self._n_features * self._n_components <= _engine.snapshot_max_elements():
+                backup = self._core.get_state()
+        self._cache = None
+        try:
+            for start in range(0, n, self._batch_size):
+                if index is None:
+                    self._core.update(arr[start:start + self._batch_size])
+                else:
+                    self._core.update(arr, index[start:start + self._batch_size])
+        except BaseException:
+            if backup is not None:
+                self._core = _engine.MiniBatchEMCore.from_state(backup)
+            raise
         return self
 
     def start_average(self) -> MiniBatchEM:
@@ -344,6 +358,29 @@ class FitHistory:
     def n_passes(self) -> int:
         """Passes made."""
         return len(self.scores)
+
+
+def _check_rows(arr: NDArray[Any], index: NDArray[np.int64] | None) -> None:
+    """Raise ValueError naming the first row of ``arr`` (in the order of ``index``) holding NaN, ±Inf or a
+    magnitude above the input limit of its dtype (1e18 for float32 input, 1e100 for float64), as the core
+    would for that row's mini-batch; read in chunks of about 2²² values (bounded temporary memory)."""
+    limit = _INPUT_LIMITS[arr.dtype.itemsize]
+    n = arr.shape[0] if index is None else index.shape[0]
+    step = max(1, (1 << 22) // max(1, arr.shape[1]))
+    for start in range(0, n, step):
+        chunk = arr[start:start + step] if index is None else arr[index[start:start + step]]
+        bad = ~np.all(np.abs(chunk) <= limit, axis=1)
+        if np.any(bad):
+            row = start + int(np.argmax(bad))
+            values = chunk[row - start]
+            value = values[~(np.abs(values) <= limit)][0]
+            kind = "NaN or infinity" if not np.isfinite(value) else f"a value with |x| > {limit:.0e}"
+            at = f"row {row} of X" if index is None else f"row {int(index[row])} of X (position {row} of rows)"
+            raise ValueError(f"{at} contains {kind}; no row of this batch was applied")
+
+
+#: Largest accepted |x| by the itemsize of the input's float type (the core's limits).
+_INPUT_LIMITS = {4: 1e18, 8: 1e100}
 
 
 def _row_index(rows: ArrayLike, n_rows: int) -> NDArray[np.int64]:
