@@ -115,6 +115,37 @@ def synthetic_table(n: int, d: int, k: int, repeats: int) -> None:
               f"{e_np / e_sk:.2f} | {history.n_passes} |")
 
 
+DEFAULT_FIT_SIZES = ((100_000, 1000, 10), (20_000, 500, 10), (5000, 200, 5), (2000, 50, 5), (1000, 30, 3))
+
+
+def default_fit_table(sizes: tuple[tuple[int, int, int], ...], seeds: tuple[int, ...], batch_size: int = 256) -> None:
+    """``OnlineFactorAnalysis(K, batch_size=B).fit(X)`` with its defaults (``max_iter="auto"``) against one
+    pass (``max_iter=1``, the default before) and scikit-learn's ``FactorAnalysis(K).fit``, on FA-model data."""
+    from sklearn.decomposition import FactorAnalysis
+
+    print(f"\n### Default fit: OnlineFactorAnalysis(K, batch_size={batch_size}).fit(X), FA-model data, seeds {list(seeds)}\n")
+    print("| N x D, K | scikit-learn error | one pass (max_iter=1): × sklearn | default: × sklearn (worst) | "
+          "default passes | default time (s) | scikit-learn time (s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for n, d, k in sizes:
+        e_sk, r_one, r_def, passes, t_def, t_sk = [], [], [], [], [], []
+        for seed in seeds:
+            x, cov = fa_data(n, d, k, seed)
+            start = time.perf_counter()
+            fa = FactorAnalysis(k, random_state=seed).fit(x)
+            t_sk.append(time.perf_counter() - start)
+            e_sk.append(relative_error(fa.components_.T, fa.noise_variance_, cov))
+            one = onlinefa.OnlineFactorAnalysis(k, batch_size=batch_size, max_iter=1, random_state=seed).fit(x)
+            r_one.append(relative_error(one.components_.T, one.noise_variance_, cov) / e_sk[-1])
+            start = time.perf_counter()
+            default = onlinefa.OnlineFactorAnalysis(k, batch_size=batch_size, random_state=seed).fit(x)
+            t_def.append(time.perf_counter() - start)
+            r_def.append(relative_error(default.components_.T, default.noise_variance_, cov) / e_sk[-1])
+            passes.append(default.n_iter_)
+        print(f"| {n} x {d}, {k} | {np.mean(e_sk):.4f} | {np.mean(r_one):.2f} | {np.mean(r_def):.2f} ({max(r_def):.2f}) | "
+              f"{'/'.join(map(str, passes))} | {np.median(t_def):.2f} | {np.median(t_sk):.2f} |", flush=True)
+
+
 def real_sets() -> dict[str, np.ndarray]:
     from sklearn.datasets import load_breast_cancer, load_digits
 
@@ -194,13 +225,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--default-fit-only", action="store_true", help="only the table of the default fit")
     args = parser.parse_args()
+    if args.default_fit_only:
+        default_fit_table(DEFAULT_FIT_SIZES, (0, 1, 2))
+        return
     print(f"# onlinefa mini-batch benchmark — {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, numpy {np.__version__}")
     n, d = (20_000, 500) if args.quick else (100_000, 1000)
     synthetic_table(n, d, 10, args.repeats)
     real_table(args.repeats)
     memory_table(500, (50_000, 200_000) if args.quick else (100_000, 400_000))
+    default_fit_table(DEFAULT_FIT_SIZES[1:] if args.quick else DEFAULT_FIT_SIZES, (0, 1, 2))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ import pytest
 
 import onlinefa
 from onlinefa import MiniBatchEM, NotFittedError, fit_minibatch
+from onlinefa.errors import ConvergenceWarning
+from onlinefa.estimator import MINIBATCH_MAX_ITER
 from onlinefa.minibatch import data_moments
 
 
@@ -410,12 +413,18 @@ def test_a_path_is_fitted_like_the_array(tmp_path: Path) -> None:
 def test_estimator_with_batches_is_fit_minibatch() -> None:
     pytest.importorskip("sklearn")
     x, _ = fa_data(1500, 10, 2, 9)
-    estimator = onlinefa.OnlineFactorAnalysis(2, batch_size=100, max_iter=6, random_state=4).fit(x)
-    model, history = fit_minibatch(x, 2, batch_size=100, max_iter=6, random_state=4)
-    np.testing.assert_array_equal(estimator.mean_, model.mean)
-    np.testing.assert_array_equal(estimator.noise_variance_, model.noise_variance)
-    np.testing.assert_array_equal(estimator.components_, onlinefa.canonical_loadings(model.loadings).T)
-    assert estimator.n_iter_ == history.n_passes
+    # 6 passes end before the stopping rule (a ConvergenceWarning); the default max_iter="auto" is 100.
+    for max_iter, passes in ((6, 6), ("auto", MINIBATCH_MAX_ITER)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            estimator = onlinefa.OnlineFactorAnalysis(2, batch_size=100, max_iter=max_iter, random_state=4).fit(x)
+        model, history = fit_minibatch(x, 2, batch_size=100, max_iter=passes, random_state=4)
+        assert len(caught) == (0 if history.converged else 1)
+        np.testing.assert_array_equal(estimator.mean_, model.mean)
+        np.testing.assert_array_equal(estimator.noise_variance_, model.noise_variance)
+        np.testing.assert_array_equal(estimator.components_, onlinefa.canonical_loadings(model.loadings).T)
+        assert estimator.n_iter_ == history.n_passes
+    assert history.converged and not caught
 
 
 def test_estimator_passes_improve_a_one_pass_fit() -> None:
@@ -432,7 +441,9 @@ def test_estimator_passes_improve_a_one_pass_fit() -> None:
     one_pass = onlinefa.OnlineFactorAnalysis(5, random_state=0).fit(train).score(test)
     assert one_pass < reference - 0.01 * abs(reference)  # the gap that passes must close
     for options in ({"max_iter": 50}, {"batch_size": 32, "max_iter": 50}):
-        fitted = onlinefa.OnlineFactorAnalysis(5, random_state=0, **options).fit(train)
+        with warnings.catch_warnings():  # these slow, ill-conditioned fits may use all 50 passes
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            fitted = onlinefa.OnlineFactorAnalysis(5, random_state=0, **options).fit(train)
         assert fitted.score(test) >= reference - 0.01 * abs(reference), options
 
 

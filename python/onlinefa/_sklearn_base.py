@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._models import NotFittedError as LibraryNotFittedError
+from .errors import ConvergenceWarning as LibraryConvergenceWarning
 from ._params import ParamsMixin
 from ._validation import as_numpy, check_seed, objects_to_float
 
@@ -19,13 +20,16 @@ from ._validation import as_numpy, check_seed, objects_to_float
 if TYPE_CHECKING:
     EstimatorBase = ParamsMixin
     NotFittedError = LibraryNotFittedError
+    ConvergenceWarning = LibraryConvergenceWarning
 else:
     try:
         from sklearn.base import BaseEstimator, TransformerMixin
+        from sklearn.exceptions import ConvergenceWarning as SklearnConvergenceWarning
         from sklearn.exceptions import NotFittedError as SklearnNotFittedError
     except ImportError:
         EstimatorBase = ParamsMixin
         NotFittedError = LibraryNotFittedError
+        ConvergenceWarning = LibraryConvergenceWarning
     else:
 
         class EstimatorBase(TransformerMixin, BaseEstimator):
@@ -33,6 +37,9 @@ else:
 
         class NotFittedError(LibraryNotFittedError, SklearnNotFittedError):
             """A query before fitting: both ``onlinefa.NotFittedError`` and scikit-learn's."""
+
+        class ConvergenceWarning(LibraryConvergenceWarning, SklearnConvergenceWarning):
+            """A fit that stopped at ``max_iter``: both ``onlinefa.errors.ConvergenceWarning`` and scikit-learn's."""
 
 
 def seed_from(random_state: object) -> int | None:

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from ._core import NumericalBreakdownError
 
-__all__ = ["CommandError", "NumericalBreakdownError"]
+__all__ = ["CommandError", "ConvergenceWarning", "NumericalBreakdownError"]
 
 
 class CommandError(Exception):
     """A user-facing failure of the ``onlinefa`` command: printed as one line, exit code 2, no traceback."""
+
+
+class ConvergenceWarning(UserWarning):
+    """A fit stopped at its iteration limit before its stopping rule was met (the result is usable but not
+    converged). With scikit-learn installed the estimators raise a subclass that is also scikit-learn's
+    ``ConvergenceWarning``, so either class filters it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -21,7 +22,7 @@ from ._gaussian import latent_mean
 from .minibatch import MINIBATCH_KAPPA, MINIBATCH_TAU0, MiniBatchEM, data_moments, fit_passes
 from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float
 from ._persist import param_entries, prefixed
-from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
+from ._sklearn_base import ConvergenceWarning, EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .rotation import canonical_loadings, canonical_rotation
 from ._exports import AnyFloatArray, canonical_components32, storage_snapshot
 
@@ -42,6 +43,9 @@ _SCHEDULES = ("auto", "harmonic", "power", "constant")
 _LEGACY_PARAMS: dict[str, Any] = {"whiten": False, "schedule": "harmonic", "tau0": 0.0, "kappa": 0.9, "rho": 0.01,
                                    "batch_size": 1, "max_iter": 1, "tol": 1e-5}
 _CHECKPOINT_KIND = "OnlineFactorAnalysis"
+#: Passes of ``fit`` with ``max_iter="auto"`` and ``batch_size > 1`` (an upper limit: the stopping rule of
+#: ``tol`` ends the fit earlier; chosen by measurement, docs/minibatch.md).
+MINIBATCH_MAX_ITER = 100
 #: K fitted when ``n_components=None`` (capped at n_features − 1).
 DEFAULT_N_COMPONENTS = 10
 #: Guards the installation of the model by the first partial_fit when several threads race for it.
@@ -136,16 +140,21 @@ class OnlineFactorAnalysis(EstimatorBase):
         ρ_t = (t + 1)^(−0.6), the setting measured best for it (``kappa``/``tau0`` apply with
         ``schedule="power"``), and ``n_warmup``, ``dtype`` and ``noise_floor``'s absolute meaning do not
         apply (the state is float64, the floor relative to the data's scale).
-    max_iter : int, default=1
-        Passes of :meth:`fit` over ``X``. 1 streams the rows once, in order. More passes visit the rows in
-        a new random order each time and stop early once two consecutive passes fail to raise the best
-        average log-likelihood L (of at most 5,000 rows of ``X``) by ``tol`` · max(1, ``|L|``). With
-        ``batch_size > 1``, :meth:`fit` first computes ``X``'s exact mean, and passes run as in
-        :func:`onlinefa.fit_minibatch`: the statistics are averaged over the last half of the passes and,
-        once a pass fails to gain, exact EM steps finish the fit. :meth:`partial_fit` always streams its
-        rows once.
+    max_iter : int or "auto", default="auto"
+        Passes of :meth:`fit` over ``X``. "auto" is 1 for ``batch_size=1`` (the thesis's single pass over
+        the stream, in order) and ``MINIBATCH_MAX_ITER`` (100) for ``batch_size > 1``, so that fitting a data
+        matrix with mini-batches converges by default as scikit-learn's ``FactorAnalysis.fit`` does (the
+        stopping rule below usually ends it after a few passes: 4 on 10⁵ × 1,000 rows of an FA model).
+        1 streams the rows once, in order. More passes visit the rows in a new random order each time and
+        stop early once two consecutive passes fail to raise the best average log-likelihood L (of at most
+        5,000 rows of ``X``) by ``tol`` · max(1, ``|L|``). With ``batch_size > 1``, :meth:`fit` first
+        computes ``X``'s exact mean, and passes run as in :func:`onlinefa.fit_minibatch`: the statistics are
+        averaged over the last half of the passes and, once a pass fails to gain, exact EM steps finish the
+        fit. When more than one pass is allowed, ``tol > 0`` and the passes run out before the stopping rule
+        is met, :meth:`fit` warns with a ``ConvergenceWarning`` (``onlinefa.errors.ConvergenceWarning``, also
+        scikit-learn's when it is installed). :meth:`partial_fit` always streams its rows once.
     tol : float, default=1e-5
-        Relative stopping threshold of ``max_iter > 1`` (0 runs every pass).
+        Relative stopping threshold of the passes (0 runs every pass, without a warning).
 
     Attributes
     ----------
@@ -165,7 +174,8 @@ class OnlineFactorAnalysis(EstimatorBase):
     n_components_ : int
         Number of factors actually fitted (``n_components`` resolved as described above).
     n_iter_ : int
-        Passes made over ``X`` by the last :meth:`fit` (0 after :meth:`partial_fit` only).
+        Passes made over ``X`` by the last :meth:`fit`, exact EM steps of mini-batch EM included (0 after
+        :meth:`partial_fit` only).
 
     Notes
     -----
@@ -209,7 +219,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         dtype: str = "float64",
         random_state: int | np.random.RandomState | np.random.Generator | None = None,
         batch_size: int = 1,
-        max_iter: int = 1,
+        max_iter: int | Literal["auto"] = "auto",
         tol: float = 1e-5,
     ) -> None:
         self.n_components = n_components
@@ -268,11 +278,20 @@ class OnlineFactorAnalysis(EstimatorBase):
 
     def _check_pass_options(self) -> None:
         check_int(self.batch_size, "batch_size", 1)
-        check_int(self.max_iter, "max_iter", 1)
+        self._resolved_max_iter()
         if not (isinstance(self.tol, (int, float, np.floating)) and np.isfinite(self.tol) and self.tol >= 0):
             raise ValueError(f"tol must be a finite number >= 0, got {self.tol!r}")
         if self.batch_size > 1 and self.algorithm != "em":
             raise ValueError(f"batch_size > 1 is mini-batch EM and needs algorithm='em', got {self.algorithm!r}")
+
+    def _resolved_max_iter(self) -> int:
+        """``max_iter`` as a number of passes ("auto": 1 for the per-sample stream, ``MINIBATCH_MAX_ITER``
+        for mini-batch EM)."""
+        if isinstance(self.max_iter, str):
+            if self.max_iter != "auto":
+                raise ValueError(f"max_iter must be an int >= 1 or 'auto', got {self.max_iter!r}")
+            return 1 if check_int(self.batch_size, "batch_size", 1) == 1 else MINIBATCH_MAX_ITER
+        return check_int(self.max_iter, "max_iter", 1)
 
     def _new_minibatch_model(self, n_features: int, n_components: int, moments: dict[str, FloatArray]) -> MiniBatchEM:
         options = self._model_options()
@@ -401,7 +420,15 @@ class OnlineFactorAnalysis(EstimatorBase):
         return True
 
     def fit(self, X: ArrayLike, y: object = None) -> Self:
-        """Forget previous data, then stream the rows of ``X`` through a fresh model, in order.
+        """Forget previous data and fit a fresh model to the rows of ``X``.
+
+        With ``batch_size=1`` and the default ``max_iter="auto"`` this is the thesis's single pass: the rows
+        are streamed once, in order, exactly as the same rows given to :meth:`partial_fit`. With
+        ``batch_size > 1`` (mini-batch EM) it fits the data matrix to convergence: the exact mean and variance
+        of ``X``, then shuffled passes until the stopping rule of ``tol`` is met (at most ``max_iter``; "auto"
+        is 100), with the statistics averaged over the last half of the passes and exact EM steps at the end
+        (docs/minibatch.md). An explicit ``max_iter > 1`` makes shuffled passes for ``batch_size=1`` too.
+        ``n_iter_`` reports the passes made.
 
         Parameters
         ----------
@@ -416,9 +443,16 @@ class OnlineFactorAnalysis(EstimatorBase):
         ------
         ValueError, TypeError
             As :meth:`partial_fit`; on error the previous fit is kept unchanged.
+
+        Warns
+        -----
+        ConvergenceWarning
+            More than one pass was allowed, ``tol > 0``, and ``max_iter`` passes ended before the stopping
+            rule was met (the fit is kept).
         """
         arr = self._fitting_input(X, first=True)
         self._check_pass_options()
+        max_iter = self._resolved_max_iter()
         moments: dict[str, FloatArray] = {}
         if self.batch_size > 1:
             moments["mean"], moments["variance"] = data_moments(arr)
@@ -428,15 +462,25 @@ class OnlineFactorAnalysis(EstimatorBase):
                 f"fit needs more rows than n_warmup={fresh.n_warmup}, got n_samples={arr.shape[0]}: a fit that "
                 "ends inside the warm-up would be only the initialisation. Lower n_warmup or pass more rows."
             )
-        if self.max_iter == 1:
+        converged = True
+        if max_iter == 1:
             fresh.update(arr)
             n_iter = 1
         else:
             rng = np.random.default_rng(seed_from(self.random_state))
-            n_iter = fit_passes(fresh, arr, max_iter=self.max_iter, tol=float(self.tol), shuffle="rows",
-                                rng=rng).n_passes
+            history = fit_passes(fresh, arr, max_iter=max_iter, tol=float(self.tol), shuffle="rows", rng=rng)
+            n_iter = history.n_passes
+            converged = history.converged or float(self.tol) == 0.0
         self._model = fresh
         self.n_iter_ = n_iter
+        if not converged:
+            warnings.warn(
+                f"{type(self).__name__}.fit stopped after max_iter={max_iter} passes before the log-likelihood "
+                f"stopped improving by tol={self.tol:g}; raise max_iter (or set tol=0 to run exactly max_iter "
+                "passes without this warning).",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
         return self
 
     def fit_transform(self, X: ArrayLike, y: object = None) -> FloatArray:
