@@ -3,7 +3,7 @@
 Every method is a function of a *configuration* from its grid (see :mod:`._tuning`) and returns draws
 of the network output (S, N) in standardised target units on the rows it predicts:
 
-* ``map``, ``ensemble``: configuration (λ, f): Adam (rate 1e-3, weight decay λ) for ``f · E`` epochs
+* ``map``, ``ensemble``: configuration (λ, f): Adam (rate ``adam_lr``, weight decay λ) for ``f · E`` epochs
   (f ∈ the early-stopping fractions); the ensemble is 5 independently initialised and shuffled networks
   (Lakshminarayanan et al., "Simple and Scalable Predictive Uncertainty Estimation using Deep
   Ensembles"), each predicting one point (S = 5 draws).
