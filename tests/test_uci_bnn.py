@@ -121,3 +121,14 @@ def test_data_dir_layout(tmp_path: Path) -> None:
     assert [(r["dataset"], r["split"], r["method"]) for r in rows] == [
         ("toy-set", "0", "map"), ("toy-set", "0", "swag_fa"), ("toy-set", "0", "mc_dropout")]
     assert all(math.isfinite(float(r["test_ll"])) and float(r["rmse"]) > 0 for r in rows)
+
+
+def test_report_only_rewrites_markdown_from_rows(tmp_path: Path) -> None:
+    (tmp_path / "uci_bnn.csv").write_text(
+        "dataset,split,method,test_ll,rmse,fit_seconds\n"
+        "boston,0,map,-2.5,3.0,1.0\nboston,1,map,-2.3,2.0,1.0\nboston,0,swag_fa,-2.4,2.9,2.0\n")
+    assert available()["uci-bnn"].run(_parse(["--report-only", "--out", str(tmp_path)])) == 0
+    markdown = (tmp_path / "uci_bnn.md").read_text()
+    # mean ± s.e. over splits: -2.4 ± 0.1 (s.d. 0.1414 / √2); one split has no s.e.
+    assert "| MAP | -2.40 ± 0.10 (2) |" in markdown and "| SWAG-FA (OnlineEM) | -2.40 ± n/a (1) |" in markdown
+    assert "| *published:* MC dropout (grid) | -2.40 ± 0.04 |" in markdown

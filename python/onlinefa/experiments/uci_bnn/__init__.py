@@ -79,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slang-lrs", type=_floats, default=[0.01, 0.03], help="SLANG learning-rate grid")
     parser.add_argument("--seed", type=int, default=0, help="base seed of initialisations and shuffles")
     parser.add_argument("--quick", action="store_true", help="tiny budget (2 splits, few epochs, 1 × 2 grid)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only rewrite uci_bnn.md from the rows already in --out (e.g. while a run goes on)")
 
 
 def _dataset_seed(args: argparse.Namespace, name: str, split: int, stage: int) -> np.random.SeedSequence:
@@ -191,6 +193,12 @@ def _run(args: argparse.Namespace) -> int:
         notes.append("SLANG skipped: its module (onlinefa.experiments.uci_bnn._slang) is not installed.")
         print(notes[-1])
     out = output_dir(args.out)
+    if args.report_only:
+        notes.append("Report of the rows present; runs may still be in progress (numbers of splits in brackets).")
+        summary = summary_markdown(read_rows(out / "uci_bnn.csv"), notes)
+        (out / "uci_bnn.md").write_text(summary)
+        print(summary)
+        return 0
     done = {(r["dataset"], r["split"], r["method"]) for r in read_rows(out / "uci_bnn.csv")}
     datasets = [load_dataset(name, args.data_dir) for name in args.datasets]
     tasks = []
