@@ -23,8 +23,9 @@ One step (Algorithm 1 of the paper)
 -----------------------------------
 With a minibatch B of M of the N training examples and S draws θ_s ~ q (S = ``n_mc_samples``):
 
-1. **Sampling** (the paper's fast sampling from a low-rank-plus-diagonal precision, O(D L²)): with
-   V = diag(d)^{-1/2} U and its thin SVD V = Q diag(s) Wᵀ (Q ∈ ℝ^{D×L}),
+1. **Sampling**, in O(D L²) from the low-rank-plus-diagonal precision without any D×D matrix (the paper's
+   fast sampling does this with L×L factorisations; here with a thin SVD): with V = diag(d)^{-1/2} U and its
+   thin SVD V = Q diag(s) Wᵀ (Q ∈ ℝ^{D×L}),
 
        θ_s = μ + diag(d)^{-1/2} (ε + Q diag((1 + s²)^{-1/2} − 1) Qᵀ ε),      ε ~ N(0, I_D),
 
