@@ -137,20 +137,49 @@ def build_model(args: argparse.Namespace, n_features: int) -> StreamingModel:
                      **schedule_options, **common)
 
 
-def _stream(model: StreamingModel, data: np.ndarray[Any, Any], step: int, label: str) -> float:
-    """Apply every row of ``data`` in batches of ``step``; return the average log-likelihood of the last
-    batch under the model fitted to the rows before it (NaN if the model was still warming up then)."""
+def _stream(model: StreamingModel, data: np.ndarray[Any, Any], step: int, label: str) -> tuple[float, int]:
+    """Apply every row of ``data`` in order, in batches of at most ``step`` rows, and score held-out rows.
+
+    The held-out rows are the last batch's, each scored (before it is applied) by the model fitted to every
+    row before them. When the stream is so short that the model is still warming up where the last batch
+    starts (e.g. fewer rows than ``step`` in all), they are the rows after the first ``n_warmup + 1``: the
+    first fitted model. Splitting a batch changes nothing in the result, since the models apply rows one at
+    a time.
+
+    Returns
+    -------
+    held_out : float
+        The average log-likelihood of the held-out rows (NaN when there are none).
+    n_held_out : int
+        Their number: 0 when the stream has only ``n_warmup + 1`` rows, all needed for the first fit.
+    """
     n_samples = data.shape[0]
-    last_start = ((n_samples - 1) // step) * step
+    last_batch = n_samples - ((n_samples - 1) // step) * step
+    n_held_out = max(0, min(last_batch, n_samples - model.n_warmup - 1))
+    split = n_samples - n_held_out
     held_out = float("nan")
     with Progress(n_samples, label) as bar:
-        for lo in range(0, n_samples, step):
-            batch = data[lo : lo + step]
-            if lo == last_start and model.is_fitted:
-                held_out = float(np.mean(model.log_prob(batch)))
+        for lo in range(0, split, step):
+            batch = data[lo : min(lo + step, split)]
             model.update(batch)
             bar.advance(batch.shape[0])
-    return held_out
+        if n_held_out:
+            batch = data[split:]
+            held_out = float(np.mean(model.log_prob(batch)))
+            model.update(batch)
+            bar.advance(batch.shape[0])
+    return held_out, n_held_out
+
+
+def _held_out_summary(held_out: float, n_held_out: int, n_samples: int, n_warmup: int, step: int) -> str:
+    """The quality figure of the summary line, or why there is none."""
+    if n_held_out == 0:
+        return (f"no held-out log-likelihood: all {n_samples} rows were needed to reach the first fitted model "
+                f"(warm-up {n_warmup} + 1 row); pass more rows to get one")
+    text = f"held-out average log-likelihood of the last {n_held_out} rows"
+    if n_held_out < n_samples - ((n_samples - 1) // step) * step:
+        text += f" (every row after the first {n_warmup + 1}: the warm-up of {n_warmup} and the first fitted row)"
+    return f"{text}: {held_out:.4g}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         )
     started = time.perf_counter()
     try:
-        held_out = _stream(model, data, args.batch_rows, f"fit {args.method}")
+        held_out, n_held_out = _stream(model, data, args.batch_rows, f"fit {args.method}")
     except (ValueError, TypeError, ArithmeticError) as err:
         raise CommandError(f"{err} (nothing was written)") from err
     seconds = time.perf_counter() - started
@@ -184,8 +213,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"fitted {type(model).__name__} (D={n_features}, K={args.components}, config {args.config}) on "
         f"{n_samples} samples in {seconds:.2f} s ({rate:,.0f} samples/s, {megabytes / max(seconds, 1e-9):,.1f} MB/s); "
-        f"held-out average log-likelihood of the last {n_samples - ((n_samples - 1) // args.batch_rows) * args.batch_rows} "
-        f"rows: {held_out:.4g} -> {args.output}"
+        f"{_held_out_summary(held_out, n_held_out, n_samples, model.n_warmup, args.batch_rows)} -> {args.output}"
     )
     return 0
 

@@ -29,6 +29,7 @@ from ._validation import (
     check_int,
     check_positive_float,
     check_seed,
+    SeedLike,
 )
 
 FloatArray = NDArray[np.float64]
@@ -77,8 +78,8 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
     init : array-like of shape (n_features, n_components), optional
         Starting loadings before scaling (default: orthonormal columns drawn with ``seed``); the model starts
         at F₀ σ̂ and ψ = d̄² once the first batch (or the given moments) fixes the data's scale.
-    seed : int or None, default=None
-        Seed of the initial loadings.
+    seed : int, numpy.random.Generator, numpy.random.SeedSequence or None, default=None
+        Seed of the initial loadings (a ``Generator`` gives one draw ``int(seed.integers(0, 2**63 - 1))``).
     mean, variance : array-like of shape (n_features,), optional
         The data set's exact mean and per-feature variance, when known (:func:`fit_minibatch` computes
         them): θ̄ then stays fixed instead of being a running mean, and the start (F₀ σ̂, ψ₀) is taken
@@ -106,7 +107,7 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         rho: float = 0.01,
         noise_floor: float = DEFAULT_NOISE_FLOOR,
         init: ArrayLike | None = None,
-        seed: int | None = None,
+        seed: SeedLike = None,
         mean: ArrayLike | None = None,
         variance: ArrayLike | None = None,
     ) -> None:
@@ -117,11 +118,13 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         self._n_features, self._n_components = d, k
         self._batch_size = check_int(batch_size, "batch_size", 1)
         moments = _moment_args(mean, variance, d)
+        floor, steps = check_positive_float(noise_floor, "noise_floor"), schedule_args(schedule, tau0, kappa, rho)
         self._core = _engine.MiniBatchEMCore(
-            d, k, init=check_init(init, d, k), seed=check_seed(seed),
-            noise_floor=check_positive_float(noise_floor, "noise_floor"), whiten=bool(whiten),
-            **schedule_args(schedule, tau0, kappa, rho), **moments,
+            d, k, init=check_init(init, d, k), seed=check_seed(seed), noise_floor=floor, whiten=bool(whiten),
+            **steps, **moments,
         )
+        self._settings = _settings(self._batch_size, {**steps, "noise_floor": floor, "whiten": bool(whiten)},
+                                   bool(moments))
         self._cache: CachedSnapshot | None = None
 
     def _engine_state(self) -> dict[str, Any]:
@@ -132,7 +135,15 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         self._n_features = int(state["n_features"])
         self._n_components = int(state["n_components"])
         self._batch_size = check_int(int(state["batch_size"]), "batch_size", 1)
+        self._settings = _settings(self._batch_size, state, bool(state["fixed"]))
         self._cache = None
+
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{name}={value!r}" for name, value in self._settings.items())
+        return (
+            f"MiniBatchEM(n_features={self._n_features}, n_components={self._n_components}, {settings}, "
+            f"n_batches={self.n_batches}, n_seen={self.n_seen})"
+        )
 
     def update(self, X: ArrayLike, rows: ArrayLike | None = None) -> MiniBatchEM:
         """Apply the rows of ``X`` (or the rows ``X[rows]``, in that order) as consecutive mini-batches of
@@ -327,6 +338,19 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
     def noise_variance(self) -> FloatArray:
         """ψ (D)."""
         return self.snapshot()[2]
+
+
+def _settings(batch_size: int, state: dict[str, Any], fixed_mean: bool) -> dict[str, Any]:
+    """The configuration ``repr`` shows, from the validated arguments or the engine's state (same keys, same
+    values, so a checkpoint or a pickle shows the same): the schedule with only the parameters it uses."""
+    settings: dict[str, Any] = {"batch_size": batch_size, "whiten": bool(state["whiten"]),
+                                "schedule": str(state["schedule"])}
+    if settings["schedule"] == "power":
+        settings.update(tau0=float(state["tau0"]), kappa=float(state["kappa"]))
+    elif settings["schedule"] == "constant":
+        settings["rho"] = float(state["rho"])
+    settings.update(noise_floor=float(state["noise_floor"]), fixed_mean=fixed_mean)
+    return settings
 
 
 def _moment_args(mean: ArrayLike | None, variance: ArrayLike | None, n_features: int) -> dict[str, Any]:

@@ -6,11 +6,34 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 import torch
 
-from .._validation import check_int
+from .._validation import SeedLike, check_int, check_seed
 from ._params import ParameterVector
 from ._sampling import sample_parameters
 
 __all__ = ["bayesian_model_average", "refresh_batch_norm"]
+
+#: What to pass instead of a one-shot iterator.
+_REITERABLE = "pass a list of batches or a DataLoader, which can be iterated again"
+
+
+def _refuse_one_shot(loader: object, name: str, n_passes: int) -> None:
+    """ValueError when ``loader`` is a one-shot iterator (a generator, ``iter(...)``: ``iter(x) is x``) but
+    must be iterated ``n_passes`` > 1 times. Decided from the type: no iterator is created."""
+    if n_passes > 1 and isinstance(loader, Iterator):
+        raise ValueError(
+            f"{name} is a one-shot iterator ({type(loader).__name__}): it is iterated once per draw "
+            f"(n_samples={n_passes}) and would be exhausted after the first; {_REITERABLE}"
+        )
+
+
+def _no_batches(loader: object, name: str) -> ValueError:
+    if isinstance(loader, Iterator):
+        return ValueError(
+            f"{name} yielded no batches: it is a one-shot iterator ({type(loader).__name__}) that was already "
+            f"exhausted, e.g. by an earlier call; {_REITERABLE}"
+        )
+    return ValueError(f"{name} yielded no batches")
+
 
 def _inputs(batch: object, device: torch.device) -> object:
     """The inputs of a batch (its first element when it is a tuple or list), moved to ``device``."""
@@ -38,6 +61,12 @@ def refresh_batch_norm(module: torch.nn.Module, loader: Iterable[object], *, dev
         The inputs are the first element of each tuple/list batch, or the batch itself.
     device : torch.device, optional
         Where to move the inputs (default: the device of the first parameter, else left alone).
+
+    Raises
+    ------
+    ValueError
+        ``loader`` yielded no batch (e.g. an exhausted generator); the statistics are then left as they
+        were.
     """
     layers = _batch_norm_layers(module)
     if not layers:
@@ -46,15 +75,24 @@ def refresh_batch_norm(module: torch.nn.Module, loader: Iterable[object], *, dev
         first = next(module.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
     momenta = [layer.momentum for layer in layers]
+    saved = [{name: b.detach().clone() for name, b in layer.named_buffers(recurse=False)} for layer in layers]
     was_training = module.training
     try:
         for layer in layers:
             layer.reset_running_stats()
             layer.momentum = None
         module.train()
+        n_batches = 0
         with torch.no_grad():
             for batch in loader:
                 module(_inputs(batch, device))
+                n_batches += 1
+        if n_batches == 0:
+            with torch.no_grad():
+                for layer, buffers in zip(layers, saved):
+                    for name, value in buffers.items():
+                        getattr(layer, name).copy_(value)
+            raise _no_batches(loader, "the batch-norm loader")
     finally:
         for layer, momentum in zip(layers, momenta):
             layer.momentum = momentum
@@ -79,7 +117,7 @@ def _preserved(module: torch.nn.Module, parameters: tuple[torch.Tensor, ...]) ->
 def _predict(module: torch.nn.Module, loader: Iterable[object], device: torch.device) -> torch.Tensor:
     outputs = [module(_inputs(batch, device)) for batch in loader]
     if not outputs:
-        raise ValueError("the loader yielded no batches")
+        raise _no_batches(loader, "the loader")
     return torch.cat(outputs)
 
 
@@ -90,7 +128,7 @@ def bayesian_model_average(
     *,
     n_samples: int = 30,
     scale: float = 1.0,
-    seed: int | None = None,
+    seed: SeedLike = None,
     task: str = "classification",
     bn_loader: Iterable[object] | None = None,
     parameters: Iterable[torch.Tensor] | None = None,
@@ -109,13 +147,14 @@ def bayesian_model_average(
         Gaussian over θ (D = the number of entries of ``parameters``).
     loader : iterable of batches
         Inputs are the first element of each tuple/list batch (or the batch itself), moved to the
-        parameters' device.
+        parameters' device. Iterated once per draw: a list or a DataLoader, not a generator (one is
+        accepted only with ``n_samples=1``).
     n_samples : int, default=30
         Number of draws S (>= 1).
     scale : float, default=1.0
         Covariance scale of the draws (SWAG's 0.5 is ``scale=0.5``).
-    seed : int, optional
-        Seed of the draws.
+    seed : int, numpy.random.Generator or numpy.random.SeedSequence, optional
+        Seed of the draws (a ``Generator`` gives one draw ``int(seed.integers(0, 2**63 - 1))``).
     task : {"classification", "regression"}, default="classification"
         See Returns.
     bn_loader : iterable of batches, optional
@@ -133,8 +172,10 @@ def bayesian_model_average(
     Raises
     ------
     ValueError
-        ``task`` unknown, ``n_samples`` < 1, the posterior's D differs from the parameters', or an
-        empty loader.
+        ``task`` unknown, ``n_samples`` < 1, the posterior's D differs from the parameters', an empty
+        loader, or ``loader``/``bn_loader`` a one-shot iterator (a generator, ``iter(...)``) while
+        ``n_samples`` > 1 (each draw iterates them again: pass a list or a DataLoader). An exhausted
+        one-shot iterator is named as such.
 
     Notes
     -----
@@ -144,9 +185,12 @@ def bayesian_model_average(
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     n = check_int(n_samples, "n_samples", 1)
+    _refuse_one_shot(loader, "the loader", n)
+    if bn_loader is not None:
+        _refuse_one_shot(bn_loader, "bn_loader", n)
     vector = ParameterVector(module if parameters is None else parameters)
     dtype = torch.float64 if any(p.dtype == torch.float64 for p in vector.parameters) else torch.float32
-    draws = sample_parameters(posterior, n, scale=scale, seed=seed, dtype=dtype, device=vector.device)
+    draws = sample_parameters(posterior, n, scale=scale, seed=check_seed(seed), dtype=dtype, device=vector.device)
     total: torch.Tensor | None = None
     per_draw: list[torch.Tensor] = []
     with _preserved(module, vector.parameters), torch.no_grad():
