@@ -131,9 +131,17 @@ class GFA(GFAPersistMixin, EstimatorBase):
     rotate : bool, default=True
         Apply the exact translation and the group rotation after every sweep (much faster convergence).
     drop_factors : bool, default=True
-        Drop a factor when its share of every group's variance falls below ``drop_tol``.
+        The variance-explained rule (as MOFA+'s ``dropR2``): drop a factor when its share of every group's
+        variance, (S_kk/N) Σ_{d∈m}⟨f_dk²⟩ / Σ_{d∈m} var(x_d), is below ``drop_tol``, before every sweep and
+        once more after the last one (so no returned factor is below it).
     drop_tol : float, default=1e-3
-        Threshold of the dropping rule.
+        The fraction of the rule above (0 ≤ ``drop_tol`` < 1; MOFA+ suggests 0.01 for a coarser model).
+    bound_pruning : bool, default=True
+        After the sweeps converge, test the weakest factor (smallest largest share over the groups): remove
+        it, re-converge, and keep the removal when the lower bound rises — a comparison of the evidence
+        bounds of the models with K and K − 1 factors. Repeat until a removal lowers the bound. This drops
+        a factor that coordinate ascent left fitting noise at a local optimum of the bound (docs/gfa.md,
+        §2). False reproduces the fit without this step; ``drop_factors=False`` turns off both rules.
     max_iter : int, default=1000
         Maximum number of sweeps.
     tol : float, default=1e-6
@@ -167,7 +175,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
     fit_time_ : ndarray of shape (``n_iter_``,)
         Seconds since the start of :meth:`fit` after each sweep.
     n_iter_ : int
-        Sweeps run.
+        Sweeps of the kept fit (the sweeps of a rejected pruning trial are not counted).
     converged_ : bool
         Whether ``tol`` was met.
     group_labels_ : list
@@ -191,6 +199,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
         rotate: bool = True,
         drop_factors: bool = True,
         drop_tol: float = 1e-3,
+        bound_pruning: bool = True,
         max_iter: int = 1000,
         tol: float = 1e-6,
         init_noise_ratio: float = 1e-2,
@@ -204,6 +213,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
         self.rotate = rotate
         self.drop_factors = drop_factors
         self.drop_tol = drop_tol
+        self.bound_pruning = bound_pruning
         self.max_iter = max_iter
         self.tol = tol
         self.init_noise_ratio = init_noise_ratio
@@ -257,13 +267,42 @@ class GFA(GFAPersistMixin, EstimatorBase):
             ard_rank=None if self.ard_rank is None else check_int(self.ard_rank, "ard_rank", 1),
             ard_lambda=check_positive_float(self.ard_lambda, "ard_lambda"),
         )
-        engine.fit(check_int(self.max_iter, "max_iter", 1), _check_tol(self.tol, "tol"))
+        max_iter, tol = check_int(self.max_iter, "max_iter", 1), _check_tol(self.tol, "tol")
+        drop_factors = check_bool(self.drop_factors, "drop_factors")
+        pruning = check_bool(self.bound_pruning, "bound_pruning")
+        engine.fit(max_iter, tol)
+        engine = self._final_drop(engine, drop_factors, max_iter, tol)
+        while drop_factors and pruning and engine.loading_mean().shape[1] > 1:
+            trial = self._without_weakest(engine)
+            trial.fit(max_iter, tol)
+            trial = self._final_drop(trial, drop_factors, max_iter, tol)
+            if not trial.elbo() > engine.elbo():
+                break
+            engine = trial
         self._engine = engine
         self.group_index_ = index
         self.group_labels_ = labels
         self.n_features_in_ = x.shape[1]
         self._refresh(engine)
         return self
+
+    @staticmethod
+    def _final_drop(engine: _core.GFACore, drop_factors: bool, max_iter: int, tol: float) -> _core.GFACore:
+        """Apply the variance-explained rule after the last sweep; re-converge if it dropped a factor."""
+        if not drop_factors or engine.loading_mean().shape[1] == 1:
+            return engine
+        before = engine.loading_mean().shape[1]
+        engine.apply("drop")
+        if engine.loading_mean().shape[1] < before:
+            engine.fit(max_iter, tol)
+        return engine
+
+    @staticmethod
+    def _without_weakest(engine: _core.GFACore) -> _core.GFACore:
+        """A copy of ``engine`` without its weakest factor (smallest largest share of a group's variance)."""
+        trial = _core.GFACore.from_state(engine.get_state())
+        trial.drop_components([int(np.argmin(engine.activity().max(axis=0)))])
+        return trial
 
     def fit_transform(self, X: ArrayLike, y: object = None, **fit_params: Any) -> FloatArray:
         """:meth:`fit` to ``X``, then return ``transform(X)``.

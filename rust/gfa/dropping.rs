@@ -4,7 +4,7 @@
 use ndarray::{Array1, Array2, Array3, ArrayView2, Axis};
 
 use super::batch::GfaBatch;
-use crate::error::Result;
+use crate::error::{invalid, Result};
 use crate::vbfa::dense::SmallSpd;
 use crate::vbfa::stats::{ColumnStats, LatentCovs};
 
@@ -45,6 +45,27 @@ impl GfaBatch {
             let best = (0..k).max_by(|&a, &b| peak[a].total_cmp(&peak[b])).unwrap_or(0);
             keep.push(best);
         }
+        self.retain_factors(&keep)
+    }
+
+    /// Remove the factors at the given current indices (0..K, K − 1 at most, so at least one stays) from
+    /// q(H), q(F) and q(α), as [`GfaBatch::drop_inactive`] does; the caller judges the change (e.g. by the
+    /// lower bound). Returns the original indices of the dropped factors.
+    pub fn drop_components(&mut self, indices: &[usize]) -> Result<Vec<usize>> {
+        let k = self.f_mean.ncols();
+        if let Some(&bad) = indices.iter().find(|&&j| j >= k) {
+            return Err(invalid("indices", format!("factor {bad} does not exist (K = {k})")));
+        }
+        let keep: Vec<usize> = (0..k).filter(|j| !indices.contains(j)).collect();
+        if keep.is_empty() {
+            return Err(invalid("indices", "at least one factor must stay".to_string()));
+        }
+        self.retain_factors(&keep)
+    }
+
+    /// Keep only the factors `keep` (current indices, increasing, non-empty).
+    fn retain_factors(&mut self, keep: &[usize]) -> Result<Vec<usize>> {
+        let k = self.f_mean.ncols();
         if keep.len() == k {
             return Ok(Vec::new());
         }
@@ -53,13 +74,13 @@ impl GfaBatch {
         let kk = keep.len();
         let mut f_cov = Array3::zeros((d, kk, kk));
         for j in 0..d {
-            let (sub, log_det) = select_cov(self.f_cov.index_axis(Axis(0), j), &keep)?;
+            let (sub, log_det) = select_cov(self.f_cov.index_axis(Axis(0), j), keep)?;
             f_cov.index_axis_mut(Axis(0), j).assign(&sub);
             self.f_log_det[j] = log_det;
         }
         self.h_cov = match &self.h_cov {
             LatentCovs::Shared { cov, n_rows, .. } => {
-                let (sub, log_det) = select_cov(cov.view(), &keep)?;
+                let (sub, log_det) = select_cov(cov.view(), keep)?;
                 LatentCovs::Shared {
                     cov: sub,
                     log_det,
@@ -71,7 +92,7 @@ impl GfaBatch {
                 let mut out = Array3::zeros((n, kk, kk));
                 let mut log_det = Array1::zeros(n);
                 for i in 0..n {
-                    let (sub, ld) = select_cov(cov.index_axis(Axis(0), i), &keep)?;
+                    let (sub, ld) = select_cov(cov.index_axis(Axis(0), i), keep)?;
                     out.index_axis_mut(Axis(0), i).assign(&sub);
                     log_det[i] = ld;
                 }
@@ -79,11 +100,11 @@ impl GfaBatch {
             }
         };
         self.f_cov = f_cov;
-        self.f_mean = self.f_mean.select(Axis(1), &keep);
-        self.h_mean = self.h_mean.select(Axis(1), &keep);
+        self.f_mean = self.f_mean.select(Axis(1), keep);
+        self.h_mean = self.h_mean.select(Axis(1), keep);
         self.kept = keep.iter().map(|&j| self.kept[j]).collect();
         if let Some(lr) = self.low_rank.as_mut() {
-            lr.select_factors(&keep);
+            lr.select_factors(keep);
         }
         self.stats = ColumnStats::from_latents(self.x.view(), &self.missing, self.h_mean.view(), &self.h_cov);
         self.update_ard();

@@ -113,6 +113,11 @@ impl GFACore {
         self.with(py, |m| m.apply(step))
     }
 
+    /// Remove the factors at these current indices (at least one must stay); returns their original indices.
+    fn drop_components(&self, py: Python<'_>, indices: Vec<usize>) -> PyResult<Vec<usize>> {
+        self.with(py, |m| m.drop_components(&indices))
+    }
+
     /// Apply the group rotation; returns (R, gain of the bound).
     fn rotate<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyArray2<f64>>, f64)> {
         let (rot, gain) = self.with(py, |m| m.rotate())?;
