@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .._validation import check_int, check_seed
+from .._validation import SeedLike, check_int, check_seed
 from ._params import check_float_dtype
 from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
 
@@ -50,7 +50,7 @@ def sample_parameters(
     n_samples: int,
     *,
     scale: float = 1.0,
-    seed: int | None = None,
+    seed: SeedLike = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     chunk_size: int = 8,
@@ -74,8 +74,9 @@ def sample_parameters(
         Number of draws (>= 0).
     scale : float, default=1.0
         Multiplies the covariance (>= 0); SWAG's sampling "scale = 0.5" is ``scale=0.5``.
-    seed : int, optional
-        Seed in [0, 2**64) of the draws; None: fresh entropy.
+    seed : int, numpy.random.Generator or numpy.random.SeedSequence, optional
+        Seed in [0, 2**64) of the draws (a Generator gives one integer draw, a SeedSequence its first
+        64-bit word); None: fresh entropy.
     dtype : torch.dtype, default=torch.float32
         Dtype of the draws (computed in float64 when ``dtype`` is float64, else in float32).
     device : str or torch.device, default="cpu"
