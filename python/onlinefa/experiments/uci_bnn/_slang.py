@@ -64,7 +64,9 @@ Weight-Perturbation in Adam", ICML 2018, the update SLANG approximates).
 The paper's UCI experiments (its public code) use L = 1, minibatches of 10, 120 epochs, S = 4 training draws,
 α = 0.01, β = α, an initial diagonal precision of 1, and an exponential moving average of ĝ with rate 0.9
 (bias-corrected as in Adam) in place of ĝ in the mean step; these are the defaults of the optional
-arguments here (``momentum=0`` gives Algorithm 1 as printed). The first step is the same with or without the
+arguments here (``momentum=0`` gives Algorithm 1 as printed). That code also gives the biases a prior
+precision of 1e-6 (``bias_prior_precision``) and picks λ and τ (τ in the target's original units) per split by
+Bayesian optimisation on a 5-fold cross-validation of the training rows. The first step is the same with or without the
 moving average, since its bias-corrected value is then ĝ itself.
 """
 
