@@ -9,13 +9,13 @@ imported when this module is first imported, never by ``import onlinefa`` itself
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from ._forklock import ForkSafeLock
 from ._gaussian import MAX_DENSE_FEATURES, precision_factor
 from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
 from ._gaussian import latent_mean
@@ -49,7 +49,7 @@ MINIBATCH_MAX_ITER = 100
 #: K fitted when ``n_components=None`` (capped at n_features − 1).
 DEFAULT_N_COMPONENTS = 10
 #: Guards the installation of the model by the first partial_fit when several threads race for it.
-_FIRST_MODEL_LOCK = threading.Lock()
+_FIRST_MODEL_LOCK = ForkSafeLock()
 
 
 def _state_dtype(dtype: object) -> str:
@@ -111,9 +111,9 @@ class OnlineFactorAnalysis(EstimatorBase):
         M-step (:class:`onlinefa.OnlineEM`, docs/whitening.md). ``whiten=False, schedule="harmonic"``
         is exactly the thesis's Algorithm 2.
     schedule : {"auto", "harmonic", "power", "constant"}, default="auto"
-        Step sizes ρ_t of the running averages. "auto" is "power" for EM (with ``whiten=True`` and
-        ``kappa=0.9`` the configuration measured best on the thesis's Figure 5.1 grid, docs/whitening.md)
-        and "harmonic" (ρ_t = 1/t, the thesis) for SGA. "power": ρ_t = (t + ``tau0``)^(−``kappa``);
+        Step sizes ρ_t of the running averages. "auto" is "harmonic" (ρ_t = 1/t, equal weights: the
+        fitted marginal variances are the samples' own, :class:`onlinefa.OnlineEM`), except for the
+        mini-batch configuration (``batch_size > 1``). "power": ρ_t = (t + ``tau0``)^(−``kappa``);
         "constant": ρ_t = ``rho`` (for drifting streams); all floored at 1/t.
     tau0 : float, default=0.0
         τ₀ >= 0 of the "power" schedule.
@@ -252,7 +252,7 @@ class OnlineFactorAnalysis(EstimatorBase):
             raise ValueError(f"schedule must be one of {_SCHEDULES}, got {self.schedule!r}")
         schedule = self.schedule
         if schedule == "auto":
-            schedule = "harmonic" if self.algorithm == "sga" else "power"
+            schedule = "harmonic"
         options: dict[str, Any] = {"schedule": schedule, "tau0": self.tau0, "kappa": self.kappa, "rho": self.rho}
         if self.algorithm == "sga":
             return {**options, "lr": self.lr}

@@ -8,12 +8,12 @@ scaled by the effective sample size; then the translation and the group rotation
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ._forklock import ForkSafeLock
 from . import _core
 from ._validation import check_bool, check_int, check_positive_float, core_readable
 from .gfa import GFA, FloatArray, GroupsSpec, NoiseName, resolve_groups
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["OnlineGFA"]
 
 ScheduleName = Literal["harmonic", "power", "constant"]
-_FIRST_BATCH_LOCK = threading.Lock()
+_FIRST_BATCH_LOCK = ForkSafeLock()
 
 
 class OnlineGFA(GFA):

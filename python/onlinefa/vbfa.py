@@ -17,7 +17,6 @@ scikit-learn.
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from ._forklock import ForkSafeLock
 from . import _core
 from ._persist import param_entries, prefixed
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
@@ -56,7 +56,7 @@ _STEPS = ("latents", "bias", "loadings", "noise", "ard", "translate", "rotate")
 #: K fitted when ``n_components=None`` (capped at D).
 DEFAULT_N_COMPONENTS = 10
 #: Guards the installation of the engine by the first partial_fit when several threads race for it.
-_FIRST_ENGINE_LOCK = threading.Lock()
+_FIRST_ENGINE_LOCK = ForkSafeLock()
 
 
 def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
