@@ -135,7 +135,8 @@ class GFA(GFAPersistMixin, EstimatorBase):
         variance, (S_kk/N) Σ_{d∈m}⟨f_dk²⟩ / Σ_{d∈m} var(x_d), is below ``drop_tol``, before every sweep and
         once more after the last one (so no returned factor is below it).
     drop_tol : float, default=1e-3
-        The fraction of the rule above (0 ≤ ``drop_tol`` < 1; MOFA+ suggests 0.01 for a coarser model).
+        The fraction of the rule above (0 ≤ ``drop_tol`` < 1). MOFA+'s threshold is off by default and its
+        documentation's example uses 0.01.
     bound_pruning : bool, default=True
         After the sweeps converge, test the weakest factor (smallest largest share over the groups): remove
         it, re-converge, and keep the removal when the lower bound rises — a comparison of the evidence
@@ -289,11 +290,11 @@ class GFA(GFAPersistMixin, EstimatorBase):
     @staticmethod
     def _final_drop(engine: _core.GFACore, drop_factors: bool, max_iter: int, tol: float) -> _core.GFACore:
         """Apply the variance-explained rule after the last sweep; re-converge if it dropped a factor."""
-        if not drop_factors or engine.loading_mean().shape[1] == 1:
-            return engine
-        before = engine.loading_mean().shape[1]
-        engine.apply("drop")
-        if engine.loading_mean().shape[1] < before:
+        while drop_factors and engine.loading_mean().shape[1] > 1:
+            before = engine.loading_mean().shape[1]
+            engine.apply("drop")
+            if engine.loading_mean().shape[1] == before:
+                break
             engine.fit(max_iter, tol)
         return engine
 
