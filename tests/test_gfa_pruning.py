@@ -61,6 +61,10 @@ def test_a_factor_without_support_is_dropped(seed: int) -> None:
     assert fitted.n_components_ == 4 and recovered(fitted)
     assert fitted.lower_bound() > stuck.lower_bound() + 10.0  # removing it raises the bound (by ~50 nats)
     assert fitted.n_components_history_[-1] == 4 and 5 in fitted.n_components_history_
+    # the kept history stays monotone between changes of K (the rejected trial's sweeps are not in it)
+    same_k = fitted.n_components_history_[1:] == fitted.n_components_history_[:-1]
+    steps = np.diff(fitted.elbo_)[same_k]
+    assert (steps >= -1e-10 * np.abs(fitted.elbo_[1:][same_k])).all()
 
 
 def test_pruning_never_lowers_the_bound() -> None:
