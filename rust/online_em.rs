@@ -420,6 +420,19 @@ impl<T: Real> OnlineEm<T> {
             // in the data's units, so it contributes m = 0 (as d₁ = 0 does for the first sample).
             m.fill(0.0);
         }
+        // The pending rank-one step Ā ← (1 − ρ) Ā + ρ d mᵀ is applied by the next pass in the storage type. Every
+        // |d_d| <= 2 MAX_INPUT (|x|, |θ̄| <= MAX_INPUT), so a step whose |m| could make some d_d m_j overflow that
+        // type is refused here, before anything is committed: otherwise a non-finite Ā would be stored by a pass
+        // that does not read it (warm-up), and the model could neither answer queries nor be saved and loaded.
+        // (A sample this far outside the model — e.g. 1e18 after data of scale 1e-40 in float32 — is a
+        // numerical breakdown; the caller gets the model as it was before the batch.)
+        let limit = max_latent_mean::<T>();
+        if !m.iter().all(|v| v.abs() <= limit) {
+            return Err(FaError::Diverged(
+                "the latent mean of this sample is too large for the state's dtype (the running averages \
+                 would overflow); the sample lies far outside the scale of the data seen so far",
+            ));
+        }
         // Finite: every d̄²_d <= MAX_INPUT² (1e200 for f64 input), so the sum over D rows is too.
         let scale_sq = sums.dsq_sum / n_total as f64;
         // Line 10: B̄_t = B̄_{t−1} + ρ_t (m mᵀ − B̄_{t−1}).
@@ -570,6 +583,12 @@ impl<T: Real> OnlineEm<T> {
     pub fn latent_covariance(&self) -> &Array2<f64> {
         &self.sigma
     }
+}
+
+/// Largest |m_j| of a step: |d m_j| <= 2 MAX_INPUT |m_j| stays below a quarter of the storage type's largest
+/// finite value (room for the (1 − ρ) Ā term and the rounding of the kernels, which may form d m_j first).
+pub(crate) fn max_latent_mean<T: Real>() -> f64 {
+    T::MAX_FINITE / 4.0 / (2.0 * T::MAX_INPUT)
 }
 
 /// Ā rows of the block ← ((1 − ρ) Ā + ρ d mᵀ) W, rounded to storage precision (line 12 of Algorithm 2,
@@ -1102,6 +1121,51 @@ mod tests {
             em.update(x.slice(s![8.., ..])).expect("update");
             twin.update(x.slice(s![8.., ..])).expect("update");
             assert_eq!(em, twin);
+        }
+    }
+
+    #[test]
+    fn float32_state_stays_finite_or_refuses_the_batch() {
+        // Two rows of float32-subnormal/tiny values make σ̂² tiny (ψ of the unseen features floored near 0);
+        // then ±1e18 in three features (the float32 input limit) gives latent means near 1e38, whose rank-one
+        // step d mᵀ overflowed the float32 Ā during warm-up (a pass that does not read Ā), leaving a state no
+        // query and no checkpoint could use. The step must be refused and the model left as before the batch.
+        let tiny: [[f64; 11]; 2] = [
+            [3.1446194631882834e-24, -5.219789161783768e-21, -2.0333025516147277e-23, -1.9249777134276445e-40,
+             1.3570949797327994e-27, 1.401298464324817e-45, 4.203895392974451e-45, 2.4957222040761096e-24,
+             -6.260587148044698e-21, 7.294519632945647e-34, 2.2858051693425515e-27],
+            [-2.3554144405085283e-27, -2.6484540975739043e-43, -2.4102333586386854e-43, 1.5193228274825748e-39,
+             -2.0489046259768312e-36, -4.920514118526228e-27, 3.9784032331729333e-35, 1.906947206087177e-39,
+             -2.4256476417462583e-41, -7.119977364454257e-33, -2.5409072627641856e-34],
+        ];
+        let big = 9.999999843067494e17; // 1e18 rounded to float32
+        let mut huge = Array2::<f32>::zeros((2, 11));
+        for (i, signs) in [[1.0, -1.0, 1.0], [-1.0, -1.0, 1.0]].iter().enumerate() {
+            for (j, &col) in [0usize, 4, 7].iter().enumerate() {
+                huge[[i, col]] = (signs[j] * big) as f32;
+            }
+        }
+        let tiny = Array2::from_shape_fn((2, 11), |(i, j)| tiny[i][j] as f32);
+        let cfg = EmConfig {
+            n_warmup: 3,
+            whiten: true,
+            step_size: StepSize::Power { tau0: 0.0, kappa: 0.9 },
+            scaling: Scaling::Data,
+            ..EmConfig::default()
+        };
+        let f0 = orthonormal_loadings(11, 2, 659).expect("init");
+        let mut em = OnlineEm::<f32>::new(11, 2, f0.view(), cfg).expect("new");
+        em.update(tiny.view()).expect("tiny rows are accepted");
+        let before = em.clone();
+        match em.update(huge.view()) {
+            Ok(()) => {
+                let a = em.current_a_bar();
+                assert!(a.iter().all(|v| v.is_finite()) && em.a_bar.iter().all(|v| v.to_f64().is_finite()));
+            }
+            Err(err) => {
+                assert!(matches!(err, FaError::Diverged(_)), "{err}");
+                assert_eq!(em, before);
+            }
         }
     }
 

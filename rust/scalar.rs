@@ -20,6 +20,8 @@ pub trait Real:
     const MAX_STATE: f64;
     /// Smallest value a relative noise floor may reach (keeps 1/ψ finite in this type's range).
     const MIN_FLOOR: f64;
+    /// Largest finite value of this type (as f64).
+    const MAX_FINITE: f64;
     /// Short dtype name ("float32"/"float64").
     const NAME: &'static str;
     /// Widen to `f64` (exact).
@@ -38,6 +40,7 @@ impl Real for f64 {
     const MAX_INPUT: f64 = 1e100;
     const MAX_STATE: f64 = 1e150;
     const MIN_FLOOR: f64 = 1e-200;
+    const MAX_FINITE: f64 = f64::MAX;
     const NAME: &'static str = "float64";
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -57,6 +60,7 @@ impl Real for f32 {
     const MAX_INPUT: f64 = 1e18;
     const MAX_STATE: f64 = 1e18;
     const MIN_FLOOR: f64 = 1e-30;
+    const MAX_FINITE: f64 = f32::MAX as f64;
     const NAME: &'static str = "float32";
     #[inline(always)]
     fn to_f64(self) -> f64 {
