@@ -89,8 +89,9 @@ def assert_same_state(left: dict[str, Any], right: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize(("algorithm", "engine", "options", "engine_options"), [
-    # Defaults: EM with whitening and the κ = 0.9 power schedule, SGA with the thesis's 1/t.
-    ("em", onlinefa.OnlineEM, {}, {"whiten": True, "schedule": "power", "kappa": 0.9}),
+    # Defaults: EM with whitening and equal weights (1/t), SGA with the thesis's 1/t.
+    ("em", onlinefa.OnlineEM, {}, {"whiten": True, "schedule": "harmonic"}),
+    ("em", onlinefa.OnlineEM, {"schedule": "power"}, {"whiten": True, "schedule": "power", "kappa": 0.9}),
     ("em", onlinefa.OnlineEM, {"whiten": False, "schedule": "harmonic"}, {"whiten": False, "schedule": "harmonic"}),
     ("em", onlinefa.OnlineEM, {"schedule": "constant", "rho": 0.05}, {"whiten": True, "schedule": "constant", "rho": 0.05}),
     ("sga", onlinefa.OnlineSGA, {"lr": 5e-3}, {"lr": 5e-3}),
@@ -420,7 +421,7 @@ def test_default_em_differs_from_the_thesis_algorithm(fa_stream: StreamFactory) 
     ({"schedule": "linear"}, ValueError, "schedule must be one of"),
     ({"schedule": "power", "kappa": 0.3}, ValueError, "kappa"),
     ({"schedule": "constant", "rho": 0.0}, ValueError, "rho"),
-    ({"tau0": -1.0}, ValueError, "tau0"),
+    ({"schedule": "power", "tau0": -1.0}, ValueError, "tau0"),
 ])
 def test_bad_schedule_options_are_rejected_at_fit(
     fa_stream: StreamFactory, options: dict[str, Any], error: type[Exception], message: str

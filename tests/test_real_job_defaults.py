@@ -116,12 +116,12 @@ def test_warmup_start_is_measured_in_the_data_units() -> None:
     X = weight_scale_stream(K + 2, 5)
     em = onlinefa.OnlineEM(D, K, seed=0).update(X)
     loadings, psi = em.initial_parameters()
-    # σ̂² = mean over features of the running d̄² under the default power(0.9) schedule, d_t = θ_t − θ̄_t.
+    # σ̂² = mean over features of the running d̄² under the default harmonic schedule, d_t = θ_t − θ̄_t.
     mean = np.zeros(D)
     dsq = np.zeros(D)
     for t, row in enumerate(X, start=1):
         mean += (row - mean) / t
-        dsq += max((t + 0.0) ** -0.9, 1.0 / t) * ((row - mean) ** 2 - dsq)
+        dsq += (1.0 / t) * ((row - mean) ** 2 - dsq)
     sigma_sq = dsq.mean()
     np.testing.assert_allclose(psi, np.full(D, sigma_sq), rtol=1e-12)
     init = onlinefa.OnlineEM(D, K, seed=0).initial_parameters()[0]  # F₀ (σ = 1 before any sample)

@@ -58,14 +58,14 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--method", choices=("em", "sga"), default="em", help="online EM (default) or SGA")
     p.add_argument(
         "--config", choices=("default", "thesis"), default="default",
-        help="'default': the library's defaults (EM: whitening, power schedule, data scaling); 'thesis': "
+        help="'default': the library's defaults (EM: whitening, harmonic schedule, data scaling); 'thesis': "
         "Brownlie's Algorithm 2 (EM) / Algorithm 1 (SGA) exactly, for reproduction",
     )
     p.add_argument("--warmup", type=_warmup, default=None,
                    help="warm-up samples: 'auto' (default; K+2, at most 100) or an integer (thesis: 100)")
     p.add_argument("--lr", type=float, default=1e-3, help="SGA learning rate (default 1e-3)")
     p.add_argument("--schedule", choices=("harmonic", "power", "constant"), default=None,
-                   help="step sizes ρ_t (default: power for EM, harmonic for SGA; --config default only)")
+                   help="step sizes ρ_t (default: harmonic; --config default only)")
     p.add_argument("--kappa", type=float, default=0.9, help="κ of the power schedule (default 0.9)")
     p.add_argument("--tau0", type=float, default=0.0, help="τ₀ of the power schedule (default 0)")
     p.add_argument("--rho", type=float, default=0.01, help="ρ of the constant schedule (default 0.01)")
@@ -131,7 +131,7 @@ def build_model(args: argparse.Namespace, n_features: int) -> StreamingModel:
         return OnlineSGA.algorithm1(n_features, args.components, lr=args.lr, **common)
     schedule_options = {"tau0": args.tau0, "kappa": args.kappa, "rho": args.rho}
     if args.method == "em":
-        return OnlineEM(n_features, args.components, whiten=args.whiten, schedule=args.schedule or "power",
+        return OnlineEM(n_features, args.components, whiten=args.whiten, schedule=args.schedule or "harmonic",
                         **schedule_options, **common)
     return OnlineSGA(n_features, args.components, lr=args.lr, schedule=args.schedule or "harmonic",
                      **schedule_options, **common)

@@ -33,8 +33,9 @@ Scaling = Literal["data", "unit"]
 #: deviations) under ``scaling="data"``, absolute (squared data units) under ``scaling="unit"``.
 DEFAULT_NOISE_FLOOR = 1e-10
 
-#: ``n_warmup="auto"``: K + 2 samples, at most 100 (warm-up only has to make the start's σ̂ and the first
-#: statistics meaningful; every sample after it is fitted).
+#: ``n_warmup="auto"``: K + 2 samples (the first fit then has K + 1 non-zero deviations d_t, enough for K
+#: factors), at most 100. Shorter warm-ups start the fit from rank-deficient statistics, and the fit
+#: stays worse for good (see :class:`OnlineEM`'s ``n_warmup``).
 AUTO_WARMUP_MAX = 100
 
 
@@ -194,9 +195,14 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
 
     def _require_fitted(self) -> None:
         if not self._core.is_fitted:
+            fits = (
+                f"; {self.n_seen} samples fit n_components <= {self.n_seen - 3} with n_warmup='auto' (K + 2)"
+                if self.n_seen >= 4 else ""
+            )
             raise NotFittedError(
-                f"{type(self).__name__} has seen {self.n_seen} samples and is still in its warm-up; its "
-                "loadings and noise variances are only the initialisation. Feed more samples (or lower n_warmup)."
+                f"{type(self).__name__} has seen {self.n_seen} samples and is still in its warm-up of "
+                f"{self.n_warmup}; its loadings and noise variances are only the initialisation. Feed more "
+                f"samples{fits}."
             )
 
     def _params(self) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
@@ -278,9 +284,12 @@ class OnlineEM(_StreamingModel):
     so the state is D·K + 4·D numbers. Each update reads and writes that state once.
 
     The defaults are the configuration that is accurate on real data at any scale: whitening (a
-    parameter-expanded EM step), the forgetting schedule ρ_t = (t + tau0)^(−0.9) for the covariance
-    statistics, the exact running mean (θ_SWA), and a start and noise floor measured in the data's units
-    (``scaling="data"``), so that fitting c·θ gives c² times the covariance. :meth:`algorithm2` builds the
+    parameter-expanded EM step), equal weights ρ_t = 1/t for every statistic, the exact running mean
+    (θ_SWA), and a start and noise floor measured in the data's units (``scaling="data"``), so that
+    fitting c·θ gives c² times the covariance. With whitening the marginal variances diag(F Fᵀ) + ψ equal
+    d̄², so with equal weights they are the samples' own variances: on ordered SGD iterates of real networks
+    0.99–1.00 times the iterates' empirical variances (a forgetting schedule ρ_t = t^(−0.9) weights the
+    late, most distant iterates more and measured 1.24–1.44 times). :meth:`algorithm2` builds the
     thesis's exact algorithm instead (used to reproduce its experiments).
 
     Parameters
@@ -292,8 +301,11 @@ class OnlineEM(_StreamingModel):
     n_warmup : int or "auto", default="auto"
         For the first ``n_warmup`` samples the running averages are updated while F and ψ keep their
         starting values; the fitted Gaussian is available from sample ``n_warmup + 1`` on and queries before
-        that raise :class:`NotFittedError`. "auto" is min(K + 2, 100), so a stream of 20–50 snapshots is
-        fitted. d_1 = θ_1 − θ̄_1 = 0, so use at least 2.
+        that raise :class:`NotFittedError`. "auto" is min(K + 2, 100): the first fit then has K + 1 non-zero
+        deviations (d_1 = θ_1 − θ̄_1 = 0), enough for K factors. A stream of T snapshots is fitted with
+        K <= T − 3 (e.g. K = 17 for one snapshot per epoch over 20 epochs). Shorter warm-ups start from
+        rank-deficient statistics and measured persistently worse fits: at D = 50, K = 10, T = 20,000 the
+        relative covariance error was 0.05 with 12, 0.13 with 10, 0.29 with 5 and 0.35 with 2.
     init : array-like of shape (D, K), optional
         Initial loadings F₀. Default: Q of the reduced QR of a standard-normal D×K matrix drawn with
         ``seed`` (thesis §4.4), so FᵀF = I. Under ``scaling="data"`` the warm-up uses F₀ σ̂ and ψ₀ = σ̂².
@@ -311,9 +323,10 @@ class OnlineEM(_StreamingModel):
     whiten : bool, default=True
         Apply the whitening (parameter-expanded EM) step after each M-step: with R Rᵀ = H̄, F ← F R,
         Ā ← Ā R⁻ᵀ, H̄ ← I.
-    schedule : {"harmonic", "power", "constant"}, default="power"
-        Step sizes of the covariance statistics: ρ_t = 1/t (the thesis), ρ_t = (t + tau0)^(−kappa), or a
-        constant ``rho``; every schedule is floored at 1/t, so ρ_1 = 1.
+    schedule : {"harmonic", "power", "constant"}, default="harmonic"
+        Step sizes of the covariance statistics: ρ_t = 1/t (the thesis; equal weights), ρ_t =
+        (t + tau0)^(−kappa) (forgets early samples: lower error on long stationary streams, wider than the
+        samples on drifting ones), or a constant ``rho``; every schedule is floored at 1/t, so ρ_1 = 1.
     tau0, kappa, rho : float
         Parameters of the "power" (tau0 >= 0, kappa in (0.5, 1], default 0.9) and "constant" (rho in (0, 1])
         schedules.
@@ -344,7 +357,7 @@ class OnlineEM(_StreamingModel):
         noise_floor: float = DEFAULT_NOISE_FLOOR,
         dtype: StateDTypeLike = "float64",
         whiten: bool = True,
-        schedule: Schedule = "power",
+        schedule: Schedule = "harmonic",
         tau0: float = 0.0,
         kappa: float = 0.9,
         rho: float = 0.01,

@@ -112,8 +112,9 @@ class OnlineFactorAnalysis(EstimatorBase):
         is exactly the thesis's Algorithm 2.
     schedule : {"auto", "harmonic", "power", "constant"}, default="auto"
         Step sizes ρ_t of the running averages. "auto" is "harmonic" (ρ_t = 1/t, equal weights: the
-        fitted marginal variances are the samples' own, :class:`onlinefa.OnlineEM`), except for the
-        mini-batch configuration (``batch_size > 1``). "power": ρ_t = (t + ``tau0``)^(−``kappa``);
+        fitted marginal variances are the samples' own, :class:`onlinefa.OnlineEM`) for one pass over the
+        data, and "power" with ``kappa`` when EM makes several passes (``max_iter > 1``; the mini-batch
+        configuration ``batch_size > 1`` has its own). "power": ρ_t = (t + ``tau0``)^(−``kappa``);
         "constant": ρ_t = ``rho`` (for drifting streams); all floored at 1/t.
     tau0 : float, default=0.0
         τ₀ >= 0 of the "power" schedule.
@@ -252,7 +253,11 @@ class OnlineFactorAnalysis(EstimatorBase):
             raise ValueError(f"schedule must be one of {_SCHEDULES}, got {self.schedule!r}")
         schedule = self.schedule
         if schedule == "auto":
-            schedule = "harmonic"
+            # One pass over a stream: equal weights (the marginal variances are the samples'). Several
+            # passes of EM over the same rows: forget the earlier passes, as stochastic-approximation EM
+            # needs to converge (with 1/t steps the later passes barely move the fit).
+            several_passes = self.algorithm == "em" and self._resolved_max_iter() > 1
+            schedule = "power" if several_passes else "harmonic"
         options: dict[str, Any] = {"schedule": schedule, "tau0": self.tau0, "kappa": self.kappa, "rho": self.rho}
         if self.algorithm == "sga":
             return {**options, "lr": self.lr}
