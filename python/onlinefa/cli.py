@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .errors import CommandError
 
@@ -33,15 +33,33 @@ def _build_parser() -> argparse.ArgumentParser:
     names = experiment.add_subparsers(dest="experiment", required=True, metavar="NAME")
     for name, module in available().items():
         sub = names.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(sub)
+        try:
+            module.add_arguments(sub)
+        except ModuleNotFoundError as err:  # an optional extra is missing: every other command must still work
+            sub.set_defaults(handler=_needs_extra(name, err.name or str(err)), missing_extra=True)
+            continue
         sub.set_defaults(handler=module.run)
     return parser
+
+
+def _needs_extra(experiment: str, missing: str) -> Callable[[argparse.Namespace], int]:
+    """Handler of an experiment whose optional dependency ``missing`` is not installed."""
+
+    def handler(args: argparse.Namespace) -> int:
+        raise CommandError(
+            f"experiment {experiment!r} needs the optional package {missing!r}, which is not installed "
+            "(install the package's 'experiments' and 'torch' extras)"
+        )
+
+    return handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "missing_extra", False):  # only such an experiment may keep unknown options
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.handler(args))
     except CommandError as err:
