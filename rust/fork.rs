@@ -72,6 +72,25 @@ pub fn parallel_allowed() -> bool {
     rayon::current_num_threads() > 1
 }
 
+/// Run `f`, whose rayon parallel iterators go to the global pool, so that it cannot hang in a forked
+/// child: on the global pool as usual, except in a child that inherited a used (hence threadless) global
+/// pool, where `f` runs on a one-thread pool of its own made for this call (new threads work in a child).
+/// For call sites that use rayon's parallel iterators directly rather than asking [`parallel_allowed`];
+/// their results must not depend on the number of threads (fixed partitions, partial results combined in
+/// a fixed order), so the child's results equal the parent's.
+pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    register();
+    if !POOL_LOST.load(Ordering::SeqCst) {
+        POOL_USED.store(true, Ordering::SeqCst);
+        return f();
+    }
+    match rayon::ThreadPoolBuilder::new().num_threads(1).build() {
+        Ok(pool) => pool.install(f),
+        // No thread could be started: the inherited pool would wait forever, so fail loudly instead.
+        Err(err) => panic!("cannot start a thread for parallel work in this forked child: {err}"),
+    }
+}
+
 /// Why [`Mutex::lock`] gave no guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LockFailure {

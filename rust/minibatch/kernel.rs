@@ -48,22 +48,24 @@ pub(crate) fn project<X: Real>(isa: Isa, rows: &[&[X]], mean: &[f64], w: &[f64],
     let d = mean.len();
     assert!(w.len() == d * kp && out.len() == rows.len() * kp && kp % 4 == 0);
     assert!(rows.iter().all(|r| r.len() == d));
-    out.par_chunks_mut(PROJECT_TASK_ROWS * kp)
-        .zip(rows.par_chunks(PROJECT_TASK_ROWS))
-        .for_each(|(out, rows)| {
-            for (tile_out, tile_rows) in out.chunks_mut(4 * kp).zip(rows.chunks(4)) {
-                // A short last tile repeats its last row; the extra outputs are dropped.
-                let last = tile_rows[tile_rows.len() - 1];
-                let four: [&[X]; 4] = std::array::from_fn(|r| tile_rows.get(r).copied().unwrap_or(last));
-                let mut tile = [[0.0f64; CHUNK]; 4];
-                for (j0, width) in chunks(kp) {
-                    project_chunk(isa, &four, mean, w, kp, j0, width, &mut tile);
-                    for (r, o) in tile_out.chunks_mut(kp).enumerate() {
-                        o[j0..j0 + width].copy_from_slice(&tile[r][..width]);
+    crate::fork::in_pool(|| {
+        out.par_chunks_mut(PROJECT_TASK_ROWS * kp)
+            .zip(rows.par_chunks(PROJECT_TASK_ROWS))
+            .for_each(|(out, rows)| {
+                for (tile_out, tile_rows) in out.chunks_mut(4 * kp).zip(rows.chunks(4)) {
+                    // A short last tile repeats its last row; the extra outputs are dropped.
+                    let last = tile_rows[tile_rows.len() - 1];
+                    let four: [&[X]; 4] = std::array::from_fn(|r| tile_rows.get(r).copied().unwrap_or(last));
+                    let mut tile = [[0.0f64; CHUNK]; 4];
+                    for (j0, width) in chunks(kp) {
+                        project_chunk(isa, &four, mean, w, kp, j0, width, &mut tile);
+                        for (r, o) in tile_out.chunks_mut(kp).enumerate() {
+                            o[j0..j0 + width].copy_from_slice(&tile[r][..width]);
+                        }
                     }
                 }
-            }
-        });
+            })
+    });
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -171,19 +173,21 @@ pub(crate) fn cross<X: Real>(
     let d = mean.len();
     assert!(m.len() == rows.len() * kp && a.len() == d * kp && q.len() == d && kp % 4 == 0);
     assert!(rows.iter().all(|r| r.len() == d));
-    a.par_chunks_mut(CROSS_TASK_FEATURES * kp)
-        .zip(q.par_chunks_mut(CROSS_TASK_FEATURES))
-        .enumerate()
-        .map_init(Vec::new, |packed, (task, (a, q))| {
-            let f0 = task * CROSS_TASK_FEATURES;
-            let valid = pack_deviations(rows, mean, f0, q.len(), packed);
-            for (t, q4) in q.chunks_mut(4).enumerate() {
-                let a4 = &mut a[4 * t * kp..(4 * t + q4.len()) * kp];
-                cross_tile(isa, packed, 4 * t, m, kp, a4, q4);
-            }
-            valid
-        })
-        .reduce(|| true, |x, y| x && y)
+    crate::fork::in_pool(|| {
+        a.par_chunks_mut(CROSS_TASK_FEATURES * kp)
+            .zip(q.par_chunks_mut(CROSS_TASK_FEATURES))
+            .enumerate()
+            .map_init(Vec::new, |packed, (task, (a, q))| {
+                let f0 = task * CROSS_TASK_FEATURES;
+                let valid = pack_deviations(rows, mean, f0, q.len(), packed);
+                for (t, q4) in q.chunks_mut(4).enumerate() {
+                    let a4 = &mut a[4 * t * kp..(4 * t + q4.len()) * kp];
+                    cross_tile(isa, packed, 4 * t, m, kp, a4, q4);
+                }
+                valid
+            })
+            .reduce(|| true, |x, y| x && y)
+    })
 }
 
 /// packed[i][l] = x_i[f0 + l] − θ̄[f0 + l] for l < width, 0 for width ≤ l < 32 (B×32 row-major); false if

@@ -61,11 +61,12 @@ pub fn column_moments<X: Real>(rows: &[&[X]]) -> Result<(Vec<f64>, Vec<f64>)> {
         });
     }
     let group = rows.len().div_ceil(16).div_ceil(CHUNK_ROWS).clamp(1, 64) * CHUNK_ROWS;
-    let groups: Vec<std::result::Result<Moments, usize>> = rows
-        .par_chunks(group)
-        .enumerate()
-        .map(|(g, grp)| group_moments(grp).map_err(|row| g * group + row))
-        .collect();
+    let groups: Vec<std::result::Result<Moments, usize>> = crate::fork::in_pool(|| {
+        rows.par_chunks(group)
+            .enumerate()
+            .map(|(g, grp)| group_moments(grp).map_err(|row| g * group + row))
+            .collect()
+    });
     let mut total = Moments {
         n: 0,
         mean: vec![0.0; d],

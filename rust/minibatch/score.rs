@@ -58,16 +58,18 @@ impl MiniBatchEm {
 
 /// Σ_d (x_id − θ̄_d)² / ψ_d for each row (rows in parallel, each sum in feature order).
 fn weighted_squares<X: Real>(rows: &[&[X]], mean: &[f64], inv_psi: &[f64]) -> Vec<f64> {
-    rows.par_iter()
-        .map(|row| {
-            row.iter()
-                .zip(mean)
-                .zip(inv_psi)
-                .map(|((&v, &c), &w)| {
-                    let r = v.to_f64() - c;
-                    r * r * w
-                })
-                .sum()
-        })
-        .collect()
+    crate::fork::in_pool(|| {
+        rows.par_iter()
+            .map(|row| {
+                row.iter()
+                    .zip(mean)
+                    .zip(inv_psi)
+                    .map(|((&v, &c), &w)| {
+                        let r = v.to_f64() - c;
+                        r * r * w
+                    })
+                    .sum()
+            })
+            .collect()
+    })
 }
