@@ -141,3 +141,18 @@ def test_synthetic_table_prints_the_batch_reference(capsys: pytest.CaptureFixtur
         expected.append(np.linalg.norm(fit.covariance() - true) / np.linalg.norm(true))
     np.testing.assert_allclose(rows["batch FA (ML)"], expected, atol=5e-5)
     assert rows["batch FA (ML)"][2] < rows["batch FA (ML)"][0]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--only", "real", "--snapshots", "3", "--rank", "10"], "--snapshots must exceed the default OnlineEM's warm-up"),
+    (["--only", "real", "--hidden", "0"], "--hidden must be >= 1"),
+    (["--only", "real", "--rank", "501"], "--rank must be < D = 501"),
+    (["--only", "real", "--learning-rate", "nan"], "--learning-rate must be a finite number > 0"),
+    (["--only", "synthetic", "--components", "10", "--features", "10"], "--components must be < --features"),
+])
+def test_bad_options_are_refused_before_any_work(argv: list[str], message: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *argv]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert captured.out == ""

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from . import _demo_mlp as mlp
 from ._demo_batch import batch_fa
 from ._models import OnlineEM, OnlineSGA
 from ._uci import UCI_DATASETS
+from .errors import CommandError
 from .datasets import make_fa_model, sample_fa
 from .metrics import relative_covariance_distance
 
@@ -71,8 +73,31 @@ def add_parser(commands: Any) -> None:
     p.set_defaults(handler=run)
 
 
+def _at_least(args: argparse.Namespace, minimum: int, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value < minimum:
+            raise CommandError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Refuse bad options with a clear message before any work is done."""
+    if args.only != "real":
+        _at_least(args, 2, "features")
+        _at_least(args, 1, "components")
+        if args.components >= args.features:
+            raise CommandError(f"--components must be < --features, got {args.components} >= {args.features}")
+    if args.only != "synthetic":
+        _at_least(args, 1, "hidden", "rank", "batch_size", "draws")
+        _at_least(args, 0, "pretrain_epochs")
+        _at_least(args, 2, "snapshots")
+        if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
+            raise CommandError(f"--learning-rate must be a finite number > 0, got {args.learning_rate}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print its tables; returns the exit code."""
+    _check(args)
     if args.only != "real":
         run_synthetic(args)
     if args.only is None:
@@ -131,6 +156,12 @@ def run_real(args: argparse.Namespace) -> None:
     split = mlp.load_split(args.dataset, seed)
     n_inputs = split.x_train.shape[1]
     d = mlp.n_parameters(n_inputs, h)
+    if args.rank >= d:
+        raise CommandError(f"--rank must be < D = {d} (the network's parameters), got {args.rank}")
+    model = OnlineEM(d, args.rank, seed=seed)
+    if args.snapshots <= model.n_warmup:
+        raise CommandError(f"--snapshots must exceed the default OnlineEM's warm-up of {model.n_warmup} samples "
+                           f"(K = {args.rank}), got {args.snapshots}")
     start = time.perf_counter()
     iterates = mlp.sgd_iterates(
         split, n_hidden=h, pretrain_epochs=args.pretrain_epochs, n_snapshots=args.snapshots,
@@ -141,7 +172,6 @@ def run_real(args: argparse.Namespace) -> None:
     swa = iterates.mean(axis=0)
     residual = mlp.mlp_predict(swa, split.x_train, h) - split.y_train
     noise_variance = float(np.mean(residual**2))
-    model = OnlineEM(d, args.rank, seed=seed)
     model.update(iterates)
     _, loadings, psi = model.snapshot()
     # One set of standard normals for both posteriors (common random numbers): z_s (D) for the diagonal part,
