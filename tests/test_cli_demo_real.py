@@ -56,14 +56,15 @@ def test_gradient_is_the_derivative_of_the_loss() -> None:
     theta = rng.standard_normal(mlp.n_parameters(4, h))
     _, grad = mlp.mlp_loss_and_gradient(theta, x, y, h)
     eps = 1e-6
-    numeric = np.array([
-        (mlp.mlp_loss_and_gradient(theta + eps * e, x, y, h)[0] - mlp.mlp_loss_and_gradient(theta - eps * e, x, y, h)[0])
-        / (2 * eps) for e in np.eye(theta.size)
-    ])
+
+    def loss(t: NDArray[np.float64]) -> float:
+        return mlp.mlp_loss_and_gradient(t, x, y, h)[0]
+
+    numeric = np.array([(loss(theta + eps * e) - loss(theta - eps * e)) / (2 * eps) for e in np.eye(theta.size)])
     np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
     # and the loss is the documented one
-    loss = 0.5 * np.mean((_forward(theta, x, h) - y) ** 2) + 0.5 * mlp.WEIGHT_DECAY * theta @ theta
-    assert mlp.mlp_loss_and_gradient(theta, x, y, h)[0] == pytest.approx(loss, rel=1e-12)
+    documented = 0.5 * np.mean((_forward(theta, x, h) - y) ** 2) + 0.5 * mlp.WEIGHT_DECAY * theta @ theta
+    assert loss(theta) == pytest.approx(documented, rel=1e-12)
 
 
 def test_real_table_matches_a_recomputation(capsys: pytest.CaptureFixture[str]) -> None:

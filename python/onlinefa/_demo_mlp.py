@@ -109,7 +109,7 @@ def mlp_predict(theta: FloatArray, x: FloatArray, n_hidden: int) -> FloatArray:
 
 
 def mlp_loss_and_gradient(theta: FloatArray, x: FloatArray, y: FloatArray, n_hidden: int) -> tuple[float, FloatArray]:
-    """Loss ½ mean (f(x; θ) − y)² + ½ λ ‖θ‖² (λ = ``WEIGHT_DECAY``) and its gradient, by backpropagation."""
+    """Loss ½ mean (f(x; θ) − y)² + ½ λ ‖θ‖² (λ = ``WEIGHT_DECAY``) and its gradient (backpropagation)."""
     w1, b1, w2, b2 = _unpack(theta, x.shape[1], n_hidden)
     hidden = np.tanh(x @ w1 + b1)
     residual = hidden @ w2 + b2 - y
