@@ -327,6 +327,11 @@ class OnlineEM(_StreamingModel):
         Step sizes of the covariance statistics: ρ_t = 1/t (the thesis; equal weights), ρ_t =
         (t + tau0)^(−kappa) (forgets early samples: lower error on long stationary streams, wider than the
         samples on drifting ones), or a constant ``rho``; every schedule is floored at 1/t, so ρ_1 = 1.
+        Equal weights keep the first, poorly started steps for good: on a stationary D = 30, K = 3 stream
+        one of two seeds was still 0.14 from the true loadings after 20,000 samples (κ = 0.9: 0.03),
+        0.016 after 100,000; in float32 the 1/t steps also drift more from float64 (6e-5 against 1.3e-5
+        after 10⁵ samples, both far below the statistical error). For long stationary streams (not SGD
+        iterates) ``schedule="power"`` is the better choice.
     tau0, kappa, rho : float
         Parameters of the "power" (tau0 >= 0, kappa in (0.5, 1], default 0.9) and "constant" (rho in (0, 1])
         schedules.
