@@ -29,13 +29,15 @@ import importlib.util
 import itertools
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ..gfa import GFA
 from ._common import output_dir
+
+if TYPE_CHECKING:  # imported where a model is built: the CLI lists this experiment without scikit-learn
+    from ..gfa import GFA
 
 NAME = "gfa"
 HELP = "group factor analysis: synthetic activity pattern, rotation speed-up, digits halves vs CCA/ridge"
@@ -89,6 +91,8 @@ def sweeps_to(model: GFA, best: float) -> tuple[int, float]:
 
 def run_synthetic(seeds: int, k: int, max_iter: int) -> tuple[list[dict[str, Any]], GFA]:
     """Part (a); returns the rows and the rotated fit of seed 0."""
+    from ..gfa import GFA
+
     rows, first = [], None
     for seed in range(seeds):
         x = synthetic(seed)
@@ -117,6 +121,8 @@ def run_digits(k: int, cca_sizes: tuple[int, ...] = (5, 10, 20)) -> tuple[list[d
     """Part (b): predict the bottom half from the top half."""
     from sklearn.cross_decomposition import CCA
     from sklearn.linear_model import RidgeCV
+
+    from ..gfa import GFA
 
     top, bottom, top_test, bottom_test = digits_halves()
     rows = []

@@ -20,13 +20,15 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ..vbfa import VBFA
 from ._common import append_rows, output_dir, progress, read_rows
+
+if TYPE_CHECKING:  # imported where a model is built: the CLI lists this experiment without scikit-learn
+    from ..vbfa import VBFA
 
 NAME = "vbfa-transform"
 HELP = "Luttinen & Ilin §4.1: sweeps/seconds of VB-FA to converge with and without the transformations"
@@ -286,6 +288,8 @@ def fit_run(config: Config, data: PaperData, cell: Cell, variant: str) -> VBFA:
         The fitted model (``elbo_``/``fit_time_`` hold the traces).
     """
     start = VARIANTS[variant]
+    from ..vbfa import VBFA
+
     model = VBFA(cell.k, prior="ard" if cell.prior == "ard" else "broad", transformations=start is not None,
                  transformations_start=start or 1, max_iter=config.max_iter, tol=config.tol,
                  init_noise_ratio=cell.noise_ratio, random_state=config.seed + cell.trial)

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ----------
     parser : argparse.ArgumentParser
     """
-    from ._methods import METHODS
+    from ._names import METHODS
 
     parser.add_argument("--out", type=Path, default=Path("results") / "uci_bnn", help="output folder")
     parser.add_argument("--datasets", type=lambda s: [v for v in s.split(",") if v],
@@ -156,7 +156,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         import torch
     except ModuleNotFoundError as err:
-        raise CommandError("the uci-bnn experiment needs PyTorch (pip install 'onlinefa[torch]')") from err
+        raise CommandError(
+            "the uci-bnn experiment needs the optional package 'torch', which is not installed (pip install "
+            "torch, or pip install \".[torch]\" in onlinefa's source tree)"
+        ) from err
     # Networks of 50-100 units: one thread is faster than several (no thread hand-offs per tiny kernel).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -168,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from ._data import load_dataset
-    from ._methods import METHODS, load_slang
+    from ._methods import load_slang
+    from ._names import METHODS
     from ._report import summary_markdown
     from ._splits import published_splits
     from ._tuning import Grid, check_grid

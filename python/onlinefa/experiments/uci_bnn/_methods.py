@@ -39,25 +39,12 @@ import onlinefa
 from onlinefa.torch import MultiSWAG, ParameterVector, SnapshotCollector, bayesian_model_average, vifa_step
 from onlinefa.torch.swag import SWAG
 
+from ._names import METHODS
 from ._train import Data, as_tensors, batches, build_network, dropout_draws, generator, half_mse, predict, train
 
 FloatArray = NDArray[np.float64]
 Config = tuple[float, float]
 
-#: Methods in table order, with their labels.
-METHODS: dict[str, str] = {
-    "map": "MAP",
-    "swa": "SWA",
-    "swag_diag": "SWAG-diagonal",
-    "swag": "SWAG",
-    "swag_fa": "SWAG-FA (OnlineEM)",
-    "online_sga": "OnlineSGA",
-    "vifa": "VIFA",
-    "multiswag_fa": "MultiSWAG-FA (5)",
-    "ensemble": "Deep ensemble (5)",
-    "mc_dropout": "MC dropout",
-    "slang": "SLANG (L=1)",
-}
 
 #: Which grid each method is tuned on: "map" (λ, epoch fraction), "collect" (λ, η), "dropout" (λ, p),
 #: "slang" (λ, SLANG's learning rate).

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from ._metrics import mean_and_standard_error
-from ._methods import METHODS
+from ._names import METHODS
 from ._published import PUBLISHED_LL, PUBLISHED_METHODS, PUBLISHED_RMSE
 
 #: Columns of the results CSV.

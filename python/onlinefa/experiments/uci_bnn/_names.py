@@ -1,0 +1,18 @@
+"""The method names of the benchmark, importable without PyTorch (the command line lists them)."""
+
+from __future__ import annotations
+
+#: Methods in table order, with their labels.
+METHODS: dict[str, str] = {
+    "map": "MAP",
+    "swa": "SWA",
+    "swag_diag": "SWAG-diagonal",
+    "swag": "SWAG",
+    "swag_fa": "SWAG-FA (OnlineEM)",
+    "online_sga": "OnlineSGA",
+    "vifa": "VIFA",
+    "multiswag_fa": "MultiSWAG-FA (5)",
+    "ensemble": "Deep ensemble (5)",
+    "mc_dropout": "MC dropout",
+    "slang": "SLANG (L=1)",
+}
