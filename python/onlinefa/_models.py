@@ -33,6 +33,17 @@ Scaling = Literal["data", "unit"]
 #: deviations) under ``scaling="data"``, absolute (squared data units) under ``scaling="unit"``.
 DEFAULT_NOISE_FLOOR = 1e-10
 
+#: Range of variances over which ``scaling="data"`` is measured to be scale-equivariant (fitting c·θ gives
+#: c² times the covariance of θ, to 1e-3 relative or better), per model and state dtype:
+#: ``(smallest noise variance, largest feature variance)``, in squared data units. The lower end is 1000
+#: times the absolute floor every ψ_d is kept above (1e-200 for float64, 1e-30 for float32 state); the
+#: upper end of :class:`OnlineSGA` is 1/100 of the ceiling its ψ is kept under (1e150 / 1e18). ``None``:
+#: no limit inside the accepted inputs (|x| <= 1e100 / 1e18). These limits are documented, not checked.
+SCALE_EQUIVARIANT_VARIANCES: dict[str, dict[str, tuple[float, float | None]]] = {
+    "OnlineEM": {"float64": (1e-197, None), "float32": (1e-27, None)},
+    "OnlineSGA": {"float64": (1e-197, 1e148), "float32": (1e-27, 1e16)},
+}
+
 #: ``n_warmup="auto"``: K + 2 samples (the first fit then has K + 1 non-zero deviations d_t, enough for K
 #: factors), at most 100. Shorter warm-ups start the fit from rank-deficient statistics, and the fit
 #: stays worse for good (see :class:`OnlineEM`'s ``n_warmup``).
@@ -286,11 +297,12 @@ class OnlineEM(_StreamingModel):
     The defaults are the configuration that is accurate on real data at any scale: whitening (a
     parameter-expanded EM step), equal weights ρ_t = 1/t for every statistic, the exact running mean
     (θ_SWA), and a start and noise floor measured in the data's units (``scaling="data"``), so that
-    fitting c·θ gives c² times the covariance. With whitening the marginal variances diag(F Fᵀ) + ψ equal
-    d̄², so with equal weights they are the samples' own variances: on ordered SGD iterates of real networks
-    0.99–1.00 times the iterates' empirical variances (a forgetting schedule ρ_t = t^(−0.9) weights the
-    late, most distant iterates more and measured 1.24–1.44 times). :meth:`algorithm2` builds the
-    thesis's exact algorithm instead (used to reproduce its experiments).
+    fitting c·θ gives c² times the covariance (within the range of variances given under ``scaling``).
+    With whitening the marginal variances diag(F Fᵀ) + ψ equal d̄², so with equal weights they are the
+    samples' own variances: on ordered SGD iterates of real networks 0.99–1.00 times the iterates'
+    empirical variances (a forgetting schedule ρ_t = t^(−0.9) weights the late, most distant iterates more
+    and measured 1.24–1.44 times). :meth:`algorithm2` builds the thesis's exact algorithm instead (used to
+    reproduce its experiments).
 
     Parameters
     ----------
@@ -338,6 +350,13 @@ class OnlineEM(_StreamingModel):
     scaling : {"data", "unit"}, default="data"
         "data": warm-up start F₀ σ̂, ψ₀ = σ̂², relative noise floor, the mean is the exact running average
         whatever the schedule. "unit": the thesis (F₀, ψ₀ = 1, absolute floor, mean on the schedule).
+        Under "data", fitting c·θ gives c² times the covariance (to 1e-3 relative, measured) while every
+        feature's noise variance is at least 1e-197 (float64 state) or 1e-27 (float32), 1000 times the
+        absolute floor ψ_d >= 1e-200 / 1e-30 that applies when σ̂² is that small; there is no upper limit
+        inside the accepted inputs (measured up to |x| = 5e99 / 5e17). Below that end the fit is wrong
+        without an error (1.4% off at noise variances of 5e-201 / 5e-31, 17% at 1.6e-31 in float32); the
+        limit is not checked, since that would take a second pass over every batch
+        (``SCALE_EQUIVARIANT_VARIANCES`` in ``onlinefa._models`` holds the range).
 
     Examples
     --------
@@ -405,9 +424,10 @@ class OnlineSGA(_StreamingModel):
     step of size ``lr`` on F (4.24) and on β = log ψ (4.26), ψ = exp β. Each update reads and writes the
     D×K state once. Under the default ``scaling="data"`` the model starts from F₀ σ̂ and ψ₀ = d̄² of the
     warm-up samples, and the F step is preconditioned by ψ (ΔF = lr·ψ ⊙ ∇F = lr·(d mᵀ − F P)), so ``lr``
-    has no units and c·θ gives c² times the covariance; the log-ψ step is bounded to ±1 per sample (a
-    feature frozen during warm-up starts at the noise floor, and its first deviations would otherwise throw ψ
-    to the largest storable value). :meth:`algorithm1` builds the thesis's algorithm.
+    has no units and c·θ gives c² times the covariance (within the range given under ``scaling``); the
+    log-ψ step is bounded to ±1 per sample (a feature frozen during warm-up starts at the noise floor, and
+    its first deviations would otherwise throw ψ to the largest storable value). :meth:`algorithm1` builds
+    the thesis's algorithm.
 
     **For SWAG-style posteriors and for accuracy, use** :class:`OnlineEM`. No learning rate makes this
     algorithm right on the streams onlinefa exists for; measured with its defaults and with lr from 1e-3
@@ -454,6 +474,14 @@ class OnlineSGA(_StreamingModel):
         the mean is the exact running average.
     scaling : {"data", "unit"}, default="data"
         As in :class:`OnlineEM`; "data" also preconditions the F step by ψ.
+        Under "data", fitting c·θ gives c² times the covariance (to 1e-3 relative, measured with the
+        default lr on Gaussian data) while every feature's noise variance is at least 1e-197 (float64
+        state) or 1e-27 (float32) and every feature's variance at most 1e148 (float64) or 1e16 (float32):
+        ψ is kept within [1e-200, 1e150] (float64) or [1e-30, 1e18] (float32), and these ends are 1000
+        times the floor and 1/100 of the ceiling. Outside them the fit is wrong without an error (at
+        variances of 8e149 / 8e17 it was 1% off, at 10 times that 26%; at noise variances of 5e-201 /
+        5e-31, 3.5% off); the limits are not checked, since that would take a second pass over every
+        batch (``SCALE_EQUIVARIANT_VARIANCES`` in ``onlinefa._models`` holds the range).
 
     Warnings
     --------
