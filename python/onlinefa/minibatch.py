@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core as _engine
+from ._forklock import ModelLock
 from ._gaussian import CachedSnapshot, FactorGaussianMixin, refreshed_snapshot
 from ._persist import CheckpointMixin
 from ._gaussian import log_prob as _log_prob
@@ -92,6 +93,14 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         θ̄ (D), F (D×K) and ψ (D), read from one consistent state.
     n_seen, n_batches : int
         Rows and mini-batches applied so far.
+
+    Notes
+    -----
+    Calls on one model from several threads happen in a serial order: each :meth:`update`,
+    :meth:`exact_step`, averaging call, :meth:`snapshot` (and so every query), ``save`` and pickling
+    holds the model's lock for the whole call, so two concurrent updates end in the state of one of the
+    two serial orders and a query sees the state before or after a whole update. In a child made by
+    ``fork()`` while another thread held that lock, the model raises ``RuntimeError`` instead of hanging.
     """
 
     def __init__(
@@ -126,11 +135,15 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         self._settings = _settings(self._batch_size, {**steps, "noise_floor": floor, "whiten": bool(whiten)},
                                    bool(moments))
         self._cache: CachedSnapshot | None = None
+        self._lock = ModelLock()
 
     def _engine_state(self) -> dict[str, Any]:
-        return {**self._core.get_state(), "batch_size": self._batch_size}
+        with self._lock:
+            return {**self._core.get_state(), "batch_size": self._batch_size}
 
     def _restore(self, state: dict[str, Any]) -> None:
+        if "_lock" not in self.__dict__:  # a new object made by unpickling or load()
+            self._lock = ModelLock()
         self._core = _engine.MiniBatchEMCore.from_state(state)
         self._n_features = int(state["n_features"])
         self._n_components = int(state["n_components"])
@@ -178,22 +191,23 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         arr = as_sample_matrix(X, self._n_features)
         index = None if rows is None else _row_index(rows, arr.shape[0])
         n = arr.shape[0] if index is None else index.shape[0]
-        backup = None
         if n > self._batch_size:  # one mini-batch is atomic in the core; several need these two guards
             _check_rows(arr, index)
-            if self._n_features * self._n_components <= _engine.snapshot_max_elements():
+        with self._lock:  # the whole call is one step of the model's serial order
+            backup = None
+            if n > self._batch_size and self._n_features * self._n_components <= _engine.snapshot_max_elements():
                 backup = self._core.get_state()
-        self._cache = None
-        try:
-            for start in range(0, n, self._batch_size):
-                if index is None:
-                    self._core.update(arr[start:start + self._batch_size])
-                else:
-                    self._core.update(arr, index[start:start + self._batch_size])
-        except BaseException:
-            if backup is not None:
-                self._core = _engine.MiniBatchEMCore.from_state(backup)
-            raise
+            self._cache = None
+            try:
+                for start in range(0, n, self._batch_size):
+                    if index is None:
+                        self._core.update(arr[start:start + self._batch_size])
+                    else:
+                        self._core.update(arr, index[start:start + self._batch_size])
+            except BaseException:
+                if backup is not None:
+                    self._core = _engine.MiniBatchEMCore.from_state(backup)
+                raise
         return self
 
     def start_average(self) -> MiniBatchEM:
@@ -209,7 +223,8 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         -------
         self
         """
-        self._core.start_average()
+        with self._lock:
+            self._core.start_average()
         return self
 
     def apply_average(self) -> MiniBatchEM:
@@ -226,8 +241,9 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         RuntimeError
             :meth:`start_average` was not called.
         """
-        self._core.apply_average()
-        self._cache = None
+        with self._lock:
+            self._core.apply_average()
+            self._cache = None
         return self
 
     def exact_step(self, X: ArrayLike) -> MiniBatchEM:
@@ -254,7 +270,8 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         """
         arr = as_sample_matrix(X, self._n_features)
         step = self._batch_size
-        _exact_em_step(self, (arr[start:start + step] for start in range(0, arr.shape[0], step)))
+        with self._lock:  # every batch's E-step sees the same F, Ψ
+            _exact_em_step(self, (arr[start:start + step] for start in range(0, arr.shape[0], step)))
         return self
 
     def discard_average(self) -> MiniBatchEM:
@@ -264,7 +281,8 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         -------
         self
         """
-        self._core.discard_average()
+        with self._lock:
+            self._core.discard_average()
         return self
 
     @property
@@ -315,10 +333,11 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         NotFittedError
             Before the first mini-batch.
         """
-        if not self._core.is_fitted:
-            raise NotFittedError(f"{type(self).__name__} has not seen a mini-batch yet.")
-        cached = refreshed_snapshot(self._core, self._cache)
-        self._cache = cached
+        with self._lock:  # a state between two calls, never one in the middle of an update
+            if not self._core.is_fitted:
+                raise NotFittedError(f"{type(self).__name__} has not seen a mini-batch yet.")
+            cached = refreshed_snapshot(self._core, self._cache)
+            self._cache = cached
         return cached[1], cached[2], cached[3]
 
     def _params(self) -> tuple[FloatArray, FloatArray, FloatArray]:

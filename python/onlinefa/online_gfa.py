@@ -8,12 +8,13 @@ scaled by the effective sample size; then the translation and the group rotation
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ._forklock import ForkSafeLock
+from ._forklock import ForkSafeLock, ModelLock
 from . import _core
 from ._validation import check_bool, check_int, check_positive_float, core_readable
 from .gfa import GFA, FloatArray, GroupsSpec, NoiseName, resolve_groups
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["OnlineGFA"]
 
 ScheduleName = Literal["harmonic", "power", "constant"]
-_FIRST_BATCH_LOCK = ForkSafeLock()
+_FIRST_BATCH_LOCK = ForkSafeLock()  # guards the lazy creation of each model's lock
 
 
 class OnlineGFA(GFA):
@@ -73,6 +74,12 @@ class OnlineGFA(GFA):
     factors and must hold at least ``n_components`` rows. Every batch is applied atomically: bad input or a
     numerical breakdown raises and leaves the model exactly as it was. Pickles, :meth:`save` and
     ``onlinefa.load`` restore the stream state exactly: further batches continue bit-identically.
+
+    Calls from several threads happen in a serial order: :meth:`partial_fit` and :meth:`fit` publish the
+    engine and every fitted attribute under the model's lock, and the queries (:meth:`transform`,
+    :meth:`score_samples`, :meth:`score`, :meth:`predict_group`, :meth:`get_covariance`,
+    :meth:`latent_second_moment`) and pickling read under it, so each answer comes from the state before
+    or after a whole call. (Reading two fitted attributes one after the other from outside is two reads.)
     """
 
     def __init__(
@@ -178,20 +185,32 @@ class OnlineGFA(GFA):
         onlinefa.NumericalBreakdownError
             The update broke down numerically; the model is left exactly as it was.
         """
-        online: _core.OnlineGFACore | None = self.__dict__.get("_online")
-        if online is None:
-            x = self._rows(X)
-            fresh, index, labels = self._new_online(x.shape[1])
-            fresh.partial_fit(x)
-            with _FIRST_BATCH_LOCK:
-                if self.__dict__.get("_online") is None:
-                    self._install(fresh, index, labels)
-                    return self
-            online = self.__dict__["_online"]
-        assert online is not None
-        online.partial_fit(self._rows(X, online.n_features))
-        self._snapshot(online)
+        with self._model_lock():  # the whole call, publication included, is one step of a serial order
+            online: _core.OnlineGFACore | None = self.__dict__.get("_online")
+            if online is None:
+                x = self._rows(X)
+                fresh, index, labels = self._new_online(x.shape[1])
+                fresh.partial_fit(x)
+                self._install(fresh, index, labels)
+                return self
+            online.partial_fit(self._rows(X, online.n_features))
+            self._snapshot(online)
         return self
+
+    def _model_lock(self) -> ModelLock:
+        """This model's lock, made on first use (scikit-learn's ``__init__`` sets hyper-parameters only)."""
+        lock: ModelLock | None = self.__dict__.get("_lock")
+        if lock is None:
+            with _FIRST_BATCH_LOCK:
+                lock = self.__dict__.setdefault("_lock", ModelLock())
+        assert lock is not None
+        return lock
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._model_lock():
+            state = dict(super().__getstate__())
+        state.pop("_lock", None)
+        return state
 
     def fit(self, X: ArrayLike, y: object = None, **fit_params: Any) -> Self:
         """Forget everything and make one pass over ``X`` in mini-batches of ``batch_size`` rows.
@@ -220,7 +239,8 @@ class OnlineGFA(GFA):
         fresh, index, labels = self._new_online(x.shape[1])
         for start in range(0, x.shape[0], batch_size):
             fresh.partial_fit(x[start : start + batch_size])
-        self._install(fresh, index, labels)
+        with self._model_lock():
+            self._install(fresh, index, labels)
         return self
 
     def _install(self, online: _core.OnlineGFACore, index: Any, labels: list[Any]) -> None:
@@ -263,7 +283,54 @@ class OnlineGFA(GFA):
         -------
         ndarray of shape (n_samples, n_components_)
         """
-        return self._fitted().latent_means(self._rows(X, self.n_features_in_))
+        with self._model_lock():
+            engine = self._fitted()
+            n_features = self.n_features_in_
+        return engine.latent_means(self._rows(X, n_features))
+
+    def score_samples(self, X: ArrayLike) -> FloatArray:
+        """Log density of each row under the state after the last whole call (see :meth:`GFA.score_samples`).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        with self._model_lock():
+            return super().score_samples(X)
+
+    def predict_group(
+        self, X: ArrayLike, group: Hashable, *, return_var: bool = False
+    ) -> FloatArray | tuple[FloatArray, FloatArray]:
+        """As :meth:`GFA.predict_group`, from the state after the last whole call.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or (n_samples, n_features - size of the group)
+        group : label
+        return_var : bool, default=False
+
+        Returns
+        -------
+        mean : ndarray
+        var : ndarray
+            Only when ``return_var``.
+        """
+        with self._model_lock():
+            return super().predict_group(X, group, return_var=return_var)
+
+    def get_covariance(self) -> FloatArray:
+        """Dense model covariance F̄ F̄ᵀ + diag(``noise_variance_``) of the state after the last whole call.
+
+        Returns
+        -------
+        ndarray of shape (n_features, n_features)
+        """
+        with self._model_lock():
+            return super().get_covariance()
 
     def latent_second_moment(self) -> FloatArray:
         """Running average of ⟨h hᵀ⟩ over the samples seen, in the current latent basis (K×K).
@@ -272,9 +339,10 @@ class OnlineGFA(GFA):
         -------
         ndarray of shape (n_components_, n_components_)
         """
-        self._fitted()
-        online: _core.OnlineGFACore = self.__dict__["_online"]
-        moment = online.latent_second_moment()
+        with self._model_lock():
+            self._fitted()
+            online: _core.OnlineGFACore = self.__dict__["_online"]
+            moment = online.latent_second_moment()
         assert moment is not None
         return moment
 
