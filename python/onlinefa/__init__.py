@@ -33,7 +33,12 @@ if TYPE_CHECKING:
     from .gfa import GFA
     from .online_gfa import OnlineGFA
 
-__version__ = "0.1.0"
+try:  # one source of the version: Cargo.toml, which maturin writes into the package's metadata
+    from importlib.metadata import version as _distribution_version
+
+    __version__ = _distribution_version("onlinefa")
+except Exception:  # pragma: no cover - running from a source tree that was never installed
+    __version__ = "unknown"
 
 __all__ = [
     "GFA", "MiniBatchEM", "NotFittedError", "NumericalBreakdownError", "OnlineEM", "OnlineFactorAnalysis", "OnlineGFA", "OnlineSGA", "OnlineVBFA", "VBFA", "VIFA", "__version__", "canonical_loadings", "fit_minibatch", "load",
