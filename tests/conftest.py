@@ -11,9 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import os
+
 import numpy as np
 import numpy.typing as npt
 import pytest
+from hypothesis import settings
+
+# Hypothesis profiles: "ci" (the default) is reproducible (derandomised) and has no deadline (machines are
+# shared and noisy); "dev" explores new examples on each run. Choose with HYPOTHESIS_PROFILE=dev.
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # `reference.py` lives beside this file; make it importable whatever pytest's import mode is.
 _TESTS_DIR = str(Path(__file__).resolve().parent)

@@ -53,7 +53,7 @@ def test_model_matches_algorithm4_transcription(n_features: int, n_components: i
     np.testing.assert_allclose(unscaled.T @ unscaled, np.eye(n_components), atol=1e-12)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(
     n_features=st.integers(1, 12),
     low=st.floats(0.01, 50.0),

@@ -42,7 +42,7 @@ def _posterior_by_conditioning(
     return gain @ y, np.eye(n_features) / alpha - gain @ X / alpha
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     n_samples=st.integers(1, 25),
     n_features=st.integers(1, 6),
@@ -121,7 +121,7 @@ def test_negative_log_likelihood_is_a_sum_of_gaussian_log_densities() -> None:
     assert linreg.negative_log_likelihood(theta, X, y, noise_precision=beta) == pytest.approx(expected, rel=1e-12)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(n_features=st.integers(1, 5), seed=st.integers(0, 2**31 - 1), log_beta=st.floats(-2.0, 1.0))
 def test_gradient_matches_finite_differences(n_features: int, seed: int, log_beta: float) -> None:
     X, y = _regression_data(30, n_features, seed)

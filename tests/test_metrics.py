@@ -46,7 +46,7 @@ def test_relative_covariance_distance_closed_form() -> None:
     assert relative_covariance_distance(true, true) == 0.0
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(seed=seeds, scale=st.floats(1e-3, 1e3))
 def test_relative_covariance_distance_is_scale_invariant(seed: int, scale: float) -> None:
     true, est = random_spd(5, seed), random_spd(5, seed + 1)
@@ -81,7 +81,7 @@ def test_relative_distances_reject_bad_input(function: object, est: FloatArray, 
 # --------------------------------------------------------------------------------------- psd_sqrt
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(dimension=st.integers(1, 8), seed=seeds)
 def test_psd_sqrt_matches_scipy_sqrtm(dimension: int, seed: int) -> None:
     spd = random_spd(dimension, seed)
@@ -110,7 +110,7 @@ def test_psd_sqrt_rejects_non_symmetric_and_non_square() -> None:
 # ------------------------------------------------------------------------------------ wasserstein2
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     mean1=st.floats(-10.0, 10.0), mean2=st.floats(-10.0, 10.0), var1=positive, var2=positive,
 )  # fmt: skip
@@ -121,7 +121,7 @@ def test_w2_one_dimensional_closed_form(mean1: float, mean2: float, var1: float,
     assert actual == pytest.approx(expected, rel=1e-9, abs=1e-6)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     variances=hnp.arrays(np.float64, (2, 6), elements=positive),
     means=hnp.arrays(np.float64, (2, 6), elements=st.floats(-10.0, 10.0)),
@@ -150,7 +150,7 @@ def test_w2_commuting_covariances_closed_form(variances: FloatArray, means: Floa
     assert rotated == pytest.approx(expected, rel=1e-7, abs=1e-5)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(seed=seeds, shift=hnp.arrays(np.float64, 2, elements=st.floats(-5.0, 5.0)))
 def test_w2_two_dimensional_closed_form(seed: int, shift: FloatArray) -> None:
     # For 2×2 PSD M, tr √M = sqrt(tr M + 2 sqrt(det M)); with M = S1^½ S2 S1^½,
@@ -176,7 +176,7 @@ def test_w2_known_two_dimensional_case() -> None:
     assert actual == pytest.approx(expected, rel=1e-12)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(dimension=st.integers(1, 7), seed=seeds)
 def test_w2_matches_eigenvalues_of_the_nonsymmetric_product(dimension: int, seed: int) -> None:
     # Independent route: tr (S1^½ S2 S1^½)^½ = Σ sqrt(λ_i(S1 S2)) (S1 S2 is similar to that PSD matrix).
@@ -189,7 +189,7 @@ def test_w2_matches_eigenvalues_of_the_nonsymmetric_product(dimension: int, seed
     assert wasserstein2(m1, s1, m2, s2, sqrt_cov1=psd_sqrt(s1)) == pytest.approx(expected, rel=1e-8, abs=1e-7)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(dimension=st.integers(1, 20), seed=seeds)
 def test_w2_identical_is_zero(dimension: int, seed: int) -> None:
     cov = random_spd(dimension, seed, rank=max(1, dimension // 2))
@@ -198,7 +198,7 @@ def test_w2_identical_is_zero(dimension: int, seed: int) -> None:
     assert wasserstein2(mean, cov, mean, cov) <= 1e-6 * math.sqrt(np.trace(cov))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(seed=seeds)
 def test_w2_is_symmetric_and_satisfies_the_triangle_inequality(seed: int) -> None:
     rng = np.random.default_rng(seed)

@@ -63,7 +63,7 @@ seeds = st.integers(0, 2**32 - 1)
 scales = st.sampled_from([1e-3, 1.0, 1e3])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(shape=shapes, seed=seeds, scale=scales)
 def test_defining_properties(shape: tuple[int, int], seed: int, scale: float) -> None:
     n_features, n_components = shape
@@ -85,14 +85,14 @@ def test_defining_properties(shape: tuple[int, int], seed: int, scale: float) ->
     assert np.all(peaks > 0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(shape=shapes, seed=seeds)
 def test_matches_independent_svd_reference(shape: tuple[int, int], seed: int) -> None:
     loadings = loadings_with_gap(seed, *shape)
     np.testing.assert_allclose(canonical_loadings(loadings), svd_reference(loadings), rtol=0, atol=RTOL)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(shape=shapes, seed=seeds, rotation_seed=seeds)
 def test_rotated_copies_of_a_fit_have_the_same_canonical_loadings(
     shape: tuple[int, int], seed: int, rotation_seed: int

@@ -546,7 +546,7 @@ def test_fit_equals_the_manual_loop_and_rates_can_change() -> None:
     assert "VIFA(n_features=5, n_components=2" in repr(helper)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     n_features=st.integers(1, 600),
     n_components=st.integers(1, 4),
