@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any, Literal
@@ -517,24 +518,42 @@ def fit_minibatch(
     -------
     model : MiniBatchEM
     history : FitHistory
+
+    Raises
+    ------
+    ValueError
+        Bad data or arguments; or, for a path: the path is not a regular file (a FIFO, device or directory
+        is refused at once instead of blocking), or the file changed while it was being fitted (replaced,
+        renamed, removed, or rewritten in place with a new size or modification time: checked before every
+        pass and at the end, the message names the file). The fit is then abandoned and no model is
+        returned; the file is never written. (A rewrite in place that keeps the size and falls within the
+        file system's timestamp granularity cannot be detected.)
     """
     arr = _as_data_matrix(X)
     max_iter = check_int(max_iter, "max_iter", 1)
     if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol >= 0):
         raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
-    mode = _shuffle_mode(shuffle, arr)
-    seed = check_seed(random_state)
-    rng = np.random.default_rng(seed)
-    mean, variance = data_moments(arr)
-    model = MiniBatchEM(arr.shape[1], n_components, batch_size=batch_size, seed=seed, mean=mean,
-                        variance=variance, **options)
-    return model, fit_passes(model, arr, max_iter=max_iter, tol=tol, shuffle=mode, rng=rng, on_rows=on_rows)
+    try:
+        mode = _shuffle_mode(shuffle, arr)
+        seed = check_seed(random_state)
+        rng = np.random.default_rng(seed)
+        mean, variance = data_moments(arr)
+        model = MiniBatchEM(arr.shape[1], n_components, batch_size=batch_size, seed=seed, mean=mean,
+                            variance=variance, **options)
+        return model, fit_passes(model, arr, max_iter=max_iter, tol=tol, shuffle=mode, rng=rng, on_rows=on_rows)
+    finally:
+        if isinstance(arr, NpyRows):
+            arr.close()
 
 
 def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str, rng: np.random.Generator,
                on_rows: Callable[[int], None] | None = None) -> FitHistory:
     """Feed ``arr`` to ``model.update`` (any streaming model) for up to ``max_iter`` passes in the order
-    ``shuffle`` gives, scoring each pass on a fixed sample of rows and stopping by :func:`_stalled`."""
+    ``shuffle`` gives, scoring each pass on a fixed sample of rows and stopping by :func:`_stalled`.
+
+    A file-backed ``arr`` (:class:`NpyRows`) is checked to be unchanged before every pass and at the end
+    (ValueError otherwise; ``model`` is then left with the passes made so far, possibly mixing two files).
+    """
     score_rows = np.sort(rng.choice(arr.shape[0], min(arr.shape[0], MAX_SCORE_ROWS), replace=False))
     held = np.asarray(arr[score_rows], dtype=np.float64)
     chunk = model.batch_size if isinstance(model, MiniBatchEM) else PASS_CHUNK_ROWS
@@ -543,6 +562,7 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
     in_place = averaged and shuffle == "rows" and _rows_readable_in_place(arr)
     exact = False
     for p in range(max_iter):
+        _check_source(arr)
         if exact:
             _exact_em_step(model, _batches(arr, chunk, "none", rng), on_rows)
             history.n_exact_steps += 1
@@ -564,6 +584,7 @@ def fit_passes(model: Any, arr: Any, *, max_iter: int, tol: float, shuffle: str,
                 continue
             history.converged = True
             break
+    _check_source(arr)
     if averaged and not exact:
         model.apply_average()
     return history
@@ -622,26 +643,86 @@ class NpyRows:
     a file larger than RAM would push out everything else; positioned reads go through the page cache,
     which the kernel reclaims, and keep the process at the model plus one batch. Supports ``len``,
     ``shape``, ``dtype`` and indexing by a slice or by sorted row indices (C-order files only).
+
+    The file is opened once and held open (:meth:`close`); its device, inode, size and modification time
+    (ns) are recorded then, and :meth:`check_unchanged` compares both the open file and the file now at
+    ``path`` with them, so a multi-pass reader can refuse a data set that was replaced or rewritten between
+    passes. Only a regular file is accepted: a FIFO, device or directory raises instead of blocking.
+
+    Raises
+    ------
+    ValueError
+        ``path`` is not a regular file, is not a C-order 2-D numeric ``.npy`` file, or is shorter than its
+        header says (the message names the file).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        with open(self.path, "rb") as handle:
-            version = np.lib.format.read_magic(handle)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-            else:
-                raise ValueError(f"{self.path}: .npy format version {version} is not supported")
-            self._offset = handle.tell()
-        if fortran or len(shape) != 2 or dtype.hasobject:
-            raise ValueError(f"{self.path}: expected a C-order 2-D numeric .npy file, got shape {shape}, "
-                             f"fortran_order={fortran}, dtype {dtype}")
-        self.shape: tuple[int, int] = (int(shape[0]), int(shape[1]))
-        self.dtype = np.dtype(dtype)
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ValueError(f"{self.path!r} is not a regular file (a FIFO, device or directory cannot be "
+                                 "read in several passes); save the data to a .npy file first")
+            with open(fd, "rb", closefd=False) as handle:
+                version = np.lib.format.read_magic(handle)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+                else:
+                    raise ValueError(f"{self.path}: .npy format version {version} is not supported")
+                self._offset = handle.tell()
+            if fortran or len(shape) != 2 or dtype.hasobject:
+                raise ValueError(f"{self.path}: expected a C-order 2-D numeric .npy file, got shape {shape}, "
+                                 f"fortran_order={fortran}, dtype {dtype}")
+            self.shape: tuple[int, int] = (int(shape[0]), int(shape[1]))
+            self.dtype = np.dtype(dtype)
+            self._row_bytes = self.shape[1] * self.dtype.itemsize
+            if info.st_size < self._offset + self.shape[0] * self._row_bytes:
+                raise ValueError(f"{self.path}: file is shorter than its header says")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+        self._identity = _file_identity(info)
         self.ndim = 2
-        self._row_bytes = self.shape[1] * self.dtype.itemsize
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            self.close()
+
+    def check_unchanged(self) -> None:
+        """Raise ValueError naming the file when it changed since it was opened.
+
+        Both the open file (rewritten in place: size or modification time differ) and the file now at the
+        path (replaced, renamed or removed: device or inode differ) are compared with what was recorded at
+        opening. A rewrite in place that keeps the size and lands within the file system's timestamp
+        granularity of the opening cannot be seen by these checks.
+        """
+        if self._fd is None:
+            raise ValueError(f"{self.path!r} was closed")
+        was = self._identity
+        now_open = _file_identity(os.fstat(self._fd))
+        try:
+            now_path: tuple[int, int, int, int] | None = _file_identity(os.stat(self.path))
+        except OSError:
+            now_path = None
+        for now, where in ((now_open, "the open file"), (now_path, "the file now at that path")):
+            if now is None:
+                raise ValueError(f"{self.path!r} was removed or renamed while it was being read")
+            if now != was:
+                what = [name for name, a, b in zip(("device", "inode", "size", "modification time"), was, now)
+                        if a != b]
+                raise ValueError(f"{self.path!r} changed while it was being read ({where}: {', '.join(what)} "
+                                 "differ from when it was opened); its passes would mix two data sets")
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -656,17 +737,27 @@ class NpyRows:
         return np.concatenate([self._read(int(r), 1) for r in rows]) if rows.size else self._read(0, 0)
 
     def _read(self, start: int, count: int) -> NDArray[Any]:
+        if self._fd is None:
+            raise ValueError(f"{self.path!r} was closed")
         out = np.empty((count, self.shape[1]), dtype=self.dtype)
         view = out.data.cast("B")
-        with open(self.path, "rb", buffering=0) as handle:
-            fd = handle.fileno()
-            done, total, offset = 0, count * self._row_bytes, self._offset + start * self._row_bytes
-            while done < total:
-                got = os.preadv(fd, [view[done:]], offset + done)
-                if got <= 0:
-                    raise ValueError(f"{self.path}: file is shorter than its header says")
-                done += got
+        done, total, offset = 0, count * self._row_bytes, self._offset + start * self._row_bytes
+        while done < total:
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise ValueError(f"{self.path}: file is shorter than its header says")
+            done += got
         return out
+
+
+def _file_identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _check_source(arr: Any) -> None:
+    """Refuse (ValueError) a file-backed data set that changed since it was opened (see :class:`NpyRows`)."""
+    if isinstance(arr, NpyRows):
+        arr.check_unchanged()
 
 
 def _as_data_matrix(X: ArrayLike | str | os.PathLike[str]) -> Any:
