@@ -181,8 +181,8 @@ def per_update_rows(d: int, k: int, repeats: int, rng: np.random.Generator) -> l
             resident = state_bytes(algo, d, k, name)
             for i in range(n_warm):
                 ref.update(data[i])
-            ours = median_seconds(lambda i: model.update(data[n_warm + i]), repeats)
-            theirs = median_seconds(lambda i: ref.update(data[n_warm + i]), repeats)
+            ours = median_seconds(lambda i, m=model: m.update(data[n_warm + i]), repeats)
+            theirs = median_seconds(lambda i, r=ref: r.update(data[n_warm + i]), repeats)
             floor, floor_x = floors(d, k, dtype, repeats)
             dk_bytes = d * k * np.dtype(dtype).itemsize
             rows.append(

@@ -59,7 +59,7 @@ def row(algo: str, d: int, k: int, dtype: type, repeats: int, rng: np.random.Gen
     cls = onlinefa.OnlineEM.algorithm2 if algo == "EM" else onlinefa.OnlineSGA.algorithm1
     model = cls(d, k, n_warmup=k + 2, init=f0, dtype=name)
     model.update(stream[:n_warm])
-    ours = median_seconds(lambda i: model.update(stream[n_warm + i]), repeats)
+    ours = median_seconds(lambda i, m=model: m.update(stream[n_warm + i]), repeats)
     del model
     numpy_cells = "– | –"
     if numpy:

@@ -150,15 +150,15 @@ def measure(d: int, k: int, dtype: type, optimizer: str, repeats: int, numpy: bo
         optimizer=optimizer, seed=0, init=f0, dtype=name,
     )
 
-    def sample(_: int) -> None:
-        model.sample()
+    def sample(_: int, m: onlinefa.VIFA = model) -> None:
+        m.sample()
 
-    def step(_: int) -> None:
-        model.step(grad)
+    def step(_: int, m: onlinefa.VIFA = model) -> None:
+        m.step(grad)
 
-    def iteration(_: int) -> None:
-        model.sample()
-        model.step(grad)
+    def iteration(_: int, m: onlinefa.VIFA = model) -> None:
+        m.sample()
+        m.step(grad)
 
     iteration(0)
     ours = median_seconds(iteration, repeats)
@@ -166,7 +166,7 @@ def measure(d: int, k: int, dtype: type, optimizer: str, repeats: int, numpy: bo
     for _ in range(repeats if split else 0):
         sample_s.append(median_seconds(sample, 1))
         step_s.append(median_seconds(step, 1))
-    del model
+    del model, sample, step, iteration  # free the D-sized state before NumPy's run
     theirs = None
     if numpy:
         ref = NumpyVIFA(f0, dtype, optimizer, 0)

@@ -376,7 +376,7 @@ def test_bad_batch_leaves_the_model_unchanged() -> None:
 
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(NotFittedError):
-        MiniBatchEM(5, 2, seed=0).loadings
+        _ = MiniBatchEM(5, 2, seed=0).loadings
     with pytest.raises(ValueError, match="together"):
         MiniBatchEM(5, 2, mean=np.zeros(5))
     with pytest.raises(ValueError, match="variance"):

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import threading
 from pathlib import Path

@@ -152,7 +152,7 @@ def relative_frobenius(a: FloatArray, b: FloatArray) -> float:
 def test_bound_matches_the_reference_formula(prior: Any) -> None:
     x = factor_data(40, 8, 2, seed=1, missing=0.2)
     model = onlinefa.VBFA(3, prior=prior, random_state=2).initialize(x)
-    for sweeps in range(4):
+    for _ in range(4):
         expected = reference_bound(x, model.posterior())
         assert model.lower_bound() == pytest.approx(expected, rel=1e-11)
         assert sum(model.bound_terms().values()) == pytest.approx(expected, rel=1e-11)

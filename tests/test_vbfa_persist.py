@@ -172,7 +172,7 @@ def every_model_kind(X: np.ndarray) -> list[Any]:
 def test_onlinefa_load_reads_every_model_kind_back_exactly(tmp_path: Path) -> None:
     X = factor_rows(60)
     X[5, 1] = np.nan
-    for i, model in enumerate(every_model_kind(X)):
+    for model in every_model_kind(X):
         kind = type(model).__name__
         first, second = tmp_path / f"{kind}.ckpt", tmp_path / f"{kind}.again"
         model.save(first)

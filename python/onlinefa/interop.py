@@ -20,7 +20,7 @@ torch). Both accept any fitted model: ``OnlineEM``, ``OnlineSGA``, ``VIFA`` (``m
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import linreg
-from ..metrics import psd_sqrt, relative_covariance_distance, relative_mean_distance, wasserstein2
+from ..metrics import relative_covariance_distance, relative_mean_distance, wasserstein2
 from ..errors import CommandError
 from ._common import append_rows, output_dir, progress, read_rows
 

@@ -39,7 +39,6 @@ import onlinefa
 from onlinefa.torch import MultiSWAG, ParameterVector, SnapshotCollector, bayesian_model_average, vifa_step
 from onlinefa.torch.swag import SWAG
 
-from ._names import METHODS
 from ._train import Data, as_tensors, batches, build_network, dropout_draws, generator, half_mse, predict, train
 
 FloatArray = NDArray[np.float64]
