@@ -237,10 +237,8 @@ def test_model_lock_held_by_another_thread_at_fork_raises_in_the_child_instead_o
                     code = 0 if "forked" in str(err) else 2
             finally:
                 os._exit(code)
-        deadline = 30.0
-        import time
         t0 = time.monotonic()
-        while time.monotonic() - t0 < deadline:
+        while time.monotonic() - t0 < 30:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
@@ -253,3 +251,50 @@ def test_model_lock_held_by_another_thread_at_fork_raises_in_the_child_instead_o
     finally:
         release.set()
         holder.join(30)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_minibatch_model_updated_by_another_thread_at_fork_raises_in_the_child() -> None:
+    rng = np.random.default_rng(5)
+    model = _model().update(rng.standard_normal((8, 12)))
+    inside, release = threading.Event(), threading.Event()
+
+    class Holding(_PausingCore):
+        def update(self, *args: Any) -> None:
+            self._inner.update(*args)
+            inside.set()
+            release.wait(30)
+
+    model._core = Holding(model._core)  # type: ignore[assignment]
+    writer = threading.Thread(target=model.update, args=(rng.standard_normal((40, 12)),))
+    writer.start()
+    inside.wait(30)
+    try:
+        pid = os.fork()
+        if pid == 0:  # child: the model in use at the fork refuses at once; a fresh model works
+            code = 1
+            try:
+                try:
+                    model.snapshot()
+                except RuntimeError as err:
+                    code = 0 if "forked" in str(err) else 2
+                _model().update(np.ones((8, 12)) + np.arange(12))
+            except BaseException:
+                code = 3
+            finally:
+                os._exit(code)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.02)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child hung on the model's lock held at the fork")
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    finally:
+        release.set()
+        writer.join(30)
+    assert model.n_batches == 2 + 10
