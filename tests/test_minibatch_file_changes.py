@@ -125,3 +125,29 @@ def test_fifo_is_refused_instead_of_blocking(tmp_path: Path) -> None:
         pytest.fail("fit_minibatch blocked on a FIFO")
     assert done.returncode == 0, done.stderr
     assert "refused:" in done.stdout and "pipe.npy" in done.stdout and "not a regular file" in done.stdout
+
+
+def test_cli_minibatch_fit_of_a_replaced_file_fails_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import onlinefa.minibatch as minibatch
+    from onlinefa.cli import main
+
+    path, other, output = tmp_path / "data.npy", tmp_path / "other.npy", tmp_path / "model.npz"
+    np.save(path, _data(0))
+    np.save(other, _data(1, scale=50.0))
+    one_pass = minibatch._one_pass
+    passes = [0]
+
+    def pass_then_replace(*args: object) -> None:  # the file is replaced right after the first pass
+        one_pass(*args)  # type: ignore[arg-type]
+        passes[0] += 1
+        if passes[0] == 1:
+            os.replace(other, path)
+
+    monkeypatch.setattr(minibatch, "_one_pass", pass_then_replace)
+    code = main(["fit", str(path), "-k", "2", "--minibatch", "100", "--passes", "4", "--seed", "0",
+                 "-o", str(output)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "data.npy" in err and "changed while it was being read" in err and "nothing was written" in err
+    assert passes[0] == 1 and not output.exists()
