@@ -10,6 +10,8 @@ Needs PyTorch (the optional extra ``torch``: ``pip install ".[torch]"`` in the s
 - :func:`bayesian_model_average`: predictions averaged over draws, with batch-norm refresh
   (:func:`refresh_batch_norm`).
 - :func:`vifa_step`: one VIFA training step on a module.
+- :class:`GaussianNoise`, :func:`vifa_regression_step`: a regression noise variance σ² learned from the
+  ELBO alongside VIFA (empirical Bayes).
 - :func:`to_torch`: any model's Gaussian as ``torch.distributions.LowRankMultivariateNormal``.
 - :class:`SWAG`: the SWAG baseline of Maddox et al. (NumPy-based, in :mod:`onlinefa.torch.swag`).
 
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ._bma import bayesian_model_average, refresh_batch_norm
 from ._collect import SnapshotCollector
 from ._distributions import to_torch
+from ._noise import GaussianNoise, vifa_regression_step
 from ._params import ParameterVector
 from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
 from ._sampling import sample_parameters
@@ -32,8 +35,9 @@ if TYPE_CHECKING:
     from .swag import SWAG
 
 __all__ = [
-    "GaussianParameters", "MultiSWAG", "ParameterVector", "SWAG", "SnapshotCollector", "bayesian_model_average",
-    "gaussian_parameters", "refresh_batch_norm", "sample_parameters", "to_torch", "vifa_step",
+    "GaussianNoise", "GaussianParameters", "MultiSWAG", "ParameterVector", "SWAG", "SnapshotCollector", "bayesian_model_average",
+    "gaussian_parameters", "refresh_batch_norm", "sample_parameters", "to_torch", "vifa_regression_step",
+    "vifa_step",
 ]  # fmt: skip
 
 
