@@ -11,7 +11,7 @@ from .. import _core
 from .._core import NumericalBreakdownError
 from .._models import OnlineEM, OnlineSGA
 from .._validation import check_init, check_int, check_seed
-from ._comm import AllReduce, Communicator, exchange
+from ._comm import AllReduce, Communicator, ShardCommunicationError, exchange
 from ._layout import ShardLayout, handshake, orthonormal_rows
 from ._shared import ShardedGaussianMixin, local_matrix
 
@@ -90,7 +90,10 @@ class _ShardedStreaming(ShardedGaussianMixin):
         NumericalBreakdownError
             A numerical breakdown; every rank raises and keeps the same state (as the single-process model).
         ShardCommunicationError
-            A collective failed (a peer died or the process group's timeout passed).
+            A collective failed (a peer died or the process group's timeout passed). The call is atomic on
+            every surviving rank: its model is restored to its state before the call (from a copy of the
+            rank's state, see :meth:`_backup`; above that copy's size bound the samples before the failure
+            stay applied, and the message says so).
         """
         core = self._local._core
         failure: BaseException | None = None
@@ -127,7 +130,18 @@ class _ShardedStreaming(ShardedGaussianMixin):
                     return self
                 core.apply_sums(total[: k * k].reshape(k, k), total[k * k: k * k + k], float(total[-1]),
                                 self.n_features_total)
-            except (ValueError, TypeError, ArithmeticError, MemoryError):
+            except ShardCommunicationError as err:
+                # A peer died (or the timeout passed) between two samples: the samples before it were applied
+                # on this rank. Put back the state from before the call and say so.
+                restored = self._restore(backup)
+                raise ShardCommunicationError(
+                    f"{err}; this rank's model " + (
+                        "was restored to its state before the call" if restored else
+                        f"keeps the {i} sample(s) of the call applied before the failure (no copy of its state "
+                        "was kept: the largest shard's D_local·K is above onlinefa._core.snapshot_max_elements())"
+                    )
+                ) from err
+            except BaseException:
                 self._restore(backup)
                 raise
         return self
@@ -139,18 +153,27 @@ class _ShardedStreaming(ShardedGaussianMixin):
             )
 
     def _backup(self) -> dict[str, Any] | None:
-        """The state to restore after a failed batch: kept when the whole model's D·K is small (as the
-        single-process model does), so that every rank makes the same choice."""
-        if self.n_features_total * self._n_components <= _core.snapshot_max_elements():
+        """The state to restore after a failed batch, or None.
+
+        A copy of this rank's state (``get_state`` of the local core: D_local·K + 4·D_local + K² + K numbers
+        in the storage dtype, i.e. about one more copy of the rank's model for the duration of the call). It
+        is kept when the largest shard's D_local·K is at most ``onlinefa._core.snapshot_max_elements()``
+        (2¹⁸), the bound of the single-process models, so that every rank makes the same choice (the shard
+        sizes are known on every rank). Above the bound no copy is made, and a failed call leaves the samples
+        before the failing one applied, on every rank alike.
+        """
+        if max(self._layout.sizes) * self._n_components <= _core.snapshot_max_elements():
             state: dict[str, Any] = self._local._core.get_state()
             return state
         return None
 
-    def _restore(self, backup: dict[str, Any] | None) -> None:
-        """Put back the state from before the batch, if it was kept; otherwise the samples before the failing
-        one stay applied (as in the single-process model)."""
-        if backup is not None:
-            self._local._restore(backup)
+    def _restore(self, backup: dict[str, Any] | None) -> bool:
+        """Put back the state from before the batch, if it was kept (returns whether it was); otherwise the
+        samples before the failing one stay applied (as in the single-process model)."""
+        if backup is None:
+            return False
+        self._local._restore(backup)
+        return True
 
     # -- local accessors -------------------------------------------------------------------------------
     @property

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
+from .. import _core
 from .._validation import check_init, check_int, check_seed
 from ..vifa import VIFA
-from ._comm import AllReduce, Communicator, exchange
+from ._comm import AllReduce, Communicator, ShardCommunicationError, exchange
 from ._layout import handshake, orthonormal_rows
 from ._shared import ShardedGaussianMixin, as_local_gradients
 
@@ -49,6 +50,10 @@ class ShardedVIFA(ShardedGaussianMixin):
 
     _local_class = VIFA
     _local: VIFA
+    #: B = Fᵀ Ψ⁻¹ F of the current parameters summed over every rank (K×K), kept to restore a failed step.
+    _gram: FloatArray
+    #: Why this rank's model is half-stepped (a failed step above the backup bound), or None.
+    _broken: str | None = None
 
     def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
                  rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
@@ -89,6 +94,7 @@ class ShardedVIFA(ShardedGaussianMixin):
         k = self._n_components
         gram = self._comm.sum((f.T @ (f / psi[:, None])).ravel(), "B = Fᵀ Ψ⁻¹ F")
         self._local._core.finish_step(gram.reshape(k, k), True)
+        self._gram = gram.reshape(k, k)
 
     def _local_engine(self) -> Any:
         return self._local._core
@@ -115,7 +121,12 @@ class ShardedVIFA(ShardedGaussianMixin):
             Invalid gradients or call order on any rank: every rank raises, none changes.
         NumericalBreakdownError
             The step made a parameter non-finite on some rank: every rank raises (the model diverged).
+        ShardCommunicationError
+            A collective failed (a peer died or the process group's timeout passed). The step is atomic on
+            every surviving rank: its parameters and optimiser state are restored to those before the step
+            (see :meth:`_backup` for the copy this keeps and what happens above its size bound).
         """
+        self._check_usable()
         core = self._local._core
         failure: BaseException | None = None
         norms, g = None, None
@@ -127,6 +138,9 @@ class ShardedVIFA(ShardedGaussianMixin):
         clip = self._local.clip_grad_norm is not None
         total, _ = exchange(self._comm, failure, None if norms is None else np.asarray(norms), 3, what="step")
         k = self._n_components
+        # Nothing has changed yet on any rank; the local step below changes c, F, β and the optimiser state
+        # before the second collective, so keep a copy to put back if that collective (or the step) fails.
+        backup = self._backup()
         failure, payload = None, np.zeros(k * k + 1)
         try:
             assert g is not None  # every rank's gradients passed the check above
@@ -135,9 +149,63 @@ class ShardedVIFA(ShardedGaussianMixin):
             payload[k * k] = 0.0 if finite else 1.0
         except Exception as err:
             failure = err
-        summed, _ = exchange(self._comm, failure, payload, k * k + 1, what="step (B = Fᵀ Ψ⁻¹ F)")
+        try:
+            summed, _ = exchange(self._comm, failure, payload, k * k + 1, what="step (B = Fᵀ Ψ⁻¹ F)")
+        except ShardCommunicationError as err:
+            restored = self._restore(backup)
+            if not restored:
+                self._broken = f"{err}"
+            raise ShardCommunicationError(
+                f"{err}; this rank's model " + (
+                    "was restored to its state before the step" if restored else
+                    "is left half-stepped (no copy of its state was kept: the largest shard's D_local·K is above "
+                    "onlinefa._core.snapshot_max_elements()); load a checkpoint"
+                )
+            ) from err
+        except BaseException:
+            if not self._restore(backup):
+                self._broken = "a step failed on another rank after this rank had applied its part"
+            raise
         core.finish_step(summed[: k * k].reshape(k, k), bool(summed[k * k] == 0.0))
+        self._gram = summed[: k * k].reshape(k, k).copy()
         return self
+
+    def _backup(self) -> tuple[dict[str, Any], int, FloatArray] | None:
+        """A copy of this rank's state before a step, or None.
+
+        The copy is ``get_state`` of the local core (c, F, log ψ and the optimiser's moments: about
+        D_local·(K + 2) numbers, times 3 with Adam, i.e. one more copy of the rank's model during the step),
+        with the row offset and the summed B = Fᵀ Ψ⁻¹ F of the current parameters (K×K, which the core's
+        state does not hold: it is a sum over every rank's rows). It is kept when the largest shard's
+        D_local·K is at most ``onlinefa._core.snapshot_max_elements()`` (2¹⁸; the same choice on every rank).
+        Above the bound a step that fails after the local part leaves this rank half-stepped; every later
+        call then raises a ``ShardCommunicationError`` saying so (load a checkpoint).
+        """
+        if max(self._layout.sizes) * self._n_components > _core.snapshot_max_elements():
+            return None
+        core = self._local._core
+        return core.get_state(), int(core.row_offset), self._gram.copy()
+
+    def _restore(self, backup: tuple[dict[str, Any], int, FloatArray] | None) -> bool:
+        """Put back the state kept by :meth:`_backup` (returns whether there was one). Rebuilding the core
+        from its state and finishing it with the kept B is what :meth:`load` does, so the restored model is
+        the pre-step model bit for bit."""
+        if backup is None:
+            return False
+        state, offset, gram = backup
+        self._local._restore(state)
+        self._local._core.row_offset = offset
+        self._local._core.finish_step(gram, True)
+        self._gram = gram
+        return True
+
+    def _check_usable(self) -> None:
+        broken = self._broken
+        if broken is not None:
+            raise ShardCommunicationError(
+                f"rank {self.rank}: a step failed half-way on this rank ({broken}) and its state could not be "
+                "restored; load a checkpoint"
+            )
 
     # -- local accessors ---------------------------------------------------------------------------------
     @property
