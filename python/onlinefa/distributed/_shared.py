@@ -191,6 +191,12 @@ class ShardedGaussianMixin:
         -------
         ndarray of shape (n_samples, n_features)
             This rank's slice of the draws.
+
+        Raises
+        ------
+        ValueError
+            An invalid argument on any rank, or ranks that passed different ``n_samples`` or ``seed``
+            (checked with the call's one collective): every rank raises.
         """
         failure: BaseException | None = None
         chosen, n, engine = 0, 0, None
@@ -204,11 +210,23 @@ class ShardedGaussianMixin:
             engine = self._local_engine()
         except Exception as err:
             failure = err
-        payload = np.zeros(4)
+        # One collective: rank 0's fresh seed (when none is given) and every rank's (n, seed) in its own slots,
+        # so that ranks which were given different arguments all raise instead of drawing different vectors.
+        w = self.world_size
+        payload = np.zeros(4 + 3 * w)
         if self.rank == 0 and seed is None:
             fresh = sample_seed(None)
             payload[:2] = (fresh >> 32, fresh & 0xFFFFFFFF)
-        total, _ = exchange(self._comm, failure, payload, 4, what="sample")
+        mine = (n, -1.0, -1.0) if seed is None else (n, chosen >> 32, chosen & 0xFFFFFFFF)
+        payload[4 + 3 * self.rank: 7 + 3 * self.rank] = mine
+        total, _ = exchange(self._comm, failure, payload, 4 + 3 * w, what="sample")
+        calls = total[4:].reshape(w, 3)
+        if np.any(calls != calls[0]):
+            shown = [(int(a), None if b < 0 else (int(b) << 32) | int(c)) for a, b, c in calls]
+            raise ValueError(
+                f"rank {self.rank}: sample: every rank must pass the same n_samples and seed; got (n_samples, seed) "
+                f"= {shown} by rank"
+            )
         if seed is None:
             chosen = (int(total[0]) << 32) | int(total[1])
         start, stop = self.row_range
