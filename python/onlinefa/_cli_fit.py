@@ -113,6 +113,8 @@ def check_output(output: Path, samples: Path) -> None:
         mode = output.stat().st_mode
     except FileNotFoundError:
         return
+    except OSError as err:  # a symlink loop, a path component that is not a directory, no permission
+        raise CommandError(f"cannot write {output}: {err.strerror or err}") from err
     if not stat.S_ISREG(mode):
         raise CommandError(f"cannot write {output}: it exists and is not a regular file")
     if samples.exists() and output.resolve() == samples.resolve():

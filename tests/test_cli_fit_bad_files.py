@@ -1,0 +1,54 @@
+"""'onlinefa fit' on unusable files: a clear error (exit status 2, one line), never a signal or a traceback.
+
+Run as a subprocess so that a SIGBUS (a memory-mapped read past the end of a truncated file) fails the test
+instead of killing the test run. Cases: a ``.npy`` truncated inside its data, inside its header, or to
+nothing, with and without ``--minibatch``; an output path that is a symlink loop.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+T, D, K = 400, 6, 2
+
+
+def run_fit(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from onlinefa.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, "fit", *args], capture_output=True, text=True, timeout=120)
+
+
+def samples(tmp_path: Path) -> Path:
+    path = tmp_path / "samples.npy"
+    np.save(path, np.random.default_rng(0).standard_normal((T, D)))
+    return path
+
+
+@pytest.mark.parametrize("minibatch", [False, True])
+@pytest.mark.parametrize("keep", ["half the data", "one row short", "half the header", "nothing"])
+def test_a_truncated_npy_is_a_clear_error(tmp_path: Path, keep: str, minibatch: bool) -> None:
+    path = samples(tmp_path)
+    size = path.stat().st_size
+    header = size - T * D * 8
+    length = {"half the data": header + T * D * 4, "one row short": size - D * 8, "half the header": header // 2,
+              "nothing": 0}[keep]
+    os.truncate(path, length)
+    out = tmp_path / "model.ckpt"
+    result = run_fit(str(path), "-k", str(K), "-o", str(out), *(["--minibatch", "32"] if minibatch else []))
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and "samples.npy" in result.stderr, result.stderr
+    assert not out.exists()
+
+
+def test_an_output_symlink_loop_is_a_clear_error(tmp_path: Path) -> None:
+    path = samples(tmp_path)
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    result = run_fit(str(path), "-k", str(K), "-o", str(tmp_path / "a"))
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and "cannot write" in result.stderr, result.stderr
