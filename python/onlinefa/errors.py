@@ -3,7 +3,10 @@
 Errors by kind, for every model: invalid input or hyper-parameters raise ``ValueError``/``TypeError``, a
 call in the wrong order ``RuntimeError`` (or ``NotFittedError`` for a query before fitting), a numerical
 breakdown of the algorithm :class:`NumericalBreakdownError` (an ``ArithmeticError``), and a state that
-cannot be allocated ``MemoryError``. Whatever the kind, the model is left as it was.
+cannot be allocated ``MemoryError``. Whatever the kind, the model is left as it was. The sharded models of
+:mod:`onlinefa.distributed` add ``ShardCommunicationError`` (a collective failed: a peer died or the process
+group's timeout passed); each surviving rank's model is then left as it was before the call, within the size
+bound of the state copy documented on each sharded model's ``update``/``step``.
 """
 
 from __future__ import annotations
