@@ -2,7 +2,8 @@
 
 Run as a subprocess so that a SIGBUS (a memory-mapped read past the end of a truncated file) fails the test
 instead of killing the test run. Cases: a ``.npy`` truncated inside its data, inside its header, or to
-nothing, with and without ``--minibatch``; an output path that is a symlink loop.
+nothing, with and without ``--minibatch``; a file truncated while the fit reads it (it used to die of SIGBUS
+through the memory map); an output path that is a symlink loop.
 """
 
 from __future__ import annotations
@@ -52,3 +53,39 @@ def test_an_output_symlink_loop_is_a_clear_error(tmp_path: Path) -> None:
     result = run_fit(str(path), "-k", str(K), "-o", str(tmp_path / "a"))
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr and "cannot write" in result.stderr, result.stderr
+
+
+TRUNCATE_DURING_FIT = """
+import os, sys
+from onlinefa import _cli_fit
+from onlinefa.cli import main
+path = sys.argv[1]
+build = _cli_fit.build_model
+
+def build_truncating(args, n_features):
+    model = build(args, n_features)
+    update = model.update
+
+    def first_update_truncates(batch):
+        out = update(batch)
+        os.truncate(path, os.path.getsize(path) // 2)  # another process cuts the file while the fit runs
+        model.update = update
+        return out
+
+    model.update = first_update_truncates
+    return model
+
+_cli_fit.build_model = build_truncating
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_file_truncated_during_the_fit_is_a_clear_error(tmp_path: Path) -> None:
+    path = samples(tmp_path)
+    out = tmp_path / "model.ckpt"
+    result = subprocess.run(
+        [sys.executable, "-c", TRUNCATE_DURING_FIT, str(path), "fit", str(path), "-k", str(K), "-o", str(out),
+         "--batch-rows", "50"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, (result.returncode, result.stderr)  # was -7: SIGBUS through the memory map
+    assert "truncated while it was read" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not out.exists()

@@ -102,6 +102,49 @@ def open_samples(path: Path) -> np.ndarray[Any, Any]:
     return data
 
 
+class RowReader:
+    """Rows of a C-ordered ``.npy`` file read with positioned reads, batch by batch (a copy of each batch).
+
+    Reading through a memory map would kill the process with SIGBUS if the file were truncated while the fit
+    runs; a positioned read returns fewer bytes instead, which is reported as a :class:`CommandError`.
+    Fortran-ordered files (rows not contiguous) are read through the memory map as before.
+    """
+
+    def __init__(self, path: Path, data: np.ndarray[Any, Any]) -> None:
+        self.path = path
+        self.shape: tuple[int, int] = (int(data.shape[0]), int(data.shape[1]))
+        self.dtype = data.dtype
+        self._mapped = data if not data.flags.c_contiguous else None
+        self._offset = int(getattr(data, "offset", 0))
+        self._row_bytes = self.shape[1] * data.dtype.itemsize
+        try:  # held open for the whole fit: a file renamed over the path later is not mixed in
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as err:
+            raise CommandError(f"cannot read {path}: {err}") from err
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __getitem__(self, rows: slice) -> np.ndarray[Any, Any]:
+        if self._mapped is not None:
+            return self._mapped[rows]
+        lo, hi, _ = rows.indices(self.shape[0])
+        hi = max(lo, hi)
+        expected = (hi - lo) * self._row_bytes
+        try:
+            buffer = os.pread(self._fd, expected, self._offset + lo * self._row_bytes)
+        except OSError as err:
+            raise CommandError(f"cannot read rows {lo}:{hi} of {self.path}: {err}") from err
+        if len(buffer) != expected:
+            raise CommandError(
+                f"{self.path} was truncated while it was read (rows {lo}:{hi} are past its end); nothing was written"
+            )
+        return np.frombuffer(buffer, dtype=self.dtype).reshape(hi - lo, self.shape[1])
+
+
 def check_output(output: Path, samples: Path) -> None:
     """CommandError unless ``output`` can be (re)placed by an atomic rename of a file written beside it."""
     directory = output.parent if str(output.parent) else Path(".")
@@ -139,7 +182,8 @@ def build_model(args: argparse.Namespace, n_features: int) -> StreamingModel:
                      **schedule_options, **common)
 
 
-def _stream(model: StreamingModel, data: np.ndarray[Any, Any], step: int, label: str) -> tuple[float, int]:
+def _stream(model: StreamingModel, data: np.ndarray[Any, Any] | RowReader, step: int, label: str
+            ) -> tuple[float, int]:
     """Apply every row of ``data`` in order, in batches of at most ``step`` rows, and score held-out rows.
 
     The held-out rows are the last batch's, each scored (before it is applied) by the model fitted to every
@@ -201,10 +245,13 @@ def run(args: argparse.Namespace) -> int:
             "be only the initialisation. Pass more rows or a smaller --warmup."
         )
     started = time.perf_counter()
+    reader = RowReader(args.samples, data)
     try:
-        held_out, n_held_out = _stream(model, data, args.batch_rows, f"fit {args.method}")
+        held_out, n_held_out = _stream(model, reader, args.batch_rows, f"fit {args.method}")
     except (ValueError, TypeError, ArithmeticError) as err:
         raise CommandError(f"{err} (nothing was written)") from err
+    finally:
+        reader.close()
     seconds = time.perf_counter() - started
     try:
         model.save(args.output)
