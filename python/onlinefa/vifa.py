@@ -80,8 +80,10 @@ def _as_gradients(grad: ArrayLike, n_rows: int, n_features: int) -> NDArray[Any]
     return core_readable(arr)
 
 
-#: η_c = η_F = AUTO_LR_SCALE · sqrt(mean ψ₀) for ``VIFA.from_gaussian(..., lr_*="auto")`` (Adam).
-AUTO_LR_SCALE = 0.01
+#: η_c = AUTO_LR_MEAN · rms(c₀) for ``VIFA.from_gaussian(..., lr_mean="auto")`` (Adam).
+AUTO_LR_MEAN = 0.05
+#: η_F = AUTO_LR_LOADINGS · rms(c₀) for ``lr_loadings="auto"`` (Adam).
+AUTO_LR_LOADINGS = 0.005
 #: η_β for ``lr_log_noise="auto"`` (Adam).
 AUTO_LR_LOG_NOISE = 0.01
 #: ``from_gaussian`` raises ψ to at least this fraction of its mean.
@@ -305,6 +307,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         if loadings.shape[1] == 0:
             raise ValueError("the Gaussian has no loadings (K = 0, e.g. SWAG-diagonal or SWAG with < 2 snapshots)")
         scale = float(np.mean(noise))
+        size = float(np.sqrt(np.mean(mean**2)))
         if not scale > 0.0:
             raise ValueError("the Gaussian's noise variance is zero everywhere; VIFA needs ψ > 0")
         noise = np.maximum(noise, _NOISE_FLOOR * scale)
@@ -317,7 +320,10 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
             if isinstance(value, str):
                 if value != "auto":
                     raise ValueError(f"{name} must be a float or 'auto', got {value!r}")
-                resolved[name] = AUTO_LR_LOG_NOISE if name == "lr_log_noise" else AUTO_LR_SCALE * float(np.sqrt(scale))
+                if name != "lr_log_noise" and not size > 0.0:
+                    raise ValueError(f"{name}='auto' scales with the start's mean, which is zero; give the rate")
+                factor = {"lr_mean": AUTO_LR_MEAN, "lr_loadings": AUTO_LR_LOADINGS}.get(name)
+                resolved[name] = AUTO_LR_LOG_NOISE if factor is None else factor * size
             else:
                 resolved[name] = _check_non_negative_float(value, name)
         return cls(
