@@ -50,6 +50,10 @@ class Communicator:
         This process's index and the number of processes (required with ``allreduce``).
     """
 
+    #: The model's tag, agreed by every rank when the model is built or loaded (0 until then); every
+    #: collective of :func:`exchange` carries it, so ranks that call two models in different orders raise.
+    tag: int = 0
+
     def __init__(
         self,
         allreduce: AllReduce | None = None,
@@ -123,18 +127,34 @@ def exchange(
 
     A rank whose ``failure`` is set sends zeros as its payload. If any rank failed, every rank raises:
     the failing rank its own exception (with its rank in the message), the others the same exception
-    class naming the failing ranks. Returns (summed payload, row count of every rank).
+    class naming the failing ranks. Every rank also sends its model's tag (``comm.tag``): when the ranks'
+    tags differ (two sharded models called in different orders on different ranks, so that one model's
+    collective met another's), every rank raises ``ValueError`` instead of using the mixed sums. Returns
+    (summed payload, row count of every rank).
     """
     w = comm.world_size
-    packet = np.zeros(2 * w + payload_len)
+    packet = np.zeros(3 * w + payload_len)
     packet[comm.rank] = failure_code(failure)
     packet[w + comm.rank] = rows
+    packet[2 * w + comm.rank] = comm.tag
     if failure is None and payload is not None:
-        packet[2 * w:] = payload
+        packet[3 * w:] = payload
     total = comm.sum(packet, what)
+    tags = total[2 * w: 3 * w]
+    if np.any(tags != tags[0]):
+        raise ValueError(
+            f"rank {comm.rank}: {what}: this collective met another sharded model's (model tags by rank "
+            f"{[int(t) for t in tags]}); every rank must call the collective methods of its sharded models in "
+            "the same order. Nothing was applied by this call"
+        )
     codes = total[:w].astype(np.int64)
     raise_if_failed(comm, codes, failure, what)
-    return total[2 * w:], total[w:2 * w].astype(np.int64)
+    return total[3 * w:], total[w:2 * w].astype(np.int64)
+
+
+def new_tag() -> float:
+    """A random 48-bit model tag (exact in the float64 collective; rank 0 draws it for every rank)."""
+    return float(int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0]) >> 16)
 
 
 def raise_if_failed(comm: Communicator, codes: NDArray[np.int64], failure: BaseException | None, what: str) -> None:

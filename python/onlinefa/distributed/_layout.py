@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import _core
-from ._comm import Communicator, exchange
+from ._comm import Communicator, exchange, new_tag
 
 #: Seeds drawn for ``seed=None`` are below 2**53, so they travel exactly through a float64 sum.
 _SEED_LIMIT = 2**53
@@ -59,12 +59,15 @@ def handshake(
     differ (ValueError naming the ranks that disagree with rank 0).
     """
     w = comm.world_size
-    payload = np.zeros(2 * w + 1)
+    payload = np.zeros(2 * w + 2)
     payload[comm.rank] = fingerprint(settings)
     payload[w + comm.rank] = 0.0 if seed is None else 1.0
     if comm.rank == 0 and seed is None:
         payload[2 * w] = float(int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0]) % _SEED_LIMIT)
-    total, sizes = exchange(comm, failure, payload, 2 * w + 1, rows=n_local, what="the model's construction")
+    if comm.rank == 0:  # the model's tag (see exchange), drawn by rank 0 for every rank
+        payload[2 * w + 1] = new_tag()
+    total, sizes = exchange(comm, failure, payload, 2 * w + 2, rows=n_local, what="the model's construction")
+    comm.tag = int(total[2 * w + 1])
     prints = total[:w]
     differing = [r for r in range(w) if prints[r] != prints[0]]
     if differing:

@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 from .. import _core
 from .._gaussian import sample_noise, sample_seed
 from .._validation import as_numpy, as_sample_matrix, check_finite_samples, check_int
-from ._comm import Communicator, ShardCommunicationError, exchange
+from ._comm import Communicator, ShardCommunicationError, exchange, new_tag
 from ._layout import ShardLayout
 
 FloatArray = NDArray[np.float64]
@@ -337,7 +337,9 @@ class ShardedGaussianMixin:
                                  f"{sizes[comm.rank]}")
         except Exception as err:
             failure = err
-        exchange(comm, failure, None, 0, rows=n_local, what=f"loading {os.fspath(path)!r}")
+        tag = np.array([new_tag() if comm.rank == 0 else 0.0])  # the loaded model's tag (see exchange)
+        total, _ = exchange(comm, failure, tag, 1, rows=n_local, what=f"loading {os.fspath(path)!r}")
+        comm.tag = int(total[0])
         failure = None
         try:
             model._check_loaded(file)
