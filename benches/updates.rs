@@ -147,11 +147,14 @@ fn interleaved<T: Real>(floor: &mut Floor<T>, x: &[f64], repeats: usize, mut upd
     times.map(median)
 }
 
+/// One update of a streaming model with one sample (a 1×D matrix).
+type UpdateFn = Box<dyn FnMut(&Array2<f64>)>;
+
 /// An OnlineEM or OnlineSGA after warm-up (K + 3 samples), one fresh sample per timed update.
 fn measure_stream<T: Real>(model: &str, d: usize, k: usize, repeats: usize) -> [f64; 3] {
     let f0 = orthonormal_loadings(d, k, 1).expect("init");
     let warm = k + 3;
-    let mut update: Box<dyn FnMut(&Array2<f64>)> = if model == "EM" {
+    let mut update: UpdateFn = if model == "EM" {
         let config = EmConfig {
             n_warmup: k as u64 + 2,
             ..EmConfig::default()

@@ -69,6 +69,9 @@ impl Pending {
     }
 }
 
+/// `visit(first_row, F rows (nb×K), ψ (nb))`: a visitor of blocks of the current parameters, in f64.
+pub(crate) type CurrentRowsVisitor<'a> = dyn FnMut(usize, &[f64], &[f64]) -> Result<()> + 'a;
+
 /// Online SGA factor analysis with state stored in `T` (f32 or f64).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OnlineSga<T: Real> {
@@ -346,7 +349,7 @@ impl<T: Real> OnlineSga<T> {
 
     /// Call `visit(first_row, F rows (nb×K), ψ (nb))` for consecutive blocks of the current parameters (pending
     /// step applied), in f64: the streaming form of [`Self::loadings`] used by the queries (`crate::query`).
-    pub(crate) fn visit_current(&self, visit: &mut dyn FnMut(usize, &[f64], &[f64]) -> Result<()>) -> Result<()> {
+    pub(crate) fn visit_current(&self, visit: &mut CurrentRowsVisitor<'_>) -> Result<()> {
         // The pass's own kernel on a copy of each block (same F and ψ, bit for bit, as the next pass stores),
         // with a zero sample whose sums are discarded.
         let k = self.n_components;

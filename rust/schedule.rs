@@ -56,34 +56,6 @@ impl StepSize {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn schedules_start_at_one_and_are_floored_by_harmonic() {
-        let power = StepSize::Power { tau0: 10.0, kappa: 0.7 };
-        for s in [StepSize::Harmonic, power, StepSize::Constant(0.01)] {
-            s.validate().expect("valid");
-            assert_eq!(s.rho(1), 1.0);
-            for t in 1..1000 {
-                assert!(s.rho(t) >= 1.0 / t as f64);
-            }
-        }
-        assert_eq!(StepSize::Harmonic.rho(4), 0.25);
-        assert!((power.rho(1000) - 1010f64.powf(-0.7)).abs() < 1e-15);
-        assert_eq!(StepSize::Constant(0.01).rho(1000), 0.01);
-    }
-
-    #[test]
-    fn invalid_schedules_are_rejected() {
-        assert!(StepSize::Power { tau0: 0.0, kappa: 0.5 }.validate().is_err());
-        assert!(StepSize::Power { tau0: -1.0, kappa: 0.7 }.validate().is_err());
-        assert!(StepSize::Constant(0.0).validate().is_err());
-        assert!(StepSize::Constant(1.5).validate().is_err());
-    }
-}
-
 /// Store a schedule in a checkpoint.
 pub(crate) fn write_schedule(w: &mut crate::state::StateWriter, s: &StepSize) {
     use crate::state::StateValue::{Float, Text};
@@ -116,4 +88,32 @@ pub(crate) fn read_schedule(r: &crate::state::StateReader) -> Result<StepSize> {
     s.validate()
         .map_err(|e| crate::error::FaError::InvalidState(e.to_string()))?;
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_start_at_one_and_are_floored_by_harmonic() {
+        let power = StepSize::Power { tau0: 10.0, kappa: 0.7 };
+        for s in [StepSize::Harmonic, power, StepSize::Constant(0.01)] {
+            s.validate().expect("valid");
+            assert_eq!(s.rho(1), 1.0);
+            for t in 1..1000 {
+                assert!(s.rho(t) >= 1.0 / t as f64);
+            }
+        }
+        assert_eq!(StepSize::Harmonic.rho(4), 0.25);
+        assert!((power.rho(1000) - 1010f64.powf(-0.7)).abs() < 1e-15);
+        assert_eq!(StepSize::Constant(0.01).rho(1000), 0.01);
+    }
+
+    #[test]
+    fn invalid_schedules_are_rejected() {
+        assert!(StepSize::Power { tau0: 0.0, kappa: 0.5 }.validate().is_err());
+        assert!(StepSize::Power { tau0: -1.0, kappa: 0.7 }.validate().is_err());
+        assert!(StepSize::Constant(0.0).validate().is_err());
+        assert!(StepSize::Constant(1.5).validate().is_err());
+    }
 }

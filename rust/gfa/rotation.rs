@@ -199,10 +199,10 @@ mod tests {
         let prior = LoadingPrior::Ard { shape: a, rate: b };
         let mut r = Array2::zeros((k, k));
         fill_standard_normal(r.view_mut(), 3);
-        let ours = group_rotation_objective(r.view(), s.view(), n, &[w.clone()], &[d], a, b).expect("f");
+        let ours = group_rotation_objective(r.view(), s.view(), n, std::slice::from_ref(&w), &[d], a, b).expect("f");
         let theirs = rotation_objective(r.view(), s.view(), n, w.view(), d, prior).expect("g");
         assert!((ours - theirs).abs() < 1e-10 * theirs.abs());
-        let (rot, gain) = maximise_group_rotation(s.view(), n, &[w.clone()], &[d], a, b).expect("max");
+        let (rot, gain) = maximise_group_rotation(s.view(), n, std::slice::from_ref(&w), &[d], a, b).expect("max");
         let closed = optimal_rotation(s.view(), n, w.view(), d, prior).expect("closed");
         let at_identity = rotation_objective(Array2::eye(k).view(), s.view(), n, w.view(), d, prior).expect("g");
         let best = rotation_objective(closed.r.view(), s.view(), n, w.view(), d, prior).expect("g");

@@ -219,8 +219,8 @@ pub(crate) fn query_log_prob<'py, A: GaussianRows + Send, B: GaussianRows + Send
     x: PyReadonlyArray2<'_, f64>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let xv = checked_view(&x, "X")?;
-    let out = py.detach(|| {
-        Ok::<_, PyErr>(with_model!(&*lock(inner)?, m => crate::query::log_prob(m, xv)).map_err(to_py_err)?)
+    let out = py.detach(|| -> PyResult<_> {
+        with_model!(&*lock(inner)?, m => crate::query::log_prob(m, xv)).map_err(to_py_err)
     })?;
     Ok(out.into_pyarray(py))
 }
@@ -232,8 +232,8 @@ pub(crate) fn query_latent_mean<'py, A: GaussianRows + Send, B: GaussianRows + S
     x: PyReadonlyArray2<'_, f64>,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let xv = checked_view(&x, "X")?;
-    let out = py.detach(|| {
-        Ok::<_, PyErr>(with_model!(&*lock(inner)?, m => crate::query::latent_mean(m, xv)).map_err(to_py_err)?)
+    let out = py.detach(|| -> PyResult<_> {
+        with_model!(&*lock(inner)?, m => crate::query::latent_mean(m, xv)).map_err(to_py_err)
     })?;
     Ok(out.into_pyarray(py))
 }

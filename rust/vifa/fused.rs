@@ -39,8 +39,7 @@ impl Kernel {
         if k <= MAX_K {
             let best_256 = Isa::allowed()
                 .into_iter()
-                .filter(|isa| isa.vector_bytes() == 32)
-                .last()
+                .rfind(|isa| isa.vector_bytes() == 32)
                 .unwrap_or(Isa::Portable);
             Kernel::Fused(best_256)
         } else {
@@ -60,6 +59,8 @@ pub(super) struct StepConsts<'a> {
 /// One step on a block (see the module documentation). Returns whether every new value is finite and
 /// |β| ≤ [`LOG_NOISE_LIMIT`].
 #[inline(always)]
+// `v − v` is the finiteness probe (NaN for NaN or ±∞, +0 otherwise), not a mistake.
+#[allow(clippy::eq_op)]
 fn update_block<T: Real, const K: usize, const W: usize>(
     p: &mut RowsMut<'_, T>,
     sqrt_psi: &mut [f64],
