@@ -26,6 +26,7 @@ from onlinefa.torch import GaussianNoise, ParameterVector, SnapshotCollector, vi
 HIDDEN, WD, LR, BATCH, PRE_EPOCHS, COLLECT_EPOCHS, K, VIFA_EPOCHS, DRAWS = 50, 1e-3, 0.01, 32, 300, 50, 10, 50, 100
 
 GRID = False
+ONLY: list[str] = []
 
 
 def net(n_in: int) -> torch.nn.Module:
@@ -88,13 +89,17 @@ def run(dataset: str, seed: int) -> None:
     print(f"{dataset},{seed},sqrt_mean_psi,-,{math.sqrt(float(np.mean(em.noise_variance))):.3g},-,0")
     print(f"{dataset},{seed},rms_mean,-,{math.sqrt(float(np.mean(em.mean**2))):.3g},-,0")
     psi_scale = math.sqrt(float(np.mean(em.noise_variance)))
+    rms_mean = math.sqrt(float(np.mean(em.mean**2)))
     settings: dict[str, dict[str, float | str]] = {
         "swag-exp 1e-4/1e-4/1e-2": dict(lr_mean=1e-4, lr_loadings=1e-4, lr_log_noise=1e-2),
         "docs 1e-2/1e-3/1e-2": dict(lr_mean=1e-2, lr_loadings=1e-3, lr_log_noise=1e-2),
-        "auto": {},
+        "rms(c) x 0.05 / 0.005 / log-noise 0.01": dict(lr_mean=0.05 * rms_mean, lr_loadings=0.005 * rms_mean,
+                                                       lr_log_noise=1e-2),
+        "auto": {},  # VIFA.from_gaussian's defaults: rms(c) x 0.01 / 0.001 / log-noise 0.01
     }
+    if ONLY:
+        settings = {k: v for k, v in settings.items() if k in ONLY}
     if GRID:
-        rms_mean = math.sqrt(float(np.mean(em.mean**2)))
         for a in (0.01, 0.03, 0.1):
             for b in (0.01, 0.1):
                 settings[f"rms(c) x {a} / log-noise {b}"] = dict(lr_mean=a * rms_mean, lr_loadings=a * rms_mean,
@@ -125,10 +130,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--datasets", nargs="+", default=["boston", "yacht", "concrete"])
     parser.add_argument("--grid", action="store_true", help="also the rate grid the 'auto' rule was chosen from")
+    parser.add_argument("--only", nargs="*", default=[], help="run only these settings (names as printed)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     args = parser.parse_args()
-    global GRID
-    GRID = args.grid
+    global GRID, ONLY
+    GRID, ONLY = args.grid, args.only
     torch.set_num_threads(1)
     print("dataset,seed,setting,sigma2,test_nll,sigma2_value,seconds")
     for ds in args.datasets:

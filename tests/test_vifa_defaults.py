@@ -35,8 +35,8 @@ def test_from_gaussian_starts_at_the_online_em_fit_with_auto_rates() -> None:
     np.testing.assert_allclose(vi.noise_variance, psi, rtol=1e-14)
     assert vi.n_components == loadings.shape[1] and vi.optimizer == "adam" and vi.prior_precision == 0.5
     size = math.sqrt(float(np.mean(mean**2)))  # ≈ 3: the data's mean
-    assert (AUTO_LR_MEAN, AUTO_LR_LOADINGS, AUTO_LR_LOG_NOISE) == (0.05, 0.005, 0.01)
-    expected = (0.05 * size, 0.005 * size, 0.01)
+    assert (AUTO_LR_MEAN, AUTO_LR_LOADINGS, AUTO_LR_LOG_NOISE) == (0.01, 0.001, 0.01)
+    expected = (0.01 * size, 0.001 * size, 0.01)
     assert vi.learning_rates == pytest.approx(expected, rel=1e-14)
     # the same as passing everything by hand
     by_hand = onlinefa.VIFA(12, loadings.shape[1], prior_precision=0.5, lr_mean=expected[0], lr_loadings=expected[1],

@@ -81,9 +81,9 @@ def _as_gradients(grad: ArrayLike, n_rows: int, n_features: int) -> NDArray[Any]
 
 
 #: η_c = AUTO_LR_MEAN · rms(c₀) for ``VIFA.from_gaussian(..., lr_mean="auto")`` (Adam).
-AUTO_LR_MEAN = 0.05
+AUTO_LR_MEAN = 0.01
 #: η_F = AUTO_LR_LOADINGS · rms(c₀) for ``lr_loadings="auto"`` (Adam).
-AUTO_LR_LOADINGS = 0.005
+AUTO_LR_LOADINGS = 0.001
 #: η_β for ``lr_log_noise="auto"`` (Adam).
 AUTO_LR_LOG_NOISE = 0.01
 #: ``from_gaussian`` raises ψ to at least this fraction of its mean.
