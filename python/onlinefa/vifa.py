@@ -281,11 +281,13 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         prior_precision : float
             α >= 0, as in :class:`VIFA`.
         lr_mean, lr_loadings, lr_log_noise : float or "auto", default="auto"
-            Learning rates as in :class:`VIFA`. ``"auto"`` (for ``optimizer="adam"`` only) gives
-            η_c = η_F = 0.01 · sqrt(mean ψ₀) — an Adam step moves a parameter by about one hundredth of
-            the start's typical standard deviation — and η_β = 0.01 (β is already on a log scale).
-            These values were chosen by measurement on UCI regression networks (``docs/vifa.md``,
-            "A VIFA you can run").
+            Learning rates as in :class:`VIFA`. ``"auto"`` (for ``optimizer="adam"`` only) scales the
+            rates with the size of the start's parameters, r = sqrt(mean c₀²): η_c = 0.01 r and
+            η_F = 0.001 r (an Adam step moves a parameter by about 1 % of a typical weight, the loadings
+            ten times slower), and η_β = 0.01 (β is already on a log scale). Chosen by measurement on
+            small UCI regression networks (``docs/vifa.md``, "A VIFA you can run"). The spread of the
+            start, sqrt ψ₀, is deliberately not used: a fit to SGD iterates is typically far narrower
+            than the posterior (sqrt ψ₀ ≈ 1e-4 there), so rates proportional to it barely move q.
         optimizer : {"sgd", "adam"}, default="adam"
         seed, n_grad_samples, clip_grad_norm, dtype
             As in :class:`VIFA`.
