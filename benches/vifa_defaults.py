@@ -7,7 +7,12 @@ on the standardised training split (90 %), SWAG-FA (``onlinefa.OnlineEM``, K = 1
 residual of θ_SWA or learned with ``onlinefa.torch.GaussianNoise``. Printed: the test NLL per point in the
 original target units (Gaussian mixture over 100 draws), one CSV row per setting.
 
-    nice -n 10 python benches/vifa_defaults.py --datasets boston yacht concrete --seeds 0 1
+    nice -n 10 python benches/vifa_defaults.py --datasets boston concrete energy yacht --seeds 0 1 2
+
+``--grid`` adds the rate grid the ``"auto"`` rule was chosen from, ``--only NAME ...`` runs only the named
+settings. The measured rows are in ``benches/results/vifa_defaults/`` (``table.csv``: the table of
+``docs/vifa.md``, "A VIFA you can run"; ``grid.csv``: the first grid); the rows labelled "auto" there are
+``VIFA.from_gaussian``'s current defaults.
 """
 
 from __future__ import annotations
