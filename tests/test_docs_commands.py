@@ -191,6 +191,7 @@ NEEDS: dict[tuple[str, str], str] = {
     ("usage.md", "params = to_torch_low_rank(em)"): "torch",
     ("usage.md", "SnapshotCollector(posterior"): "torch",
     ("usage.md", "to_scipy(em)"): "scipy",
+    ("vifa.md", "vifa_regression_step(vi, net"): "torch",
 }
 
 
