@@ -19,25 +19,21 @@ import hashlib
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
-import select
-import signal
 import threading
 import time
-import traceback
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
+from spawn_helpers import CHILD_DEADLINE, run_in_fork
+
 import onlinefa
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() exists on POSIX systems only")
 
-CHILD_DEADLINE = 60.0  # seconds; the children's work takes well under one second
 D_LARGE, K = 70_000, 2  # D·K = 140 000 >= 2^17: the streaming passes run on the pool in the parent
 
 
@@ -55,46 +51,6 @@ def arrays_digest(*arrays: npt.NDArray[Any]) -> str:
     for array in arrays:
         digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
-
-
-def run_in_fork(work: Callable[[], object], deadline: float = CHILD_DEADLINE) -> object:
-    """Run ``work`` in a child made by os.fork and return its (pickled) result; fail if it raises or if
-    it has not finished within ``deadline`` seconds (the child is then killed)."""
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():  # Python >= 3.12 warns about fork() in a multi-threaded process
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        status = 0
-        try:
-            os.close(read_end)
-            try:
-                payload = pickle.dumps(("ok", work()))
-            except BaseException:  # noqa: BLE001 - reported to the parent
-                payload, status = pickle.dumps(("raised", traceback.format_exc())), 1
-            with os.fdopen(write_end, "wb") as out:
-                out.write(payload)
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    chunks: list[bytes] = []
-    end = time.monotonic() + deadline
-    with os.fdopen(read_end, "rb", buffering=0) as source:
-        while True:
-            remaining = end - time.monotonic()
-            ready, _, _ = select.select([source], [], [], max(remaining, 0.0))
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                pytest.fail(f"the forked child did not finish within {deadline} s (hang)")
-            chunk = source.read(1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(b"".join(chunks))
-    assert kind == "ok", f"the forked child raised:\n{value}"
-    return value
 
 
 def fa_batches(n_features: int, seed: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:

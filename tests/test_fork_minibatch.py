@@ -12,62 +12,19 @@ Each child runs under a deadline and is killed on a hang, which fails the test.
 from __future__ import annotations
 
 import os
-import pickle
-import select
-import signal
 import threading
-import time
-import traceback
-import warnings
 from typing import Any, Callable
 
 import numpy as np
 import pytest
+
+from spawn_helpers import CHILD_DEADLINE, run_in_fork
 
 import onlinefa
 from onlinefa import MiniBatchEM, OnlineFactorAnalysis, fit_minibatch
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() exists on POSIX systems only")
 
-CHILD_DEADLINE = 60.0
-
-
-def run_in_fork(work: Callable[[], object], deadline: float = CHILD_DEADLINE) -> object:
-    """Run ``work`` in a child made by os.fork; its pickled result, or fail on an exception or a hang."""
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():  # Python >= 3.12 warns about fork() in a multi-threaded process
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        status = 0
-        try:
-            os.close(read_end)
-            try:
-                payload = pickle.dumps(("ok", work()))
-            except BaseException:  # noqa: BLE001 - reported to the parent
-                payload, status = pickle.dumps(("raised", traceback.format_exc())), 1
-            with os.fdopen(write_end, "wb") as out:
-                out.write(payload)
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    chunks: list[bytes] = []
-    end = time.monotonic() + deadline
-    with os.fdopen(read_end, "rb", buffering=0) as source:
-        while True:
-            ready, _, _ = select.select([source], [], [], max(end - time.monotonic(), 0.0))
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                pytest.fail(f"the forked child did not finish within {deadline} s (hang)")
-            chunk = source.read(1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(b"".join(chunks))
-    assert kind == "ok", f"the forked child raised:\n{value}"
-    return value
 
 
 def data(n: int, d: int, k: int, seed: int) -> np.ndarray:

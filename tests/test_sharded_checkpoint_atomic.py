@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from spawn_helpers import factor_stream, run_bounded
 from thread_ranks import run_ranks
 
 torch = pytest.importorskip("torch")
@@ -37,26 +38,11 @@ D, K = 23, 2
 LAYOUTS = {2: [0, 10, D], 3: [0, 7, 15, D]}
 #: Collective timeout of the workers: a dead peer is noticed after this.
 COLLECTIVE_TIMEOUT = 5.0
-#: Wall-clock bound of one spawned run (a hang fails the test instead of blocking the suite).
-RUN_DEADLINE = 120.0
 DATA = Path(__file__).parent / "data"
 
 
 def stream(n: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((n, K)) @ rng.standard_normal((K, D)) + 0.4 * rng.standard_normal((n, D)) + 1.0
-
-
-def _run_bounded(worker: Any, world: int, tmp: Path, *args: Any) -> None:
-    """Spawn ``world`` workers and wait at most RUN_DEADLINE seconds for all of them."""
-    context = mp.spawn(worker, args=(world, str(tmp), *args), nprocs=world, join=False)
-    deadline = time.monotonic() + RUN_DEADLINE
-    while not context.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-            pytest.fail(f"the spawned ranks did not finish within {RUN_DEADLINE} s (a hang)")
+    return factor_stream(n, D, K, seed)
 
 
 def _inject(fault: str, rank: int) -> None:
@@ -148,7 +134,7 @@ FAULTS = [  # (fault, world, rank that fails or dies, exception the survivors ra
 def test_a_failed_sharded_save_keeps_the_previous_checkpoint(
     fault: str, world: int, culprit: int, survivor_error: str, tmp_path: Path
 ) -> None:
-    _run_bounded(fault_worker, world, tmp_path, fault)
+    run_bounded(fault_worker, world, tmp_path, fault)
     dead = fault.startswith("dies")
     reports = {r: pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes())
                for r in range(world) if not (dead and r == culprit)}

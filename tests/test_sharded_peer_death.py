@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from spawn_helpers import factor_stream, run_bounded
+
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 mp = pytest.importorskip("torch.multiprocessing")
@@ -31,27 +33,12 @@ D, K = 23, 2
 LAYOUTS = {2: [0, 10, D], 3: [0, 7, 15, D]}
 #: Collective timeout of the workers: a dead peer is noticed after this at the latest.
 COLLECTIVE_TIMEOUT = 5.0
-#: Wall-clock bound of one spawned run (a hang fails the test instead of blocking the suite).
-RUN_DEADLINE = 120.0
 VIFA_OPTIONS = {"prior_precision": 0.1, "lr_mean": 1e-2, "lr_loadings": 1e-2, "lr_log_noise": 1e-2,
                 "optimizer": "adam", "n_grad_samples": 2}
 
 
 def stream(n: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((n, K)) @ rng.standard_normal((K, D)) + 0.4 * rng.standard_normal((n, D)) + 1.0
-
-
-def _run_bounded(worker: Any, world: int, tmp: Path, *args: Any) -> None:
-    """Spawn ``world`` workers and wait at most RUN_DEADLINE seconds for all of them."""
-    context = mp.spawn(worker, args=(world, str(tmp), *args), nprocs=world, join=False)
-    deadline = time.monotonic() + RUN_DEADLINE
-    while not context.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-            pytest.fail(f"the spawned ranks did not finish within {RUN_DEADLINE} s (a hang)")
+    return factor_stream(n, D, K, seed)
 
 
 def _die_at_call(module: Any, call: int) -> None:
@@ -156,7 +143,7 @@ CASES = [  # (model, world size, rank that dies, at which of its exchange calls)
 def test_survivors_keep_their_state_when_a_peer_dies_mid_call(
     kind: str, world: int, culprit: int, call: int, tmp_path: Path
 ) -> None:
-    _run_bounded(worker, world, tmp_path, kind, culprit, call, True)
+    run_bounded(worker, world, tmp_path, kind, culprit, call, True)
     for rank in range(world):
         if rank == culprit:
             assert not (tmp_path / f"rank{rank}.pkl").exists()
@@ -181,7 +168,7 @@ def test_a_half_stepped_vifa_rank_above_the_copy_bound_says_so(tmp_path: Path) -
     """Without a copy (state above the bound), a survivor says it is half-stepped and refuses later steps
     with that reason, instead of 'parameters are no longer finite' or a wrong model."""
     world, culprit = 2, 1
-    _run_bounded(worker, world, tmp_path, "vifa", culprit, 2, False)
+    run_bounded(worker, world, tmp_path, "vifa", culprit, 2, False)
     report = pickle.loads((tmp_path / "rank0.pkl").read_bytes())
     name, message = report["outcome"]
     assert name == "ShardCommunicationError" and "half-stepped" in message and "load a checkpoint" in message
