@@ -353,7 +353,7 @@ class OnlineEM(_StreamingModel):
         Under "data", fitting c·θ gives c² times the covariance (to 1e-3 relative, measured) while every
         feature's noise variance is at least 1e-197 (float64 state) or 1e-27 (float32), 1000 times the
         absolute floor ψ_d >= 1e-200 / 1e-30 that applies when σ̂² is that small; there is no upper limit
-        inside the accepted inputs (measured up to |x| = 5e99 / 5e17). Below that end the fit is wrong
+        inside the accepted inputs (measured up to ``|x|`` = 5e99 / 5e17). Below that end the fit is wrong
         without an error (1.4% off at noise variances of 5e-201 / 5e-31, 17% at 1.6e-31 in float32); the
         limit is not checked, since that would take a second pass over every batch
         (``SCALE_EQUIVARIANT_VARIANCES`` in ``onlinefa._models`` holds the range).
