@@ -83,3 +83,17 @@ def run_in_fork(work: Callable[[], object], deadline: float = CHILD_DEADLINE) ->
     kind, value = pickle.loads(b"".join(chunks))
     assert kind == "ok", f"the forked child raised:\n{value}"
     return value
+
+
+def wait_for_child(pid: int, deadline: float, hang_message: str) -> int:
+    """Wait for the forked child ``pid`` and return its wait status; kill it and fail the test with
+    ``hang_message`` if it has not exited after ``deadline`` seconds."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(hang_message)

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from spawn_helpers import wait_for_child
+
 from onlinefa import OnlineGFA
 from onlinefa._forklock import ModelLock
 from onlinefa.minibatch import MiniBatchEM
@@ -242,16 +244,7 @@ def test_model_lock_held_by_another_thread_at_fork_raises_in_the_child_instead_o
                     code = 0 if "forked" in str(err) else 2
             finally:
                 os._exit(code)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 30:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.02)
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the child hung on a lock held at the fork")
+        status = wait_for_child(pid, 30.0, "the child hung on a lock held at the fork")
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     finally:
         release.set()
@@ -288,16 +281,7 @@ def test_minibatch_model_updated_by_another_thread_at_fork_raises_in_the_child()
                 code = 3
             finally:
                 os._exit(code)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 60:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.02)
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the child hung on the model's lock held at the fork")
+        status = wait_for_child(pid, 60.0, "the child hung on the model's lock held at the fork")
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     finally:
         release.set()

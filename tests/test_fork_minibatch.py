@@ -38,7 +38,7 @@ def state_bytes(model: Any) -> list[tuple[str, bytes]]:
 
 
 def test_minibatch_models_work_in_a_child_of_a_parent_that_used_the_pool() -> None:
-    # The parent runs the pool-sized update first (D = 3000, K = 50, batch 64).
+    # The parent first runs an update large enough to use the thread pool (D = 3000, K = 50, batch 64).
     MiniBatchEM(3000, 50, batch_size=64, seed=0).update(data(64, 3000, 5, 0))
     x = data(300, 40, 3, 1)
 
