@@ -1,10 +1,12 @@
-"""Peak extra memory of loading a checkpoint, as a multiple of the file (resident memory, Linux only).
+"""Peak extra memory of loading and saving a checkpoint, as a multiple of the file (resident memory, Linux only).
 
 A parent process builds and saves each model once; every measurement then runs in a fresh process:
 import onlinefa, reset the kernel's peak-RSS counter (``/proc/self/clear_refs``), run one call, and
 report (peak RSS − RSS before) / file bytes. The loaded model itself is ~1.0× the file, so 1.0 is the
 floor; anything above it is transient copies made on the way in. ``from_state(dict)`` receives a dict of
-NumPy arrays that stays alive, so its floor is 2.0× (the caller's arrays plus the model).
+NumPy arrays that stays alive, so its floor is 2.0× (the caller's arrays plus the model). ``save`` and
+``get_state`` run on a model loaded before the counter is reset; their floor is 1.0× (the arrays handed to
+Python), anything above it is a transient copy.
 
 Usage: ``python benches/load_memory.py [D] [K] [directory]`` (default D = 2,000,000, K = 10).
 """
@@ -48,11 +50,16 @@ def rss(field):
 cls_name, call, path = sys.argv[1], sys.argv[2], sys.argv[3]
 cls = getattr(onlinefa, cls_name)
 state = load_state(path, cls_name) if call == "from_state(dict)" else None
+model = cls.load(path) if call in ("save", "get_state") else None
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 before = rss("VmRSS:")
 if call == "load":
     result = cls.load(path)
+elif call == "save":
+    model.save(path + ".again")
+elif call == "get_state":
+    result = model._core.get_state() if hasattr(model, "_core") else model._checkpoint_state()
 elif call == "load_state":
     result = load_state(path, cls_name)
 else:
@@ -64,6 +71,7 @@ print(json.dumps({"extra": rss("VmHWM:") - before}))
 CASES = [
     ("OnlineEM", "load"), ("OnlineSGA", "load"), ("OnlineFactorAnalysis", "load"),
     ("OnlineEM", "load_state"), ("OnlineEM", "from_state(dict)"),
+    ("OnlineEM", "save"), ("OnlineSGA", "save"), ("OnlineFactorAnalysis", "save"), ("OnlineEM", "get_state"),
 ]
 
 

@@ -1293,14 +1293,20 @@ mod checkpoint {
             write_scaling(&mut w, self.config.scaling, self.scale_sq);
             w.put("n_seen", StateValue::Int(self.n_seen));
             // The logical state: pending moments applied, d_last = d (the format predates deferred moments).
-            let rows: Vec<Advanced<T>> = (0..d).map(|i| self.pending_moments(i)).collect();
-            let mean: Vec<T> = rows.iter().map(|r| r.mean.0).collect();
-            let dsq_bar: Vec<T> = rows.iter().map(|r| r.dsq.0).collect();
-            let d_last: Vec<T> = rows.iter().map(|r| T::from_f64(r.d)).collect();
-            w.array("mean", vec![d], &mean);
+            // One pass filling the three vectors (no per-row temporary: the peak memory of a save stays
+            // about one copy of the state).
+            let (mut mean, mut dsq_bar, mut d_last) =
+                (Vec::with_capacity(d), Vec::with_capacity(d), Vec::with_capacity(d));
+            for i in 0..d {
+                let row: Advanced<T> = self.pending_moments(i);
+                mean.push(row.mean.0);
+                dsq_bar.push(row.dsq.0);
+                d_last.push(T::from_f64(row.d));
+            }
+            w.owned_array("mean", vec![d], mean);
             w.array("a_bar", vec![d, k], &self.a_bar);
-            w.array("dsq_bar", vec![d], &dsq_bar);
-            w.array("d_last", vec![d], &d_last);
+            w.owned_array("dsq_bar", vec![d], dsq_bar);
+            w.owned_array("d_last", vec![d], d_last);
             w.matrix("b_bar", &self.b_bar);
             w.matrix("sigma", &self.sigma);
             match &self.source {

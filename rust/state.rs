@@ -265,6 +265,10 @@ impl StateWriter {
     pub fn array<T: StateReal>(&mut self, key: &str, shape: Vec<usize>, data: &[T]) {
         self.0.insert(key.into(), T::wrap(shape, data.to_vec()));
     }
+    /// Store an array of `T` with its shape, taking the vector (no copy).
+    pub fn owned_array<T: StateReal>(&mut self, key: &str, shape: Vec<usize>, data: Vec<T>) {
+        self.0.insert(key.into(), T::wrap(shape, data));
+    }
     /// Store a 2-D float64 matrix.
     pub fn matrix(&mut self, key: &str, m: &Array2<f64>) {
         let shape = m.shape().to_vec();

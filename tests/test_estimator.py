@@ -366,7 +366,8 @@ WITHOUT_SKLEARN = textwrap.dedent(
     assert "sklearn" not in sys.modules or sys.modules["sklearn"] is None
     from onlinefa import NotFittedError, OnlineFactorAnalysis
     assert [c.__name__ for c in OnlineFactorAnalysis.__mro__] == [
-        "OnlineFactorAnalysis", "ParamsMixin", "object"], OnlineFactorAnalysis.__mro__
+        "OnlineFactorAnalysis", "EstimatorBase", "ClassTaggedPickle", "ParamsMixin", "object"
+    ], OnlineFactorAnalysis.__mro__
     fa = OnlineFactorAnalysis(2, n_warmup=10, random_state=0)
     assert fa.get_params()["n_components"] == 2 and fa.set_params(n_warmup=5) is fa
     assert repr(fa).startswith("OnlineFactorAnalysis(")

@@ -1,4 +1,4 @@
-"""Loading a checkpoint needs about the model's own memory, not two or three copies of it.
+"""Loading a checkpoint needs about the model's own memory, not two or three copies of it; so does saving one.
 
 Each measurement runs in a fresh Python process (Linux: the kernel's peak-RSS counter is reset through
 ``/proc/self/clear_refs``), so nothing else the test suite allocated counts. The loaded model itself is
@@ -7,6 +7,10 @@ streams each member in chunks of ``onlinefa.checkpoint._CHUNK_BYTES`` (4 MiB, re
 and copied once), so the bound is 1.0× the file + 0.3× for allocator slack and the interpreter's own
 growth, + 2 chunks. Reading the whole state into Python and copying it into the engine (what ``load``
 did before) peaks at 3.0×; ``from_state`` of a dict of arrays at 2.0× on top of the dict.
+
+Saving (and ``get_state``) makes one copy of the state (the arrays handed to Python) and writes it in
+chunks, so it has the same bound. Building the copy through a per-row temporary and copying it once more
+(what ``OnlineEM.get_state`` did) peaked at 2.0× for float32 state.
 """
 
 from __future__ import annotations
@@ -58,6 +62,36 @@ print(json.dumps({"extra": rss("VmHWM:") - before}))
 """
 
 
+SAVE_CHILD = r"""
+import json, sys
+import onlinefa
+
+def rss(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+cls_name, call, path, out = sys.argv[1:5]
+model = getattr(onlinefa, cls_name).load(path)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = rss("VmRSS:")
+result = model.save(out) if call == "save" else model._core.get_state()
+print(json.dumps({"extra": rss("VmHWM:") - before}))
+"""
+
+
+def save_peak_growth(cls_name: str, call: str, path: Path) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", SAVE_CHILD, cls_name, call, str(path), str(path.with_suffix(".out"))],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    extra: int = json.loads(out)["extra"]
+    return extra
+
+
 def peak_growth(cls_name: str, call: str, path: Path) -> int:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, cls_name, call, str(path)], check=True, capture_output=True, text=True
@@ -86,6 +120,18 @@ def test_load_peaks_at_about_one_state(cls_name: str, dtype: str, tmp_path: Path
     size = path.stat().st_size
     growth = peak_growth(cls_name, "load", path)
     assert size <= growth <= bound(size, 1.0), f"load grew the peak by {growth / size:.2f}x the file"
+
+
+@pytest.mark.parametrize("call", ["save", "get_state"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("cls_name", ["OnlineEM", "OnlineSGA"])
+def test_save_and_get_state_peak_at_about_one_state(cls_name: str, dtype: str, call: str, tmp_path: Path) -> None:
+    path = saved_model(cls_name, dtype, tmp_path / "model.ckpt")
+    size = path.stat().st_size
+    growth = save_peak_growth(cls_name, call, path)
+    assert growth <= bound(size, 1.0), f"{call} grew the peak by {growth / size:.2f}x the file"
+    if call == "save":
+        assert path.with_suffix(".out").read_bytes() == path.read_bytes()  # same state, same bytes
 
 
 def test_load_state_and_from_state_make_one_copy(tmp_path: Path) -> None:

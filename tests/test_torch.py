@@ -465,6 +465,55 @@ def test_collector_feeds_a_partial_fit_estimator_and_validates() -> None:
     assert np.isnan(SnapshotCollector(fa, net).seconds_per_snapshot)
 
 
+def test_collector_refuses_a_module_whose_layers_changed() -> None:
+    # A replaced layer is a new tensor the old vector does not hold: the collector must not keep feeding
+    # the detached old weights. Each change is refused before the posterior sees anything.
+    net = _net()
+    em = onlinefa.OnlineEM(len(_vector(net)), 2, seed=0)
+    collector = SnapshotCollector(em, net)
+    collector.collect()
+    before = em._core.get_state()
+
+    def unchanged() -> bool:
+        after = em._core.get_state()
+        return collector.n_snapshots == 1 and all(
+            np.array_equal(after[key], value) if isinstance(value, np.ndarray) else after[key] == value
+            for key, value in before.items()
+        )
+
+    old_layer = net[2]
+    net[2] = torch.nn.Linear(4, 3)  # same shapes, new tensors
+    with pytest.raises(RuntimeError, match="no longer the tensors"):
+        collector.collect()
+    assert unchanged()
+    net[2] = old_layer  # put back: collecting works again
+    collector.collect()
+    assert em.n_seen == 2
+    net.append(torch.nn.Linear(3, 2))  # a layer added
+    with pytest.raises(RuntimeError, match="no longer the tensors"):
+        collector.collect()
+    net.pop(3)
+    with torch.no_grad():
+        net[0].bias.data = torch.zeros(5)  # same Parameter object, resized
+    with pytest.raises(RuntimeError, match="changed shape"):
+        collector.collect()
+    with pytest.raises(RuntimeError, match="changed shape"):
+        collector.parameter_vector.assign(torch.zeros(len(collector.parameter_vector)))
+    assert em.n_seen == 2
+
+
+def test_parameter_vector_of_tensors_follows_in_place_changes() -> None:
+    # Tensors given directly (no module) and in-place edits of a module's parameters are not changes.
+    net = _net()
+    vector = ParameterVector(list(net.parameters()))
+    with torch.no_grad():
+        net[0].weight.mul_(2.0)
+    torch.testing.assert_close(vector.gather(), _vector(net))
+    module_vector = ParameterVector(net)
+    net.load_state_dict(_net(seed=5).state_dict())  # copies into the same tensors
+    torch.testing.assert_close(module_vector.gather(), _vector(_net(seed=5)))
+
+
 # -- vifa_step ------------------------------------------------------------------------------------
 
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ._pickle_tag import ClassTaggedPickle
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -21,7 +23,7 @@ def _plain(value: object) -> object:
     raise TypeError(f"cannot store a {type(value).__name__} in a checkpoint")
 
 
-class GFAPersistMixin:
+class GFAPersistMixin(ClassTaggedPickle):
     """Exact pickles and checkpoints of a GFA estimator.
 
     The engine (the attribute named by ``_state_attribute``) travels as its state map (``get_state()``),
@@ -37,7 +39,7 @@ class GFAPersistMixin:
         raise NotImplementedError
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(cast(dict[str, Any], super().__getstate__()))
+        state = dict(super().__getstate__())
         engine = state.pop(self._state_attribute, None)
         state.pop("_engine", None)
         if engine is not None:
@@ -45,6 +47,7 @@ class GFAPersistMixin:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self._check_pickle_class(state)
         state = dict(state)
         engine_state = state.pop("_engine_state", None)
         engine = None if engine_state is None else self._core_class.from_state(engine_state)

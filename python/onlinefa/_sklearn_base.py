@@ -14,11 +14,15 @@ from numpy.typing import NDArray
 from ._models import NotFittedError as LibraryNotFittedError
 from .errors import ConvergenceWarning as LibraryConvergenceWarning
 from ._params import ParamsMixin
+from ._pickle_tag import ClassTaggedPickle
 from ._validation import as_numpy, check_seed, objects_to_float
 
 
 if TYPE_CHECKING:
-    EstimatorBase = ParamsMixin
+
+    class EstimatorBase(ClassTaggedPickle, ParamsMixin):
+        """The estimators' base as the type checker sees it."""
+
     NotFittedError = LibraryNotFittedError
     ConvergenceWarning = LibraryConvergenceWarning
 else:
@@ -27,13 +31,16 @@ else:
         from sklearn.exceptions import ConvergenceWarning as SklearnConvergenceWarning
         from sklearn.exceptions import NotFittedError as SklearnNotFittedError
     except ImportError:
-        EstimatorBase = ParamsMixin
+
+        class EstimatorBase(ClassTaggedPickle, ParamsMixin):
+            """The estimators' base without scikit-learn: its parameter conventions, class-tagged pickles."""
+
         NotFittedError = LibraryNotFittedError
         ConvergenceWarning = LibraryConvergenceWarning
     else:
 
-        class EstimatorBase(TransformerMixin, BaseEstimator):
-            """scikit-learn's transformer bases, in the order scikit-learn requires."""
+        class EstimatorBase(ClassTaggedPickle, TransformerMixin, BaseEstimator):
+            """scikit-learn's transformer bases, in the order scikit-learn requires, with class-tagged pickles."""
 
         class NotFittedError(LibraryNotFittedError, SklearnNotFittedError):
             """A query before fitting: both ``onlinefa.NotFittedError`` and scikit-learn's."""

@@ -233,6 +233,7 @@ class _VBFAEstimator(EstimatorBase):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`__getstate__`; the engine state is validated by the core (ValueError)."""
+        self._check_pickle_class(state)
         state = dict(state)
         engine_state = state.pop("_engine_state", None)
         engine = None if engine_state is None else self._engine_class().from_state(engine_state)

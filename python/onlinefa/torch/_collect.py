@@ -109,7 +109,14 @@ class SnapshotCollector:
         return self._handle is not None
 
     def collect(self) -> None:
-        """Feed the current parameters to the posterior now (e.g. at the end of an epoch)."""
+        """Feed the current parameters to the posterior now (e.g. at the end of an epoch).
+
+        Raises
+        ------
+        RuntimeError
+            A layer of the module was replaced, added or removed since the collector was made (the
+            posterior is not updated): make a new collector for the changed module.
+        """
         start = time.perf_counter()
         theta = self._vector.numpy()
         update = getattr(self._posterior, "update", None)

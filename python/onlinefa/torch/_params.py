@@ -100,6 +100,8 @@ class ParameterVector:
     ) -> None:
         self._dtype = check_float_dtype(dtype)
         self._parameters = _parameter_list(module_or_parameters)
+        self._module = module_or_parameters if isinstance(module_or_parameters, torch.nn.Module) else None
+        self._shapes = tuple(t.shape for t in self._parameters)
         bounds = np.cumsum([0] + [t.numel() for t in self._parameters])
         self._slices = tuple(slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]))
 
@@ -152,6 +154,9 @@ class ParameterVector:
         ------
         TypeError, ValueError
             ``out`` is not a tensor of the right shape, dtype and layout (nothing is written).
+        RuntimeError
+            The module's parameters changed since this vector was made (a layer replaced, added or
+            removed, or a parameter resized): nothing is read or written.
         """
         if out is None:
             out = torch.empty(len(self), dtype=self._dtype, device=self.device)
@@ -160,7 +165,32 @@ class ParameterVector:
         self._copy_into(out)
         return out
 
+    def _check_unchanged(self) -> None:
+        """RuntimeError if θ's tensors are no longer the module's parameters or changed shape.
+
+        A layer replaced (``net.fc = nn.Linear(...)``), added or removed after this vector was made leaves
+        it holding tensors the module no longer trains: reading them would feed stale values without any
+        sign. Checked on every read and write (one pass over the tensor list, no data touched).
+        """
+        current = self._parameters if self._module is None else tuple(self._module.parameters())
+        same_tensors = len(current) == len(self._parameters) and all(
+            a is b for a, b in zip(current, self._parameters)
+        )
+        if not same_tensors:
+            raise RuntimeError(
+                "the module's parameters are no longer the tensors this ParameterVector (or SnapshotCollector) "
+                "was made from: a layer was replaced, added or removed. Make a new one for the changed module "
+                "(and a new posterior if D changed)."
+            )
+        for i, (tensor, shape) in enumerate(zip(self._parameters, self._shapes)):
+            if tensor.shape != shape:
+                raise RuntimeError(
+                    f"parameter {i} changed shape from {tuple(shape)} to {tuple(tensor.shape)} since this "
+                    "ParameterVector was made; make a new one (and a new posterior if D changed)."
+                )
+
     def _copy_into(self, out: torch.Tensor) -> None:
+        self._check_unchanged()
         with torch.no_grad():
             for tensor, part in zip(self._parameters, self._slices):
                 out[part].view(tensor.shape).copy_(tensor.detach())
@@ -182,6 +212,9 @@ class ParameterVector:
         ------
         TypeError, ValueError
             ``out`` is not a writable contiguous float32/float64 array of shape (D,) (nothing is written).
+        RuntimeError
+            The module's parameters changed since this vector was made (a layer replaced, added or
+            removed, or a parameter resized): nothing is read or written.
         """
         if out is None:
             out = np.empty(len(self), dtype=np.float64 if self._dtype == torch.float64 else np.float32)
@@ -210,12 +243,16 @@ class ParameterVector:
             Not a real numeric vector.
         ValueError
             Wrong shape (no parameter is changed).
+        RuntimeError
+            The module's parameters changed since this vector was made (a layer replaced, added or
+            removed, or a parameter resized): nothing is read or written.
         """
         values = _as_vector(vector)
         if values.is_complex() or values.dtype == torch.bool:
             raise TypeError(f"vector must be real, got dtype {values.dtype}")
         if values.shape != (len(self),):
             raise ValueError(f"vector has shape {tuple(values.shape)}, expected ({len(self)},)")
+        self._check_unchanged()
         with torch.no_grad():
             for tensor, part in zip(self._parameters, self._slices):
                 tensor.copy_(values[part].reshape(tensor.shape))

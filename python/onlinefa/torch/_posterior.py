@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from .._pickle_tag import ClassTaggedPickle
 from ..interop import to_torch_low_rank
 
 __all__ = ["GaussianParameters", "MultiSWAG", "gaussian_parameters"]
@@ -72,7 +73,7 @@ def gaussian_parameters(model: object) -> GaussianParameters:
     return _checked(loc, cov_factor, cov_diag, source)
 
 
-class MultiSWAG:
+class MultiSWAG(ClassTaggedPickle):
     """An equally weighted mixture of Gaussian posteriors from independent runs (MultiSWAG).
 
     Wilson and Izmailov, "Bayesian Deep Learning and a Probabilistic Perspective of Generalization",

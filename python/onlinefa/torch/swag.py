@@ -39,6 +39,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .._gaussian import FactorGaussianMixin
+from .._pickle_tag import ClassTaggedPickle
 from .._validation import as_sample_matrix, check_finite_samples, check_int
 
 __all__ = ["SWAG"]
@@ -46,7 +47,7 @@ __all__ = ["SWAG"]
 FloatArray = NDArray[np.float64]
 
 
-class SWAG(FactorGaussianMixin):
+class SWAG(ClassTaggedPickle, FactorGaussianMixin):
     """Streaming SWAG posterior (Maddox et al. 2019) over D parameters.
 
     Parameters
