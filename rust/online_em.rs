@@ -437,37 +437,13 @@ impl<T: Real> OnlineEm<T> {
         let scale_sq = sums.dsq_sum / n_total as f64;
         // Line 10: B̄_t = B̄_{t−1} + ρ_t (m mᵀ − B̄_{t−1}).
         let b_bar = &self.b_bar + &((outer(&m) - &self.b_bar) * rho);
-        let mut transform = None;
-        let source = if t > self.config.n_warmup {
-            // Line 11: H̄ = Σ + B̄; line 13: F = Ā H̄⁻¹ (applied lazily through `Source`).
-            let h_bar = &sigma + &b_bar;
-            let h_factor = SpdFactor::new_jittered(h_bar.view(), "H̄ = Σ + B̄")?;
-            if self.config.whiten {
-                // Whitening (PX-EM): R Rᵀ = H̄, new latents h' = R⁻¹ h. Every statistic moves to the new
-                // basis: Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ, Σ ← R⁻¹ Σ R⁻ᵀ, so H̄ ← I (B̄ = I − Σ in the new basis).
-                // F Āᵀ and F H̄ Fᵀ are unchanged, so ψ is too; afterwards F = Ā. Rotating B̄ (rather than
-                // resetting it to I − Σ_old) keeps each row's averaged moment matrix of (d, m) PSD, hence ψ ≥ 0.
-                // Row-major W = R⁻ᵀ: the fused kernel and `block_times` read it as a flat slice, so the update
-                // pass, the queries and a restored checkpoint (always row-major) round identically.
-                let rotation = Rotation::whitening(h_factor.lower().view())?;
-                let w = rotation.cross_moment_map();
-                self.sigma = rotation.latent_moment(sigma.view());
-                self.b_bar = rotation.latent_moment(b_bar.view());
-                transform = Some(w);
-                Some(Source::Whitened)
-            } else {
-                Some(Source::Stats(h_factor.inverse()))
-            }
+        let transform = if t > self.config.n_warmup {
+            self.m_step(sigma, b_bar)?
         } else {
-            None
-        };
-        if transform.is_none() {
             self.b_bar = b_bar;
             self.sigma = sigma;
-        }
-        if let Some(source) = source {
-            self.source = source;
-        }
+            None
+        };
         self.pending = Some(Pending {
             moments: Some((mean_rho, rho)),
             rho,
@@ -477,6 +453,56 @@ impl<T: Real> OnlineEm<T> {
         self.n_seen = t;
         self.scale_sq = scale_sq;
         Ok(())
+    }
+
+    /// Lines 11 and 13 of Algorithm 2 on this step's Σ and B̄: H̄ = Σ + B̄, F = Ā H̄⁻¹ (applied lazily
+    /// through `Source`), or under whitening (PX-EM) the rotation of every statistic to the basis where
+    /// H̄ = I. Stores Σ, B̄ and the new source; returns the whitening transform W = R⁻ᵀ (K×K) that the
+    /// pending step applies to Ā, if any. Nothing is stored when H̄ cannot be factorised.
+    fn m_step(&mut self, sigma: Array2<f64>, b_bar: Array2<f64>) -> Result<Option<Array2<f64>>> {
+        let h_bar = &sigma + &b_bar;
+        let h_factor = SpdFactor::new_jittered(h_bar.view(), "H̄ = Σ + B̄")?;
+        if !self.config.whiten {
+            self.source = Source::Stats(h_factor.inverse());
+            self.sigma = sigma;
+            self.b_bar = b_bar;
+            return Ok(None);
+        }
+        // Whitening (PX-EM): R Rᵀ = H̄, new latents h' = R⁻¹ h. Every statistic moves to the new
+        // basis: Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ, Σ ← R⁻¹ Σ R⁻ᵀ, so H̄ ← I (B̄ = I − Σ in the new basis).
+        // F Āᵀ and F H̄ Fᵀ are unchanged, so ψ is too; afterwards F = Ā. Rotating B̄ (rather than
+        // resetting it to I − Σ_old) keeps each row's averaged moment matrix of (d, m) PSD, hence ψ ≥ 0.
+        // Row-major W = R⁻ᵀ: the fused kernel and `block_times` read it as a flat slice, so the update
+        // pass, the queries and a restored checkpoint (always row-major) round identically.
+        let rotation = Rotation::whitening(h_factor.lower().view())?;
+        self.sigma = rotation.latent_moment(sigma.view());
+        self.b_bar = rotation.latent_moment(b_bar.view());
+        self.source = Source::Whitened;
+        Ok(Some(rotation.cross_moment_map()))
+    }
+
+    /// The model as it would be had its warm-up ended with the last sample: the first M-step (lines 11
+    /// and 13) applied to the statistics gathered so far, without changing `self`. It equals, bit for bit,
+    /// the same model built with `n_warmup = n_seen − 1` and fed the same samples, so its Gaussian has
+    /// rank at most n_seen − 1 (d₁ = 0). One clone of the state (D·K + 4·D values).
+    ///
+    /// Errors with [`FaError::CallOrder`] when warm-up is already over, fewer than two samples were seen,
+    /// or every sample so far was identical (no scale to fit).
+    pub fn ended_warmup(&self) -> Result<Self> {
+        let not_yet = |why: &str| Err(FaError::CallOrder(why.to_string()));
+        if self.is_fitted() {
+            return not_yet("warm-up is already over");
+        }
+        if self.n_seen < 2 || self.config.scaling.degenerate(self.scale_sq) || self.pending.is_none() {
+            return not_yet("at least two distinct samples are needed for a first fit");
+        }
+        let mut ended = self.clone();
+        ended.config.n_warmup = self.n_seen - 1;
+        let transform = ended.m_step(self.sigma.clone(), self.b_bar.clone())?;
+        if let Some(pending) = ended.pending.as_mut() {
+            pending.transform = transform;
+        }
+        Ok(ended)
     }
 
     /// Ā with the pending update applied, as the next pass will store it (D×K, f64).
@@ -993,6 +1019,78 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn ended_warmup_equals_a_model_whose_warmup_ended_there() {
+        // Ending the warm-up early is the first M-step on the statistics so far: the same model built with
+        // n_warmup = t − 1 and fed the same t samples has done exactly that, so the two are equal bit for bit
+        // (both dtypes, plain and whitened, K below and above the fused kernel's limit). `self` is unchanged.
+        fn check<T: Real>(k: usize, whiten: bool, t: usize, scaling: Scaling) {
+            let d = 83;
+            let f0 = orthonormal_loadings(d, k, 5).expect("init");
+            let x = stream(t, d, 6);
+            let cfg = EmConfig {
+                n_warmup: k as u64 + 2,
+                whiten,
+                scaling,
+                ..EmConfig::default()
+            };
+            let mut warm = OnlineEm::<T>::new(d, k, f0.view(), cfg.clone()).expect("new");
+            warm.update(x.view()).expect("update");
+            let before = warm.clone();
+            let ended = warm.ended_warmup().expect("two or more samples");
+            assert_eq!(warm, before);
+            let early_cfg = EmConfig {
+                n_warmup: t as u64 - 1,
+                ..cfg
+            };
+            let mut early = OnlineEm::<T>::new(d, k, f0.view(), early_cfg).expect("new");
+            early.update(x.view()).expect("update");
+            assert!(ended.is_fitted() && early.is_fitted());
+            assert_eq!(ended, early, "k {k} whiten {whiten} t {t} {scaling:?}");
+        }
+        for (k, t) in [(3, 2), (3, 5), (20, 2), (20, 13), (20, 22)] {
+            for (whiten, scaling) in [(false, Scaling::Unit), (true, Scaling::Data), (true, Scaling::Unit)] {
+                check::<f64>(k, whiten, t, scaling);
+                check::<f32>(k, whiten, t, scaling);
+            }
+        }
+    }
+
+    #[test]
+    fn ended_warmup_needs_two_samples_and_an_unfinished_warmup() {
+        let d = 40;
+        let f0 = orthonormal_loadings(d, 2, 1).expect("init");
+        let x = stream(6, d, 2);
+        let mut em = OnlineEm::<f64>::new(
+            d,
+            2,
+            f0.view(),
+            EmConfig {
+                n_warmup: 4,
+                ..EmConfig::default()
+            },
+        )
+        .expect("new");
+        assert!(matches!(em.ended_warmup(), Err(FaError::CallOrder(_))));
+        em.update(x.slice(s![..1, ..])).expect("update");
+        assert!(matches!(em.ended_warmup(), Err(FaError::CallOrder(_))));
+        em.update(x.slice(s![1..2, ..])).expect("update");
+        assert!(em.ended_warmup().is_ok());
+        em.update(x.slice(s![2.., ..])).expect("update");
+        assert!(em.is_fitted() && matches!(em.ended_warmup(), Err(FaError::CallOrder(_))));
+        let data = EmConfig {
+            scaling: Scaling::Data,
+            ..EmConfig::default()
+        };
+        let mut same = OnlineEm::<f64>::new(d, 2, f0.view(), data).expect("new");
+        same.update(x.slice(s![..1, ..])).expect("update");
+        same.update(x.slice(s![..1, ..])).expect("update");
+        assert!(
+            matches!(same.ended_warmup(), Err(FaError::CallOrder(_))),
+            "identical samples have no scale"
+        );
     }
 
     #[test]

@@ -145,7 +145,7 @@ def test_synthetic_table_prints_the_batch_reference(capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--only", "real", "--snapshots", "3", "--rank", "10"], "--snapshots must exceed the default OnlineEM's warm-up"),
+    (["--only", "real", "--snapshots", "1", "--rank", "10"], "--snapshots must be >= 2"),
     (["--only", "real", "--hidden", "0"], "--hidden must be >= 1"),
     (["--only", "real", "--rank", "501"], "--rank must be < D = 501"),
     (["--only", "real", "--learning-rate", "nan"], "--learning-rate must be a finite number > 0"),

@@ -129,10 +129,18 @@ def assert_valid_model(model: Any) -> None:
     if model.is_fitted:
         loadings, noise_variance = model.loadings, model.noise_variance
         assert np.isfinite(model.covariance()).all()
-    else:  # warm-up: the fitted Gaussian is refused, the initialisation must still be valid
+    else:  # warm-up: the initialisation must be valid, and so must the first fit OnlineEM answers with
         loadings, noise_variance = model.initial_parameters()
-        with pytest.raises(onlinefa.NotFittedError):
-            model.covariance()
+        try:
+            covariance = model.covariance()
+        except onlinefa.NotFittedError:  # SGA, or EM before two distinct samples
+            assert not isinstance(model, onlinefa.OnlineEM) or model.n_seen < 2 or not model._core.get_state()[
+                "dsq_bar"].any()  # every sample so far identical: no scale to fit
+        else:
+            assert isinstance(model, onlinefa.OnlineEM) and model.n_seen >= 2
+            assert np.isfinite(covariance).all()
+            _, answered_loadings, answered_psi = model.snapshot()
+            assert np.isfinite(answered_loadings).all() and (answered_psi > 0).all()
     assert np.isfinite(loadings).all()
     assert np.isfinite(noise_variance).all() and (noise_variance > 0).all()
     for value in model._core.get_state().values():

@@ -79,8 +79,8 @@ def test_float32_samples_have_the_model_distribution(name: str) -> None:
     assert model.sample(0).shape == (0, D)
 
 
-def test_queries_during_warm_up_raise_not_fitted() -> None:
-    model = onlinefa.OnlineEM(D, K, seed=0).update(ROWS[:2])
+def test_queries_before_a_first_fit_raise_not_fitted() -> None:
+    model = onlinefa.OnlineEM(D, K, seed=0).update(ROWS[:1])  # one sample: nothing to fit yet
     for query in (lambda: model.log_prob(X), lambda: model.transform(X), lambda: model.sample(1)):
         with pytest.raises(onlinefa.NotFittedError):
             query()

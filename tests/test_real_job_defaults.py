@@ -98,16 +98,22 @@ def test_unit_scaling_mean_follows_the_schedule() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_queries_before_warmup_ends_raise_not_fitted(name: str) -> None:
+def test_queries_before_warmup_ends_raise_not_fitted_or_answer_the_first_fit(name: str) -> None:
     model = MODELS[name]()
     X = weight_scale_stream(K + 2, 4)  # n_warmup="auto" is K + 2: still warming up afterwards
     model.update(X)
     assert not model.is_fitted
     np.testing.assert_allclose(model.mean, X.mean(axis=0), rtol=1e-12)
-    for query in (lambda: model.loadings, lambda: model.noise_variance, lambda: model.sample(2),
-                  lambda: model.log_prob(X), lambda: model.transform(X), model.snapshot):
-        with pytest.raises(NotFittedError, match="warm-up"):
-            query()
+    queries = (lambda: model.loadings, lambda: model.noise_variance, lambda: model.sample(2),
+               lambda: model.log_prob(X), lambda: model.transform(X), model.snapshot)
+    for query in queries:
+        if name == "em":  # the first fit from the K + 2 weight-scale samples (tests/test_short_streams.py)
+            answer = query()
+            for part in answer if isinstance(answer, tuple) else (answer,):
+                assert np.isfinite(part).all()
+        else:
+            with pytest.raises(NotFittedError, match="warm-up"):
+                query()
     model.update(X[:1])
     assert model.is_fitted and model.loadings.shape == (D, K)
 

@@ -160,10 +160,10 @@ def test_scaled_data_gives_scaled_covariance(factor: float) -> None:
     np.testing.assert_allclose(scaled.covariance(), factor**2 * plain.covariance(), rtol=1e-8)
 
 
-def test_warm_up_queries_raise_not_fitted_while_the_mean_is_available() -> None:
-    model = _em().update(X[:2])
+def test_queries_before_a_first_fit_raise_not_fitted_while_the_mean_is_available() -> None:
+    model = _em().update(X[:1])
     assert not model.is_fitted
-    np.testing.assert_allclose(model.mean, X[:2].mean(axis=0))
+    np.testing.assert_allclose(model.mean, X[:1].mean(axis=0))
     for query in (lambda: model.loadings, lambda: model.log_prob(X), lambda: model.sample(1), model.snapshot):
         with pytest.raises(onlinefa.NotFittedError):
             query()

@@ -159,9 +159,6 @@ def run_real(args: argparse.Namespace) -> None:
     if args.rank >= d:
         raise CommandError(f"--rank must be < D = {d} (the network's parameters), got {args.rank}")
     model = OnlineEM(d, args.rank, seed=seed)
-    if args.snapshots <= model.n_warmup:
-        raise CommandError(f"--snapshots must exceed the default OnlineEM's warm-up of {model.n_warmup} samples "
-                           f"(K = {args.rank}), got {args.snapshots}")
     start = time.perf_counter()
     iterates = mlp.sgd_iterates(
         split, n_hidden=h, pretrain_epochs=args.pretrain_epochs, n_snapshots=args.snapshots,

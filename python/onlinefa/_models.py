@@ -134,6 +134,8 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
     _n_features: int
     _n_components: int
     _cache: CachedSnapshot | None = None
+    #: (n_seen, engine) of :meth:`_ended_warmup`'s last answer (OnlineEM during warm-up).
+    _provisional: tuple[int, Any] | None = None
     #: The configuration options specific to the class (beyond schedule, scaling and noise floor).
     _own_settings: tuple[str, ...] = ()
     _settings: dict[str, Any]
@@ -165,9 +167,9 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
         TypeError
             Non-numeric or complex input.
         """
-        self._cache = None
+        self._cache = self._provisional = None
         self._core.update(as_sample_matrix(X, self._n_features))
-        self._cache = None
+        self._cache = self._provisional = None
         return self
 
     @property
@@ -196,32 +198,44 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
         Raises
         ------
         NotFittedError
-            Before warm-up has ended (``n_seen <= n_warmup``): the model would only return its
-            initialisation.
+            OnlineSGA before its warm-up has ended (``n_seen <= n_warmup``: the model would only return its
+            initialisation); OnlineEM before two distinct samples (during its warm-up it answers with the
+            Gaussian of the first fit from the samples so far, see ``n_warmup``).
         """
-        self._require_fitted()
-        cached = refreshed_snapshot(self._core, self._cache)
+        cached = refreshed_snapshot(self._answering_core(), self._cache)
         self._cache = cached
         return cached[1], cached[2], cached[3]
 
+    def _answering_core(self) -> Any:
+        """The engine whose Gaussian the queries report: the model's own once warm-up is over; before
+        that, where the class allows it (:meth:`_ended_warmup`), a copy with the warm-up ended at the last
+        sample; otherwise NotFittedError."""
+        core = self._core
+        if core.is_fitted:
+            return core
+        ended = self._ended_warmup()
+        if ended is None:
+            raise NotFittedError(self._warmup_message())
+        return ended
+
+    def _ended_warmup(self) -> Any:
+        """An engine answering during warm-up, or None (the default: queries wait for the warm-up)."""
+        return None
+
+    def _warmup_message(self) -> str:
+        return (
+            f"{type(self).__name__} has seen {self.n_seen} samples and is still in its warm-up of "
+            f"{self.n_warmup}; its loadings and noise variances are only the initialisation. Feed more samples."
+        )
+
     def _require_fitted(self) -> None:
-        if not self._core.is_fitted:
-            fits = (
-                f"; {self.n_seen} samples fit n_components <= {self.n_seen - 3} with n_warmup='auto' (K + 2)"
-                if self.n_seen >= 4 else ""
-            )
-            raise NotFittedError(
-                f"{type(self).__name__} has seen {self.n_seen} samples and is still in its warm-up of "
-                f"{self.n_warmup}; its loadings and noise variances are only the initialisation. Feed more "
-                f"samples{fits}."
-            )
+        self._answering_core()
 
     def _params(self) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
         return self.snapshot()
 
     def _query_engine(self) -> Any:
-        self._require_fitted()
-        return self._core
+        return self._answering_core()
 
     @property
     def n_features(self) -> int:
@@ -269,7 +283,7 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
         return self._core.loadings(), self._core.noise_variance()
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self._cache = None
+        self._cache = self._provisional = None
         self._core = self._core_class.from_state(state)
         self._n_features = int(state["n_features"])
         self._n_components = int(state["n_components"])
@@ -312,12 +326,17 @@ class OnlineEM(_StreamingModel):
         K, the number of latent factors, 1 <= K < D.
     n_warmup : int or "auto", default="auto"
         For the first ``n_warmup`` samples the running averages are updated while F and ψ keep their
-        starting values; the fitted Gaussian is available from sample ``n_warmup + 1`` on and queries before
-        that raise :class:`NotFittedError`. "auto" is min(K + 2, 100): the first fit then has K + 1 non-zero
-        deviations (d_1 = θ_1 − θ̄_1 = 0), enough for K factors. A stream of T snapshots is fitted with
-        K <= T − 3 (e.g. K = 17 for one snapshot per epoch over 20 epochs). Shorter warm-ups start from
-        rank-deficient statistics and measured persistently worse fits: at D = 50, K = 10, T = 20,000 the
-        relative covariance error was 0.05 with 12, 0.13 with 10, 0.29 with 5 and 0.35 with 2.
+        starting values; the updates fit from sample ``n_warmup + 1`` on. "auto" is min(K + 2, 100): the
+        first fit then has K + 1 non-zero deviations (d_1 = θ_1 − θ̄_1 = 0), enough for K factors. Shorter
+        warm-ups start from rank-deficient statistics and measured persistently worse fits: at D = 50,
+        K = 10, T = 20,000 the relative covariance error was 0.05 with 12, 0.13 with 10, 0.29 with 5 and
+        0.35 with 2. **Queries during the warm-up** (from the second distinct sample on) answer with the
+        Gaussian the first fit would give if the warm-up had ended at the last sample (exactly that of the
+        same model with ``n_warmup = n_seen − 1``; rank at most n_seen − 1; marginal variances d̄²). The
+        model itself keeps warming up; the answer costs one copy of the state, made once per sample count.
+        So any stream of T >= 2 snapshots gives a posterior whatever K is (e.g. K = 20 with one snapshot
+        per epoch over 20 epochs); ``is_fitted`` tells whether the warm-up is over. Before two distinct
+        samples, queries raise :class:`NotFittedError`.
     init : array-like of shape (D, K), optional
         Initial loadings F₀. Default: Q of the reduced QR of a standard-normal D×K matrix drawn with
         ``seed`` (thesis §4.4), so FᵀF = I. Under ``scaling="data"`` the warm-up uses F₀ σ̂ and ψ₀ = σ̂².
@@ -414,6 +433,31 @@ class OnlineEM(_StreamingModel):
         return cls(
             n_features, n_components, n_warmup=n_warmup, init=init, seed=seed, noise_floor=noise_floor,
             dtype=dtype, whiten=False, schedule="harmonic", scaling="unit",
+        )
+
+
+    def _ended_warmup(self) -> Any:
+        """During warm-up, from the second distinct sample on: a copy of the engine whose warm-up ended at
+        the last sample (the first M-step on the statistics so far), built once per sample count."""
+        core = self._core
+        assert isinstance(core, _engine.OnlineEMCore)
+        cached = self._provisional
+        if cached is not None and cached[0] == core.n_seen:
+            return cached[1]
+        if core.n_seen < 2:
+            return None
+        try:
+            ended = core.ended_warmup()
+        except RuntimeError:  # warm-up ended meanwhile (another thread), or no scale yet
+            return core if core.is_fitted else None
+        self._provisional = (ended.n_seen, ended)
+        return ended
+
+    def _warmup_message(self) -> str:
+        return (
+            f"OnlineEM has seen {self.n_seen} samples: a first fit needs two samples that differ (the fitted "
+            f"Gaussian then has rank at most n_seen − 1 until the warm-up of {self.n_warmup} ends). Feed more "
+            "samples."
         )
 
 

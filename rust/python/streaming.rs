@@ -266,6 +266,21 @@ model_methods!(OnlineEMCore, {
         let inner = typed_model(py, shape, init, seed, dtype, config, OnlineEm::new, OnlineEm::new)?;
         Ok(OnlineEMCore { inner })
     }
+
+    /// A new engine: this one with its warm-up ended at the last sample (the first M-step applied to
+    /// the statistics so far); this one is unchanged. RuntimeError when warm-up is over or fewer than
+    /// two distinct samples were seen.
+    fn ended_warmup(&self, py: Python<'_>) -> PyResult<Self> {
+        let ended = py.detach(|| -> PyResult<_> {
+            Ok(match &*lock(&self.inner)? {
+                Typed::F32(m) => m.ended_warmup().map(Typed::F32),
+                Typed::F64(m) => m.ended_warmup().map(Typed::F64),
+            })
+        })?;
+        Ok(OnlineEMCore {
+            inner: Mutex::new(ended.map_err(to_py_err)?),
+        })
+    }
 });
 
 /// Engine of `onlinefa.OnlineSGA`.
