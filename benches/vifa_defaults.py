@@ -4,7 +4,9 @@ For each data set and split seed: a one-hidden-layer MLP (50 ReLU units) is trai
 on the standardised training split (90 %), SWAG-FA (``onlinefa.OnlineEM``, K = 10) is collected with
 ``onlinefa.torch.SnapshotCollector`` (one snapshot per epoch), and VIFA is started from it with
 ``VIFA.from_gaussian`` under several learning-rate settings, with σ² fixed at the training mean squared
-residual of θ_SWA or learned with ``onlinefa.torch.GaussianNoise``. Printed: the test NLL per point in the
+residual of θ_SWA or learned with ``onlinefa.torch.GaussianNoise`` (``learned``), and with the prior
+precision learned too (``learned+prior``: ``vifa_regression_step(..., learn_prior_precision=True)``, started
+from α = λN/σ²). Printed: the test NLL per point in the
 original target units (Gaussian mixture over 100 draws), one CSV row per setting.
 
     nice -n 10 python benches/vifa_defaults.py --datasets boston concrete energy yacht --seeds 0 1 2
@@ -113,7 +115,8 @@ def run(dataset: str, seed: int) -> None:
             settings[f"sqrt(psi) x {a} / log-noise 0.1"] = dict(lr_mean=a * psi_scale, lr_loadings=a * psi_scale,
                                                                 lr_log_noise=0.1)
     for name, rates in settings.items():
-        for learned in (False, True):
+        for tag in ("fixed", "learned", "learned+prior"):
+            learned = tag != "fixed"
             start = time.perf_counter()
             vi = onlinefa.VIFA.from_gaussian(em, prior_precision=alpha, seed=seed, **rates)  # type: ignore[arg-type]
             noise = GaussianNoise(sigma2, lr=1e-2)
@@ -121,13 +124,13 @@ def run(dataset: str, seed: int) -> None:
             for _ in range(VIFA_EPOCHS):
                 for idx in batches(n, vrng):
                     if learned:
-                        vifa_regression_step(vi, model, (xtr[idx], ytr[idx]), n_data=n, noise=noise)
+                        vifa_regression_step(vi, model, (xtr[idx], ytr[idx]), n_data=n, noise=noise,
+                                             learn_prior_precision=tag == "learned+prior")
                     else:
                         vifa_step(vi, model, lambda m, b: 0.5 * ((m(b[0]).reshape(-1) - b[1]) ** 2).mean() / sigma2,
                                   (xtr[idx], ytr[idx]), n_data=n)
             var = noise.variance if learned else sigma2
             nll = test_nll(model, vi.sample(DRAWS, seed=1), xte, yte, var, split.y_scale)
-            tag = "learned" if learned else "fixed"
             print(f"{dataset},{seed},{name},{tag},{nll:.4f},{var:.4f},{time.perf_counter() - start:.1f}", flush=True)
 
 

@@ -4,6 +4,7 @@ regression noise variance ``onlinefa.torch.GaussianNoise`` / ``vifa_regression_s
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -196,3 +197,54 @@ def test_vifa_regression_step_failure_leaves_the_variance_unchanged() -> None:
     with pytest.raises(TypeError):
         vifa_regression_step(vi, module, (x, y), n_data=60, noise=0.4)  # type: ignore[arg-type]
     assert ParameterVector(module).numpy().shape == (3,)
+
+
+def _kl_to_isotropic_prior(mean: np.ndarray, loadings: np.ndarray, psi: np.ndarray, alpha: float) -> float:
+    """KL(N(c, F Fᵀ + Ψ) ‖ N(0, α⁻¹ I)), dense (the reference for the empirical-Bayes α)."""
+    cov = loadings @ loadings.T + np.diag(psi)
+    d = mean.shape[0]
+    _, logdet = np.linalg.slogdet(cov)
+    return 0.5 * (alpha * (np.trace(cov) + mean @ mean) - d - d * math.log(alpha) - logdet)
+
+
+def test_optimal_prior_precision_minimises_the_kl_term_of_the_elbo() -> None:
+    # α enters the ELBO only through −KL(q ‖ prior): the empirical-Bayes α* must be the minimiser of the
+    # dense KL (a parabola-like convex function of log α), checked on both sides and by finite differences.
+    rng = np.random.default_rng(3)
+    c, f, psi = rng.normal(size=12), 0.4 * rng.normal(size=(12, 3)), rng.uniform(0.05, 0.3, 12)
+    vi = onlinefa.VIFA(12, 3, prior_precision=1.0, lr_mean=0.0, lr_loadings=0.0, lr_log_noise=0.0,
+                       init=f, init_mean=c, init_noise_variance=psi, seed=0)
+    best = vi.optimal_prior_precision()
+    kl = [_kl_to_isotropic_prior(c, f, psi, best * s) for s in (0.99, 1.0, 1.01)]
+    assert kl[1] < kl[0] and kl[1] < kl[2]
+    h = 1e-6 * best
+    slope = (_kl_to_isotropic_prior(c, f, psi, best + h) - _kl_to_isotropic_prior(c, f, psi, best - h)) / (2 * h)
+    assert abs(slope) < 1e-6 * 12 / best
+    assert vi.prior_precision == 1.0  # asking changes nothing
+    vi.set_prior_precision(best)
+    assert vi.prior_precision == best
+    for bad, error in ((-1.0, ValueError), (float("nan"), ValueError), ("1", TypeError)):
+        with pytest.raises(error):
+            vi.set_prior_precision(bad)  # type: ignore[arg-type]
+        assert vi.prior_precision == best
+
+
+def test_learned_prior_precision_takes_effect_at_the_next_step_and_is_checkpointed(tmp_path: Path) -> None:
+    # With learn_prior_precision=True each step ends with α = α*(q); the following step's prior gradient
+    # uses it: the same run with α set by hand to those values gives the same bits.
+    x, y, module = _linear_problem()
+    kwargs = dict(lr_mean=1e-2, lr_loadings=1e-2, lr_log_noise=1e-2, optimizer="adam", seed=8)
+    learned = onlinefa.VIFA(3, 2, prior_precision=0.3, **kwargs)  # type: ignore[arg-type]
+    by_hand = onlinefa.VIFA(3, 2, prior_precision=0.3, **kwargs)  # type: ignore[arg-type]
+    noise_a, noise_b = GaussianNoise(0.4), GaussianNoise(0.4)
+    alphas = []
+    for _ in range(3):
+        vifa_regression_step(learned, module, (x, y), n_data=60, noise=noise_a, learn_prior_precision=True)
+        alphas.append(learned.prior_precision)
+        vifa_regression_step(by_hand, module, (x, y), n_data=60, noise=noise_b)
+        by_hand.set_prior_precision(by_hand.optimal_prior_precision())
+        assert by_hand.prior_precision == alphas[-1]
+    np.testing.assert_array_equal(learned.mean, by_hand.mean)
+    assert alphas[0] != 0.3 and len(set(alphas)) == 3
+    learned.save(tmp_path / "vi.npz")
+    assert onlinefa.VIFA.load(tmp_path / "vi.npz").prior_precision == alphas[-1]

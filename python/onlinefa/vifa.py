@@ -433,6 +433,36 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         self._core.set_learning_rates(*new)
         return self
 
+    def set_prior_precision(self, prior_precision: float) -> Self:
+        """Change α, the precision of the prior N(0, α⁻¹ I), for the following steps (finite, >= 0).
+
+        Returns
+        -------
+        self
+        """
+        self._core.set_prior_precision(_check_non_negative_float(prior_precision, "prior_precision"))
+        return self
+
+    def optimal_prior_precision(self) -> float:
+        """The α that maximises the ELBO for the current q (empirical Bayes, type-II maximum likelihood).
+
+        α enters the ELBO only through −KL(q ‖ N(0, α⁻¹ I)) =
+        −½ [α (‖c‖² + ‖F‖²_F + Σ_d ψ_d) − D log α − log det(F Fᵀ + Ψ) − D], whose derivative in α vanishes
+        at α* = D / (‖c‖² + ‖F‖²_F + Σ_d ψ_d) = D / E_q[‖θ‖²] (MacKay's update for an isotropic Gaussian
+        prior). Alternating VIFA steps with ``set_prior_precision(optimal_prior_precision())`` is coordinate
+        ascent on one ELBO, so the prior is learned from the data rather than set by hand
+        (:func:`onlinefa.torch.vifa_regression_step` does it with ``learn_prior_precision=True``). Reads
+        one :meth:`snapshot` of q.
+
+        Returns
+        -------
+        float
+            α* (> 0).
+        """
+        mean, loadings, noise_variance = self.snapshot()
+        second_moment = float(mean @ mean) + float(np.einsum("ij,ij->", loadings, loadings)) + float(noise_variance.sum())
+        return self.n_features / second_moment
+
     def pending_noise(self) -> tuple[FloatArray, FloatArray]:
         """The reparameterisation noise of the draws waiting for :meth:`step`.
 

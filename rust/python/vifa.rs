@@ -206,6 +206,14 @@ impl VIFACore {
         })
     }
 
+    /// Replace the prior precision α (finite, >= 0).
+    fn set_prior_precision(&self, py: Python<'_>, alpha: f64) -> PyResult<()> {
+        py.detach(|| -> PyResult<()> {
+            let mut guard = lock(&self.inner)?;
+            with_model!(&mut *guard, m => m.set_prior_precision(alpha)).map_err(to_py_err)
+        })
+    }
+
     /// The hyper-parameters and the seed, as a dict of Python scalars.
     fn hyper_parameters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (config, seed) = py

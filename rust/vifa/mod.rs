@@ -202,6 +202,17 @@ impl<T: Real> Vifa<T> {
         Ok(())
     }
 
+    /// Replace the prior precision α of p(θ) = N(0, α⁻¹ I) (finite, >= 0); takes effect at the next step.
+    pub fn set_prior_precision(&mut self, alpha: f64) -> Result<()> {
+        let config = VifaConfig {
+            prior_precision: alpha,
+            ..self.config.clone()
+        };
+        config.validate()?;
+        self.config = config;
+        Ok(())
+    }
+
     /// Mean c (D).
     pub fn mean(&self) -> Array1<f64> {
         self.params.c.iter().map(|v| v.to_f64()).collect()

@@ -169,6 +169,7 @@ def vifa_regression_step(
     noise: GaussianNoise,
     predict: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
     parameters: Iterable[torch.Tensor] | None = None,
+    learn_prior_precision: bool = False,
 ) -> float:
     """One VIFA step for regression with a learned noise variance, then one step of σ² on the same draws.
 
@@ -189,6 +190,9 @@ def vifa_regression_step(
         ``(module, x) -> f(x; θ)``; default ``module(x)``.
     parameters : iterable of torch.Tensor, optional
         As in :func:`onlinefa.torch.vifa_step`.
+    learn_prior_precision : bool, default=False
+        After the step, set the prior precision α to the ELBO's maximiser for the new q,
+        :meth:`onlinefa.VIFA.optimal_prior_precision` (empirical Bayes; costs one snapshot of q per step).
 
     Returns
     -------
@@ -218,4 +222,6 @@ def vifa_regression_step(
         noise._recorded.clear()
         raise
     noise.step(n_data=n_data)
+    if learn_prior_precision:
+        vifa.set_prior_precision(vifa.optimal_prior_precision())
     return loss
