@@ -86,13 +86,13 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def test_quick_end_to_end_on_packaged_set_and_resume(tmp_path: Path) -> None:
     module = available()["uci-bnn"]
     # SLANG (a separate baseline module with tests of its own) is left out to keep this test fast
-    methods = "map,swa,swag_diag,swag,swag_fa,online_sga,vifa,multiswag_fa,ensemble,mc_dropout"
+    methods = "map,swa,swag_diag,swag,swag_fa,online_sga,vifa,vifa_eb,multiswag_fa,ensemble,mc_dropout"
     argv = ["--quick", "--datasets", "yacht", "--out", str(tmp_path), "--methods", methods]
     assert module.run(_parse(argv)) == 0
     rows = _rows(tmp_path / "uci_bnn.csv")
     assert list(rows[0]) == ["dataset", "split", "method", "test_ll", "rmse", "fit_seconds"]
     assert [r["method"] for r in rows] == methods.split(",") * 2
-    assert [r["split"] for r in rows] == ["0"] * 10 + ["1"] * 10 and {r["dataset"] for r in rows} == {"yacht"}
+    assert [r["split"] for r in rows] == ["0"] * 11 + ["1"] * 11 and {r["dataset"] for r in rows} == {"yacht"}
     assert all(math.isfinite(float(r["test_ll"])) and float(r["rmse"]) > 0 for r in rows)
     markdown = (tmp_path / "uci_bnn.md").read_text()
     assert "MC dropout (grid)" in markdown and "-1.25 ± 0.01" in markdown

@@ -7,7 +7,7 @@ of the network output (S, N) in standardised target units on the rows it predict
   (f ∈ the early-stopping fractions); the ensemble is 5 independently initialised and shuffled networks
   (Lakshminarayanan et al., "Simple and Scalable Predictive Uncertainty Estimation using Deep
   Ensembles"), each predicting one point (S = 5 draws).
-* ``swa``, ``swag_diag``, ``swag``, ``swag_fa``, ``online_sga``, ``vifa``, ``multiswag_fa``:
+* ``swa``, ``swag_diag``, ``swag``, ``swag_fa``, ``online_sga``, ``vifa``, ``vifa_eb``, ``multiswag_fa``:
   configuration (λ, η): the E-epoch Adam network is trained on by SGD at the constant rate η (weight
   decay λ) for C epochs while every posterior gets ``snapshots_per_epoch`` snapshots per epoch
   (:class:`onlinefa.torch.SnapshotCollector`): SWA (the mean), SWAG-diagonal and SWAG (Maddox et al.,
@@ -15,7 +15,10 @@ of the network output (S, N) in standardised target units on the rows it predict
   SWAG-FA = :class:`onlinefa.OnlineEM` and :class:`onlinefa.OnlineSGA` with their defaults (rank K).
   VIFA (:class:`onlinefa.VIFA`, Adam, the ``swag`` experiment's rates) starts from SWAG's Gaussian with
   the likelihood N(y; f(x), σ²_train) (σ²_train the training mean squared residual at θ_SWA) and the
-  prior precision λ N / σ²_train. MultiSWAG-FA mixes the SWAG-FA posteriors of 5 such runs.
+  prior precision λ N / σ²_train. ``vifa_eb`` is the library's recipe instead: ``VIFA.from_gaussian`` of
+  the SWAG-FA fit ("auto" rates), σ² (:class:`onlinefa.torch.GaussianNoise`, from σ²_train) and α (from
+  λ N / σ²_train) learned with q by empirical Bayes (``vifa_regression_step(..., learn_prior_precision=True)``).
+  MultiSWAG-FA mixes the SWAG-FA posteriors of 5 such runs.
 * ``mc_dropout``: configuration (λ, p): the dropout network trained like MAP for E epochs, predicting
   by S stochastic passes (Gal and Ghahramani, "Dropout as a Bayesian Approximation").
 * ``slang``: configuration (λ, ρ): ``fit_slang`` (rank 1, rate ρ) with the noise precision 1/σ²_MAP of
@@ -36,7 +39,9 @@ import torch
 from numpy.typing import NDArray
 
 import onlinefa
-from onlinefa.torch import MultiSWAG, ParameterVector, SnapshotCollector, bayesian_model_average, vifa_step
+from onlinefa.torch import (
+    GaussianNoise, MultiSWAG, ParameterVector, SnapshotCollector, bayesian_model_average, vifa_regression_step, vifa_step,
+)
 from onlinefa.torch.swag import SWAG
 
 from ._train import Data, as_tensors, batches, build_network, dropout_draws, generator, half_mse, predict, train
@@ -49,7 +54,7 @@ Config = tuple[float, float]
 #: "slang" (λ, SLANG's learning rate).
 GRID_KIND: dict[str, str] = {
     "map": "map", "ensemble": "map", "swa": "collect", "swag_diag": "collect", "swag": "collect",
-    "swag_fa": "collect", "online_sga": "collect", "vifa": "collect", "multiswag_fa": "collect",
+    "swag_fa": "collect", "online_sga": "collect", "vifa": "collect", "vifa_eb": "collect", "multiswag_fa": "collect",
     "mc_dropout": "dropout", "slang": "slang",
 }  # fmt: skip
 
@@ -226,6 +231,8 @@ class Stage:
             return Result(self._point(swa), seconds)
         if method == "vifa":
             return self._vifa(lam, second, posteriors["swag"], swa, seconds, draw_seed)
+        if method == "vifa_eb":
+            return self._vifa_eb(lam, second, posteriors["swag_fa"], swa, seconds, draw_seed)
         return Result(self._average(posteriors[method], self.budget.n_draws, _POSTERIORS[method], draw_seed), seconds)
 
     def _vifa(self, lam: float, eta: float, swag: SWAG, swa: FloatArray, seconds: float, draw_seed: int) -> Result:
@@ -245,6 +252,24 @@ class Stage:
         for _ in range(self.budget.vifa_epochs):
             for batch in batches(self.data, self.budget.batch_size, rng):
                 vifa_step(vifa, model, loss_fn, batch, n_data=self.n_fit)
+        seconds += time.perf_counter() - start
+        return Result(self._average(vifa, self.budget.n_draws, 1.0, draw_seed), seconds)
+
+    def _vifa_eb(self, lam: float, eta: float, start_model: object, swa: FloatArray, seconds: float,
+                 draw_seed: int) -> Result:
+        """VIFA as the library's recipe runs it: started from the SWAG-FA fit (``VIFA.from_gaussian``, "auto"
+        rates), σ² and α learned with q by empirical Bayes (α starts at λN/σ²_train)."""
+        start = time.perf_counter()
+        variance = self._training_mse(swa)
+        vifa = onlinefa.VIFA.from_gaussian(start_model, prior_precision=lam * self.n_fit / variance,
+                                           seed=_seed(self.seed, 8, int(lam * 1e9)))
+        noise = GaussianNoise(variance)
+        model = self._network()
+        rng = generator(_seed(self.seed, 10, int(lam * 1e9), int(eta * 1e9)))
+        for _ in range(self.budget.vifa_epochs):
+            for batch in batches(self.data, self.budget.batch_size, rng):
+                vifa_regression_step(vifa, model, batch, n_data=self.n_fit, noise=noise,
+                                     predict=lambda module, x: module(x)[:, 0], learn_prior_precision=True)
         seconds += time.perf_counter() - start
         return Result(self._average(vifa, self.budget.n_draws, 1.0, draw_seed), seconds)
 

@@ -11,6 +11,7 @@ METHODS: dict[str, str] = {
     "swag_fa": "SWAG-FA (OnlineEM)",
     "online_sga": "OnlineSGA",
     "vifa": "VIFA",
+    "vifa_eb": "VIFA (σ², α learned)",
     "multiswag_fa": "MultiSWAG-FA (5)",
     "ensemble": "Deep ensemble (5)",
     "mc_dropout": "MC dropout",
