@@ -23,6 +23,7 @@ __all__ = [
     "gaussian_log_prob",
     "gaussian_precision_cholesky",
     "latent_mean_from_sums",
+    "limit_update_threads",
     "log_prob_from_sums",
     "orthonormal_init",
     "column_moments",
@@ -419,6 +420,7 @@ def fill_sample_noise(
 ) -> None: ...
 def standard_normal_rows(seed: int, row0: int, n_rows: int, n_components: int) -> NDArray[np.float64]: ...
 def snapshot_max_elements() -> int: ...
+def limit_update_threads(n_threads: int) -> None: ...
 
 @final
 class StateArray:

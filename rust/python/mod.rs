@@ -11,6 +11,7 @@ mod minibatch;
 mod sharded;
 mod state_arrays;
 mod streaming;
+mod update_pool;
 mod vbfa;
 mod vifa;
 
@@ -36,6 +37,8 @@ mod _core {
     use super::state_arrays::StateArray;
     #[pymodule_export]
     use super::streaming::{orthonormal_init, OnlineEMCore, OnlineSGACore};
+    #[pymodule_export]
+    use super::update_pool::limit_update_threads;
     #[pymodule_export]
     use super::vbfa::{vbfa_log_likelihood, OnlineVBFACore, VBFACore};
     #[pymodule_export]

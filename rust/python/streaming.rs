@@ -24,15 +24,19 @@ macro_rules! update_from_any {
             let ro = arr.readonly();
             let view: ArrayView2<f64> = checked_view(&ro, "X")?;
             $py.detach(|| -> PyResult<()> {
-                let mut guard = lock(&$self.inner)?;
-                with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+                super::update_pool::in_update_pool(|| {
+                    let mut guard = lock(&$self.inner)?;
+                    with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+                })
             })
         } else if let Ok(arr) = $x.cast::<PyArray2<f32>>() {
             let ro = arr.readonly();
             let view: ArrayView2<f32> = checked_view(&ro, "X")?;
             $py.detach(|| -> PyResult<()> {
-                let mut guard = lock(&$self.inner)?;
-                with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+                super::update_pool::in_update_pool(|| {
+                    let mut guard = lock(&$self.inner)?;
+                    with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+                })
             })
         } else {
             Err(PyTypeError::new_err("update expects a 2-D float32 or float64 numpy array"))

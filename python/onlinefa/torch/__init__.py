@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._bma import bayesian_model_average, refresh_batch_norm
-from ._collect import SnapshotCollector
+from ._collect import SlowCollectionWarning, SnapshotCollector
 from ._distributions import to_torch
 from ._noise import GaussianNoise, vifa_regression_step
 from ._params import ParameterVector
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .swag import SWAG
 
 __all__ = [
-    "GaussianNoise", "GaussianParameters", "MultiSWAG", "ParameterVector", "SWAG", "SnapshotCollector", "bayesian_model_average",
+    "GaussianNoise", "GaussianParameters", "MultiSWAG", "ParameterVector", "SWAG", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
     "gaussian_parameters", "refresh_batch_norm", "sample_parameters", "to_torch", "vifa_regression_step",
     "vifa_step",
 ]  # fmt: skip
