@@ -29,7 +29,16 @@ pyo3::create_exception!(
 
 /// The one conversion of core errors: numerical breakdown → `NumericalBreakdownError` (an
 /// `ArithmeticError`), allocation failure → `MemoryError`, everything else (invalid input) → `ValueError`.
-pub(crate) fn to_py_err(err: FaError) -> PyErr {
+impl From<FaError> for PyErr {
+    /// The Python exception of each error kind: numerical breakdowns raise `NumericalBreakdownError`,
+    /// allocation failures `MemoryError`, calls out of order `RuntimeError`, everything else `ValueError`.
+    fn from(err: FaError) -> PyErr {
+        to_py_err(err)
+    }
+}
+
+/// See `From<FaError> for PyErr`.
+fn to_py_err(err: FaError) -> PyErr {
     match err {
         FaError::NotPositiveDefinite(_) | FaError::Diverged(_) => NumericalBreakdownError::new_err(err.to_string()),
         FaError::Allocation { .. } => PyMemoryError::new_err(err.to_string()),
@@ -111,7 +120,7 @@ pub(crate) fn initial_loadings(
                 // Leave the message to the core's validation (same wording for both paths).
                 return Ok(Array2::zeros((0, 0)));
             }
-            orthonormal_loadings(n_features, n_components, seed.unwrap_or_else(entropy_seed)).map_err(to_py_err)
+            orthonormal_loadings(n_features, n_components, seed.unwrap_or_else(entropy_seed)).map_err(PyErr::from)
         }
     }
 }
@@ -220,7 +229,7 @@ pub(crate) fn query_log_prob<'py, A: GaussianRows + Send, B: GaussianRows + Send
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let xv = checked_view(&x, "X")?;
     let out = py.detach(|| -> PyResult<_> {
-        with_model!(&*lock(inner)?, m => crate::query::log_prob(m, xv)).map_err(to_py_err)
+        with_model!(&*lock(inner)?, m => crate::query::log_prob(m, xv)).map_err(PyErr::from)
     })?;
     Ok(out.into_pyarray(py))
 }
@@ -233,7 +242,7 @@ pub(crate) fn query_latent_mean<'py, A: GaussianRows + Send, B: GaussianRows + S
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let xv = checked_view(&x, "X")?;
     let out = py.detach(|| -> PyResult<_> {
-        with_model!(&*lock(inner)?, m => crate::query::latent_mean(m, xv)).map_err(to_py_err)
+        with_model!(&*lock(inner)?, m => crate::query::latent_mean(m, xv)).map_err(PyErr::from)
     })?;
     Ok(out.into_pyarray(py))
 }
@@ -250,12 +259,12 @@ pub(crate) fn query_draw_into<A: GaussianRows + Send, B: GaussianRows + Send>(
         check_layout(arr, "out")?;
         let mut rw = arr.try_readwrite().map_err(|e| PyValueError::new_err(e.to_string()))?;
         let view = rw.as_array_mut();
-        py.detach(|| with_model!(&*lock(inner)?, m => crate::query::draw_in_place(m, hv, view)).map_err(to_py_err))
+        py.detach(|| with_model!(&*lock(inner)?, m => crate::query::draw_in_place(m, hv, view)).map_err(PyErr::from))
     } else if let Ok(arr) = out.cast::<PyArray2<f32>>() {
         check_layout(arr, "out")?;
         let mut rw = arr.try_readwrite().map_err(|e| PyValueError::new_err(e.to_string()))?;
         let view = rw.as_array_mut();
-        py.detach(|| with_model!(&*lock(inner)?, m => crate::query::draw_in_place(m, hv, view)).map_err(to_py_err))
+        py.detach(|| with_model!(&*lock(inner)?, m => crate::query::draw_in_place(m, hv, view)).map_err(PyErr::from))
     } else {
         Err(PyTypeError::new_err(
             "out must be a writable 2-D float32 or float64 numpy array",

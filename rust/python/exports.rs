@@ -66,7 +66,7 @@ pub(crate) fn storage_snapshot<'py>(py: Python<'py>, core: &Bound<'py, PyAny>) -
                     Typed::F32(m) => rows_as::<f32, _>(m).map(|r| (m.n_seen(), Typed::F32(r))),
                     Typed::F64(m) => rows_as::<f64, _>(m).map(|r| (m.n_seen(), Typed::F64(r))),
                 }
-                .map_err(to_py_err)
+                .map_err(PyErr::from)
             })?;
             match rows {
                 (t, Typed::F32(r)) => storage_arrays(py, t, r, k),

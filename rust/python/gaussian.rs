@@ -4,7 +4,7 @@
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 
-use super::common::{checked_view, to_py_err};
+use super::common::checked_view;
 use crate::query::DenseGaussian;
 
 /// Run a query on the Gaussian of three borrowed arrays and the samples `x`, with the GIL released.
@@ -24,7 +24,7 @@ fn with_gaussian<R: Send>(
     let psi = checked_view(&noise_variance, "noise_variance")?;
     let xv = checked_view(&x, "X")?;
     py.detach(|| query(&DenseGaussian::new(m, f, psi)?, xv))
-        .map_err(to_py_err)
+        .map_err(PyErr::from)
 }
 
 /// Log densities of the rows of `x` (n×D) under N(mean, F Fᵀ + diag ψ).
@@ -69,8 +69,6 @@ pub(crate) fn gaussian_precision_cholesky<'py>(
         checked_view(&noise_variance, "noise_variance")?,
     );
     let zeros = ndarray::Array1::<f64>::zeros(f.nrows());
-    let out = py
-        .detach(|| crate::query::precision_cholesky(&DenseGaussian::new(zeros.view(), f, psi)?))
-        .map_err(to_py_err)?;
+    let out = py.detach(|| crate::query::precision_cholesky(&DenseGaussian::new(zeros.view(), f, psi)?))?;
     Ok(out.into_pyarray(py))
 }

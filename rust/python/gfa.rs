@@ -48,7 +48,7 @@ impl GFACore {
         py: Python<'_>,
         f: impl FnOnce(&mut crate::gfa::GfaBatch) -> crate::error::Result<T> + Send,
     ) -> PyResult<T> {
-        py.detach(|| f(&mut *lock(&self.inner)?).map_err(to_py_err))
+        py.detach(|| f(&mut *lock(&self.inner)?).map_err(PyErr::from))
     }
 }
 
@@ -86,12 +86,10 @@ impl GFACore {
             seed: seed.unwrap_or_else(entropy_seed),
         };
         let view = checked_view(&x, "X")?;
-        let model = py
-            .detach(|| {
-                let groups = crate::gfa::Groups::from_labels(&groups)?;
-                crate::gfa::GfaBatch::new(view, groups, config)
-            })
-            .map_err(to_py_err)?;
+        let model = py.detach(|| {
+            let groups = crate::gfa::Groups::from_labels(&groups)?;
+            crate::gfa::GfaBatch::new(view, groups, config)
+        })?;
         Ok(GFACore {
             inner: Mutex::new(model),
         })
@@ -109,7 +107,7 @@ impl GFACore {
 
     /// One named coordinate update or transformation.
     fn apply(&self, py: Python<'_>, step: &str) -> PyResult<()> {
-        let step = crate::gfa::GfaStep::parse(step).map_err(to_py_err)?;
+        let step = crate::gfa::GfaStep::parse(step)?;
         self.with(py, |m| m.apply(step))
     }
 
@@ -251,9 +249,7 @@ impl GFACore {
     #[staticmethod]
     fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
         let map = dict_to_state(state)?;
-        let model = py
-            .detach(|| crate::gfa::GfaBatch::from_state(&map))
-            .map_err(to_py_err)?;
+        let model = py.detach(|| crate::gfa::GfaBatch::from_state(&map))?;
         Ok(GFACore {
             inner: Mutex::new(model),
         })
@@ -307,9 +303,7 @@ impl OnlineGFACore {
             step_size: step_size(schedule, tau0, kappa, rho)?,
             n_effective,
         };
-        let engine = py
-            .detach(|| crate::gfa::GfaOnline::new(crate::gfa::Groups::from_labels(&groups)?, config))
-            .map_err(to_py_err)?;
+        let engine = py.detach(|| crate::gfa::GfaOnline::new(crate::gfa::Groups::from_labels(&groups)?, config))?;
         Ok(OnlineGFACore {
             inner: Mutex::new(engine),
         })
@@ -318,7 +312,7 @@ impl OnlineGFACore {
     /// Process one mini-batch of complete rows (atomic: an error leaves the model as it was).
     fn partial_fit(&self, py: Python<'_>, x: PyReadonlyArray2<'_, f64>) -> PyResult<()> {
         let view = checked_view(&x, "X")?;
-        py.detach(|| lock(&self.inner)?.partial_fit(view).map_err(to_py_err))
+        py.detach(|| lock(&self.inner)?.partial_fit(view).map_err(PyErr::from))
     }
 
     #[getter]
@@ -353,9 +347,7 @@ impl OnlineGFACore {
     #[staticmethod]
     fn from_state(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Self> {
         let map = dict_to_state(state)?;
-        let model = py
-            .detach(|| crate::gfa::GfaOnline::from_state(&map))
-            .map_err(to_py_err)?;
+        let model = py.detach(|| crate::gfa::GfaOnline::from_state(&map))?;
         Ok(OnlineGFACore {
             inner: Mutex::new(model),
         })

@@ -115,7 +115,7 @@ impl MiniBatchEMCore {
         };
         let inner = py.detach(|| crate::minibatch::MiniBatchEm::new(init.view(), config, moments));
         Ok(MiniBatchEMCore {
-            inner: Mutex::new(inner.map_err(to_py_err)?),
+            inner: Mutex::new(inner?),
         })
     }
 
@@ -124,7 +124,7 @@ impl MiniBatchEMCore {
     fn update(&self, py: Python<'_>, x: &Bound<'_, PyAny>, rows: Option<PyReadonlyArray1<'_, i64>>) -> PyResult<()> {
         on_float_batch!(py, x, rows.as_ref(), "update", |r| lock(&self.inner)?
             .update_rows(r)
-            .map_err(to_py_err))
+            .map_err(PyErr::from))
     }
 
     /// The sums (A: D×K, B: K×K, q: D, n) of an exact E-step of the rows with the current F, Ψ.
@@ -143,7 +143,7 @@ impl MiniBatchEMCore {
     )> {
         let sums = on_float_batch!(py, x, rows.as_ref(), "exact_sums", |r| lock(&self.inner)?
             .exact_sums(r)
-            .map_err(to_py_err))?;
+            .map_err(PyErr::from))?;
         Ok((
             sums.a.into_pyarray(py),
             sums.b.into_pyarray(py),
@@ -157,7 +157,7 @@ impl MiniBatchEMCore {
     fn mean_log_prob(&self, py: Python<'_>, x: &Bound<'_, PyAny>, averaged: bool) -> PyResult<f64> {
         on_float_batch!(py, x, None, "mean_log_prob", |r| lock(&self.inner)?
             .mean_log_prob(r, averaged)
-            .map_err(to_py_err))
+            .map_err(PyErr::from))
     }
 
     /// One exact M-step from sums over the whole data set (see `exact_sums`).
@@ -175,7 +175,7 @@ impl MiniBatchEMCore {
             squares: owned_copy(&squares)?,
             n,
         };
-        py.detach(|| lock(&self.inner)?.apply_exact(&sums).map_err(to_py_err))
+        py.detach(|| lock(&self.inner)?.apply_exact(&sums).map_err(PyErr::from))
     }
 
     /// Start averaging the statistics over the batches that follow.
@@ -188,7 +188,7 @@ impl MiniBatchEMCore {
 
     /// Replace the statistics by their averages and F, ψ by their M-step; stop averaging.
     fn apply_average(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| lock(&self.inner)?.apply_average().map_err(to_py_err))
+        py.detach(|| lock(&self.inner)?.apply_average().map_err(PyErr::from))
     }
 
     /// Stop averaging and forget the averages.
@@ -311,9 +311,7 @@ impl MiniBatchEMCore {
                 }
             },
         };
-        let inner = py
-            .detach(|| crate::minibatch::MiniBatchEm::from_parts(parts))
-            .map_err(to_py_err)?;
+        let inner = py.detach(|| crate::minibatch::MiniBatchEm::from_parts(parts))?;
         Ok(MiniBatchEMCore {
             inner: Mutex::new(inner),
         })
@@ -369,7 +367,7 @@ fn moments_of<X: Real>(rows: &[&[X]], row_offset: usize) -> PyResult<(Vec<f64>, 
             row_offset + row,
             X::MAX_INPUT
         ))),
-        other => other.map_err(to_py_err),
+        other => other.map_err(PyErr::from),
     }
 }
 

@@ -7,7 +7,7 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, P
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::common::{check_layout, checked_view, lock, to_py_err, Typed};
+use super::common::{check_layout, checked_view, lock, Typed};
 use crate::fork::Mutex;
 use crate::noise::{fill_noise_view, latent_draw, SAMPLE_SALT};
 use crate::query::{GaussianRows, QuerySums};
@@ -81,7 +81,7 @@ pub(crate) fn query_sums<'py, A: GaussianRows + Send, B: GaussianRows + Send>(
             Typed::F32(m) => crate::query::query_sums(m, xv),
             Typed::F64(m) => crate::query::query_sums(m, xv),
         };
-        Ok(sums.map_err(to_py_err)?.to_flat())
+        Ok(sums?.to_flat())
     })?;
     Ok(flat.into_pyarray(py))
 }
@@ -96,8 +96,8 @@ pub(crate) fn log_prob_from_sums<'py>(
     n_features: usize,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let flat = sums.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let parsed = QuerySums::from_flat(flat, n_samples, n_components).map_err(to_py_err)?;
-    let out = crate::query::log_prob_from_sums(&parsed, n_features).map_err(to_py_err)?;
+    let parsed = QuerySums::from_flat(flat, n_samples, n_components)?;
+    let out = crate::query::log_prob_from_sums(&parsed, n_features)?;
     Ok(out.into_pyarray(py))
 }
 
@@ -110,8 +110,8 @@ pub(crate) fn latent_mean_from_sums<'py>(
     n_components: usize,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let flat = sums.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let parsed = QuerySums::from_flat(flat, n_samples, n_components).map_err(to_py_err)?;
-    let out = crate::query::latent_mean_from_sums(parsed).map_err(to_py_err)?;
+    let parsed = QuerySums::from_flat(flat, n_samples, n_components)?;
+    let out = crate::query::latent_mean_from_sums(parsed)?;
     Ok(out.into_pyarray(py))
 }
 
@@ -177,8 +177,8 @@ pub(crate) fn standard_normal_rows<'py>(
     n_rows: usize,
     n_components: usize,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-    let size = crate::error::checked_size(n_rows, n_components).map_err(to_py_err)?;
-    let buffer = crate::error::try_filled(size, 0.0, "n_rows").map_err(to_py_err)?;
+    let size = crate::error::checked_size(n_rows, n_components)?;
+    let buffer = crate::error::try_filled(size, 0.0, "n_rows")?;
     let mut out = ndarray::Array2::from_shape_vec((n_rows, n_components), buffer)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     py.detach(|| crate::init::fill_standard_normal_rows(out.view_mut(), seed, row0));

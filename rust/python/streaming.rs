@@ -26,7 +26,7 @@ macro_rules! update_from_any {
             $py.detach(|| -> PyResult<()> {
                 super::update_pool::in_update_pool(|| {
                     let mut guard = lock(&$self.inner)?;
-                    with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+                    with_model!(&mut *guard, m => m.update(view)).map_err(PyErr::from)
                 })
             })
         } else if let Ok(arr) = $x.cast::<PyArray2<f32>>() {
@@ -35,7 +35,7 @@ macro_rules! update_from_any {
             $py.detach(|| -> PyResult<()> {
                 super::update_pool::in_update_pool(|| {
                     let mut guard = lock(&$self.inner)?;
-                    with_model!(&mut *guard, m => m.update(view)).map_err(to_py_err)
+                    with_model!(&mut *guard, m => m.update(view)).map_err(PyErr::from)
                 })
             })
         } else {
@@ -73,7 +73,7 @@ macro_rules! model_methods {
                         Checkpoint::from_state(&map).map(Typed::F64)
                     }
                 });
-                Ok(Self { inner: Mutex::new(inner.map_err(to_py_err)?) })
+                Ok(Self { inner: Mutex::new(inner?) })
             }
 
             #[getter]
@@ -141,7 +141,7 @@ macro_rules! model_methods {
                         super::sharded::AnyView2::F64(v) => m.check_batch(v),
                         super::sharded::AnyView2::F32(v) => m.check_batch(v),
                     })
-                    .map_err(to_py_err)
+                    .map_err(PyErr::from)
                 })
             }
 
@@ -159,7 +159,7 @@ macro_rules! model_methods {
                         super::sharded::AnyView1::F64(v) => m.local_sums(v),
                         super::sharded::AnyView1::F32(v) => m.local_sums(v),
                     })
-                    .map_err(to_py_err)
+                    .map_err(PyErr::from)
                 })?;
                 Ok((sums.s.into_pyarray(py), sums.u.into_pyarray(py), sums.dsq_sum))
             }
@@ -176,7 +176,7 @@ macro_rules! model_methods {
                 let sums = crate::engine::StepSums { s: owned_copy(&s)?, u: owned_copy(&u)?, dsq_sum };
                 py.detach(|| {
                     let mut guard = lock(&self.inner)?;
-                    with_model!(&mut *guard, m => m.apply(&sums, n_features_total)).map_err(to_py_err)
+                    with_model!(&mut *guard, m => m.apply(&sums, n_features_total)).map_err(PyErr::from)
                 })
             }
 
@@ -228,7 +228,7 @@ fn typed_model<C: Send, M32: Send, M64: Send>(
             format!("must be 'float32' or 'float64', got {other:?}"),
         )),
     });
-    Ok(Mutex::new(inner.map_err(to_py_err)?))
+    Ok(Mutex::new(inner?))
 }
 
 /// Engine of `onlinefa.OnlineEM`.
@@ -264,7 +264,7 @@ model_methods!(OnlineEMCore, {
             noise_floor,
             step_size,
             whiten,
-            scaling: Scaling::parse(scaling).map_err(to_py_err)?,
+            scaling: Scaling::parse(scaling)?,
         };
         let shape = (n_features, n_components);
         let inner = typed_model(py, shape, init, seed, dtype, config, OnlineEm::new, OnlineEm::new)?;
@@ -282,7 +282,7 @@ model_methods!(OnlineEMCore, {
             })
         })?;
         Ok(OnlineEMCore {
-            inner: Mutex::new(ended.map_err(to_py_err)?),
+            inner: Mutex::new(ended?),
         })
     }
 });
@@ -320,7 +320,7 @@ model_methods!(OnlineSGACore, {
             n_warmup,
             noise_floor,
             step_size,
-            scaling: Scaling::parse(scaling).map_err(to_py_err)?,
+            scaling: Scaling::parse(scaling)?,
         };
         let shape = (n_features, n_components);
         let inner = typed_model(py, shape, init, seed, dtype, config, OnlineSga::new, OnlineSga::new)?;
@@ -340,8 +340,6 @@ pub(crate) fn orthonormal_init<'py>(
     if n_components < 1 || n_components > n_features {
         return Err(PyValueError::new_err("need 1 <= n_components <= n_features"));
     }
-    let q = py
-        .detach(|| orthonormal_loadings(n_features, n_components, seed))
-        .map_err(to_py_err)?;
+    let q = py.detach(|| orthonormal_loadings(n_features, n_components, seed))?;
     Ok(q.into_pyarray(py))
 }

@@ -70,7 +70,7 @@ impl VBFACore {
         py: Python<'_>,
         f: impl FnOnce(&mut crate::vbfa::VbfaBatch) -> crate::error::Result<T> + Send,
     ) -> PyResult<T> {
-        py.detach(|| f(&mut *lock(&self.inner)?).map_err(to_py_err))
+        py.detach(|| f(&mut *lock(&self.inner)?).map_err(PyErr::from))
     }
 }
 
@@ -100,9 +100,7 @@ impl VBFACore {
             seed,
         )?;
         let view = checked_view(&x, "X")?;
-        let model = py
-            .detach(|| crate::vbfa::VbfaBatch::new(view, config))
-            .map_err(to_py_err)?;
+        let model = py.detach(|| crate::vbfa::VbfaBatch::new(view, config))?;
         Ok(VBFACore {
             inner: Mutex::new(model),
         })
@@ -120,7 +118,7 @@ impl VBFACore {
 
     /// One named coordinate update or transformation.
     fn apply(&self, py: Python<'_>, step: &str) -> PyResult<()> {
-        let step = crate::vbfa::Step::parse(step).map_err(to_py_err)?;
+        let step = crate::vbfa::Step::parse(step)?;
         self.with(py, |m| m.apply(step))
     }
 
@@ -253,7 +251,7 @@ impl OnlineVBFACore {
         py: Python<'_>,
         f: impl FnOnce(&mut crate::vbfa::VbfaOnline) -> crate::error::Result<T> + Send,
     ) -> PyResult<T> {
-        py.detach(|| f(&mut *lock(&self.inner)?).map_err(to_py_err))
+        py.detach(|| f(&mut *lock(&self.inner)?).map_err(PyErr::from))
     }
 }
 
@@ -293,9 +291,7 @@ impl OnlineVBFACore {
             step_size: step_size(schedule, tau0, kappa, rho)?,
             n_effective,
         };
-        let engine = py
-            .detach(|| crate::vbfa::VbfaOnline::new(n_features, config))
-            .map_err(to_py_err)?;
+        let engine = py.detach(|| crate::vbfa::VbfaOnline::new(n_features, config))?;
         Ok(OnlineVBFACore {
             inner: Mutex::new(engine),
         })
@@ -384,9 +380,7 @@ pub(crate) fn vbfa_log_likelihood<'py>(
         checked_view(&loadings, "loadings")?,
         checked_view(&noise_variance, "noise_variance")?,
     );
-    let out = py
-        .detach(|| crate::vbfa::plugin_log_likelihood(x, c, f, psi))
-        .map_err(to_py_err)?;
+    let out = py.detach(|| crate::vbfa::plugin_log_likelihood(x, c, f, psi))?;
     Ok(out.into_pyarray(py))
 }
 
@@ -407,5 +401,5 @@ pub(crate) fn vbfa_get_state<'py, M: Checkpoint + Send>(
 /// A model rebuilt from a `vbfa_get_state` dict; ValueError naming the first invalid entry.
 pub(crate) fn vbfa_from_state<M: Checkpoint + Send>(py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<M> {
     let map = dict_to_state(state)?;
-    py.detach(|| M::from_state(&map)).map_err(to_py_err)
+    py.detach(|| M::from_state(&map)).map_err(PyErr::from)
 }

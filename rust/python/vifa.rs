@@ -28,14 +28,14 @@ pub(crate) fn vifa_step_any(core: &VIFACore, py: Python<'_>, grads: &Bound<'_, P
         let view: ArrayView2<f64> = checked_view(&ro, "grad")?;
         py.detach(|| -> PyResult<()> {
             let mut guard = lock(&core.inner)?;
-            with_model!(&mut *guard, m => m.step(view)).map_err(to_py_err)
+            with_model!(&mut *guard, m => m.step(view)).map_err(PyErr::from)
         })
     } else if let Ok(arr) = grads.cast::<PyArray2<f32>>() {
         let ro = arr.readonly();
         let view: ArrayView2<f32> = checked_view(&ro, "grad")?;
         py.detach(|| -> PyResult<()> {
             let mut guard = lock(&core.inner)?;
-            with_model!(&mut *guard, m => m.step(view)).map_err(to_py_err)
+            with_model!(&mut *guard, m => m.step(view)).map_err(PyErr::from)
         })
     } else {
         Err(PyTypeError::new_err(
@@ -77,16 +77,15 @@ impl VIFACore {
                 loadings: lr_loadings,
                 log_noise: lr_log_noise,
             },
-            optimizer: Optimizer::parse(optimizer).map_err(to_py_err)?,
+            optimizer: Optimizer::parse(optimizer)?,
             n_grad_samples,
             clip_grad_norm,
         };
         let loadings = match init {
             Some(a) => owned_copy(&a)?,
             None => {
-                validate_vifa_dims(n_features, n_components).map_err(to_py_err)?;
-                py.detach(|| orthonormal_loadings(n_features, n_components, seed))
-                    .map_err(to_py_err)?
+                validate_vifa_dims(n_features, n_components)?;
+                py.detach(|| orthonormal_loadings(n_features, n_components, seed))?
             }
         };
         let init_mean = init_mean.as_ref().map(|a| owned_copy(a)).transpose()?;
@@ -109,7 +108,7 @@ impl VIFACore {
             }
         });
         Ok(VIFACore {
-            inner: Mutex::new(inner.map_err(to_py_err)?),
+            inner: Mutex::new(inner?),
         })
     }
 
@@ -117,7 +116,7 @@ impl VIFACore {
     fn sample<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let theta = py.detach(|| -> PyResult<_> {
             let mut guard = lock(&self.inner)?;
-            with_model!(&mut *guard, m => m.sample()).map_err(to_py_err)
+            with_model!(&mut *guard, m => m.sample()).map_err(PyErr::from)
         })?;
         Ok(theta.into_pyarray(py))
     }
@@ -135,7 +134,7 @@ impl VIFACore {
                 super::sharded::AnyView2::F64(v) => m.local_gradient_norms(v),
                 super::sharded::AnyView2::F32(v) => m.local_gradient_norms(v),
             })
-            .map_err(to_py_err)
+            .map_err(PyErr::from)
         })
     }
 
@@ -153,7 +152,7 @@ impl VIFACore {
                 super::sharded::AnyView2::F64(v) => m.local_step(v, sq_norms),
                 super::sharded::AnyView2::F32(v) => m.local_step(v, sq_norms),
             })
-            .map_err(to_py_err)
+            .map_err(PyErr::from)
         })?;
         Ok((gram.into_pyarray(py), finite))
     }
@@ -163,7 +162,7 @@ impl VIFACore {
         let gram = owned_copy(&gram)?;
         py.detach(|| {
             let mut guard = lock(&self.inner)?;
-            with_model!(&mut *guard, m => m.finish_step(gram.view(), finite)).map_err(to_py_err)
+            with_model!(&mut *guard, m => m.finish_step(gram.view(), finite)).map_err(PyErr::from)
         })
     }
 
@@ -202,7 +201,7 @@ impl VIFACore {
         };
         py.detach(|| -> PyResult<()> {
             let mut guard = lock(&self.inner)?;
-            with_model!(&mut *guard, m => m.set_learning_rates(lr)).map_err(to_py_err)
+            with_model!(&mut *guard, m => m.set_learning_rates(lr)).map_err(PyErr::from)
         })
     }
 
@@ -210,7 +209,7 @@ impl VIFACore {
     fn set_prior_precision(&self, py: Python<'_>, alpha: f64) -> PyResult<()> {
         py.detach(|| -> PyResult<()> {
             let mut guard = lock(&self.inner)?;
-            with_model!(&mut *guard, m => m.set_prior_precision(alpha)).map_err(to_py_err)
+            with_model!(&mut *guard, m => m.set_prior_precision(alpha)).map_err(PyErr::from)
         })
     }
 
@@ -249,7 +248,7 @@ impl VIFACore {
             }
         });
         Ok(Self {
-            inner: Mutex::new(inner.map_err(to_py_err)?),
+            inner: Mutex::new(inner?),
         })
     }
 
