@@ -12,7 +12,7 @@
 //!   negative eigenvalues, and a breakdown of the next E-step is reported by the update as usual;
 //! - means within the accepted input range, variances ψ within [0, `MAX_STATE`].
 //!
-//! VB-FA (crate::vbfa's checkpoint module) adds [`positive`] (Gamma shapes and rates, variances) and
+//! VB-FA's checkpoint module adds [`positive`] (Gamma shapes and rates, variances) and
 //! [`positive_definite`] (the covariances Σ_{h_n}, Σ_{f_d} whose log-determinants enter the bound).
 
 use ndarray::ArrayView2;
