@@ -65,7 +65,7 @@ class SnapshotCollector:
         Threads of the worker's ``OnlineEM`` / ``OnlineSGA`` updates with ``asynchronous=True`` (results do
         not depend on it). 1 leaves the other cores to training (on 2 cores, K = 20, a snapshot every 40
         steps: 0.97× the loop's time without collection against 1.28× with updates on both cores;
-        ``benches/collector.py``, docs/usage.md). None: every core.
+        ``benches/collector.py``, docs/performance.md). None: every core.
 
     Raises
     ------
