@@ -435,7 +435,6 @@ class OnlineEM(_StreamingModel):
             dtype=dtype, whiten=False, schedule="harmonic", scaling="unit",
         )
 
-
     def _ended_warmup(self) -> Any:
         """During warm-up, from the second distinct sample on: a copy of the engine whose warm-up ended at
         the last sample (the first M-step on the statistics so far), built once per sample count."""
