@@ -2,6 +2,7 @@
 //! releases the GIL, calls the pure-Rust core and converts the result back. All the documentation users read
 //! lives in the Python wrappers (python/onlinefa/); these classes are their engines.
 
+mod any_float;
 #[macro_use]
 mod common;
 mod exports;

@@ -2,7 +2,7 @@
 //! float32/float64 inputs, the additive query sums, counter-based sample noise and the rows of the seeded
 //! initial draw. The split-step methods themselves live with each engine class (`streaming.rs`, `vifa.rs`).
 
-use ndarray::{ArrayView1, ArrayView2, Axis};
+use ndarray::Axis;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -12,62 +12,6 @@ use crate::fork::Mutex;
 use crate::noise::{fill_noise_view, latent_draw, SAMPLE_SALT};
 use crate::query::{GaussianRows, QuerySums};
 use crate::scalar::Real;
-
-/// A borrowed float32 or float64 vector.
-pub(crate) enum AnyView1<'a> {
-    F32(ArrayView1<'a, f32>),
-    F64(ArrayView1<'a, f64>),
-}
-
-/// A borrowed float32 or float64 matrix.
-pub(crate) enum AnyView2<'a> {
-    F32(ArrayView2<'a, f32>),
-    F64(ArrayView2<'a, f64>),
-}
-
-/// Run `body` on a 1-D float32/float64 array read in place, with the GIL released.
-pub(crate) fn with_vector<R: Send>(
-    py: Python<'_>,
-    x: &Bound<'_, PyAny>,
-    what: &str,
-    body: impl FnOnce(AnyView1<'_>) -> PyResult<R> + Send,
-) -> PyResult<R> {
-    if let Ok(arr) = x.cast::<PyArray1<f64>>() {
-        let ro = arr.readonly();
-        let view = checked_view(&ro, what)?;
-        py.detach(|| body(AnyView1::F64(view)))
-    } else if let Ok(arr) = x.cast::<PyArray1<f32>>() {
-        let ro = arr.readonly();
-        let view = checked_view(&ro, what)?;
-        py.detach(|| body(AnyView1::F32(view)))
-    } else {
-        Err(PyTypeError::new_err(format!(
-            "{what} must be a 1-D float32 or float64 numpy array"
-        )))
-    }
-}
-
-/// Run `body` on a 2-D float32/float64 array read in place, with the GIL released.
-pub(crate) fn with_matrix<R: Send>(
-    py: Python<'_>,
-    x: &Bound<'_, PyAny>,
-    what: &str,
-    body: impl FnOnce(AnyView2<'_>) -> PyResult<R> + Send,
-) -> PyResult<R> {
-    if let Ok(arr) = x.cast::<PyArray2<f64>>() {
-        let ro = arr.readonly();
-        let view = checked_view(&ro, what)?;
-        py.detach(|| body(AnyView2::F64(view)))
-    } else if let Ok(arr) = x.cast::<PyArray2<f32>>() {
-        let ro = arr.readonly();
-        let view = checked_view(&ro, what)?;
-        py.detach(|| body(AnyView2::F32(view)))
-    } else {
-        Err(PyTypeError::new_err(format!(
-            "{what} must be a 2-D float32 or float64 numpy array"
-        )))
-    }
-}
 
 /// The flat query sums of a model's rows for X (n×D), read under one lock.
 pub(crate) fn query_sums<'py, A: GaussianRows + Send, B: GaussianRows + Send>(

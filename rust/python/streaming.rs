@@ -2,8 +2,8 @@
 //! seeded initial loadings.
 
 use ndarray::ArrayView2;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -17,30 +17,20 @@ use crate::scalar::Real;
 use crate::scaling::Scaling;
 use crate::state::{Checkpoint, StateValue};
 
-/// Run `update` on a 2-D float32 or float64 array without copying it, with the GIL released.
+/// Run `update` on a 2-D float32 or float64 array without copying it, with the GIL released (in the calling
+/// thread's update pool, if one was set).
 macro_rules! update_from_any {
     ($self:ident, $py:ident, $x:ident) => {{
-        if let Ok(arr) = $x.cast::<PyArray2<f64>>() {
-            let ro = arr.readonly();
-            let view: ArrayView2<f64> = checked_view(&ro, "X")?;
-            $py.detach(|| -> PyResult<()> {
-                super::update_pool::in_update_pool(|| {
-                    let mut guard = lock(&$self.inner)?;
-                    with_model!(&mut *guard, m => m.update(view)).map_err(PyErr::from)
-                })
+        super::any_float::with_matrix($py, $x, "X", |view| {
+            super::update_pool::in_update_pool(|| {
+                let mut guard = lock(&$self.inner)?;
+                match view {
+                    super::any_float::AnyView2::F64(v) => with_model!(&mut *guard, m => m.update(v))?,
+                    super::any_float::AnyView2::F32(v) => with_model!(&mut *guard, m => m.update(v))?,
+                }
+                Ok(())
             })
-        } else if let Ok(arr) = $x.cast::<PyArray2<f32>>() {
-            let ro = arr.readonly();
-            let view: ArrayView2<f32> = checked_view(&ro, "X")?;
-            $py.detach(|| -> PyResult<()> {
-                super::update_pool::in_update_pool(|| {
-                    let mut guard = lock(&$self.inner)?;
-                    with_model!(&mut *guard, m => m.update(view)).map_err(PyErr::from)
-                })
-            })
-        } else {
-            Err(PyTypeError::new_err("update expects a 2-D float32 or float64 numpy array"))
-        }
+        })
     }};
 }
 
@@ -136,10 +126,10 @@ macro_rules! model_methods {
 
             /// Validate a batch X (n×D float32/float64) as `update` does, applying nothing.
             fn check_batch(&self, py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
-                super::sharded::with_matrix(py, x, "X", |view| {
+                super::any_float::with_matrix(py, x, "X", |view| {
                     with_model!(&*lock(&self.inner)?, m => match view {
-                        super::sharded::AnyView2::F64(v) => m.check_batch(v),
-                        super::sharded::AnyView2::F32(v) => m.check_batch(v),
+                        super::any_float::AnyView2::F64(v) => m.check_batch(v),
+                        super::any_float::AnyView2::F32(v) => m.check_batch(v),
                     })
                     .map_err(PyErr::from)
                 })
@@ -153,11 +143,11 @@ macro_rules! model_methods {
                 py: Python<'py>,
                 x: &Bound<'py, PyAny>,
             ) -> PyResult<(Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>, f64)> {
-                let sums = super::sharded::with_vector(py, x, "x", |view| {
+                let sums = super::any_float::with_vector(py, x, "x", |view| {
                     let mut guard = lock(&self.inner)?;
                     with_model!(&mut *guard, m => match view {
-                        super::sharded::AnyView1::F64(v) => m.local_sums(v),
-                        super::sharded::AnyView1::F32(v) => m.local_sums(v),
+                        super::any_float::AnyView1::F64(v) => m.local_sums(v),
+                        super::any_float::AnyView1::F32(v) => m.local_sums(v),
                     })
                     .map_err(PyErr::from)
                 })?;

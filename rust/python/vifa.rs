@@ -129,10 +129,10 @@ impl VIFACore {
     /// Phase 1 of a step split across processes: validate grads (L×D) and return these rows' part of the
     /// squared gradient norms (None without clipping). Changes nothing.
     fn local_gradient_norms(&self, py: Python<'_>, grads: &Bound<'_, PyAny>) -> PyResult<Option<[f64; 3]>> {
-        super::sharded::with_matrix(py, grads, "grad", |view| {
+        super::any_float::with_matrix(py, grads, "grad", |view| {
             with_model!(&*lock(&self.inner)?, m => match view {
-                super::sharded::AnyView2::F64(v) => m.local_gradient_norms(v),
-                super::sharded::AnyView2::F32(v) => m.local_gradient_norms(v),
+                super::any_float::AnyView2::F64(v) => m.local_gradient_norms(v),
+                super::any_float::AnyView2::F32(v) => m.local_gradient_norms(v),
             })
             .map_err(PyErr::from)
         })
@@ -146,11 +146,11 @@ impl VIFACore {
         grads: &Bound<'py, PyAny>,
         sq_norms: Option<[f64; 3]>,
     ) -> PyResult<(Bound<'py, PyArray2<f64>>, bool)> {
-        let (gram, finite) = super::sharded::with_matrix(py, grads, "grad", |view| {
+        let (gram, finite) = super::any_float::with_matrix(py, grads, "grad", |view| {
             let mut guard = lock(&self.inner)?;
             with_model!(&mut *guard, m => match view {
-                super::sharded::AnyView2::F64(v) => m.local_step(v, sq_norms),
-                super::sharded::AnyView2::F32(v) => m.local_step(v, sq_norms),
+                super::any_float::AnyView2::F64(v) => m.local_step(v, sq_norms),
+                super::any_float::AnyView2::F32(v) => m.local_step(v, sq_norms),
             })
             .map_err(PyErr::from)
         })?;
