@@ -54,7 +54,6 @@ class BackgroundFeeder:
         self._work: queue.Queue[NDArray[Any] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._n_dropped = 0
-        self._fit_seconds: list[float] = []
         self._worker = threading.Thread(target=self._run, name="onlinefa-snapshot-feeder", daemon=True)
         self._worker.start()
 
@@ -91,11 +90,6 @@ class BackgroundFeeder:
                 self._work.put(None)
                 self._worker.join()
 
-    @property
-    def fit_seconds(self) -> list[float]:
-        """Worker seconds of each applied snapshot."""
-        return list(self._fit_seconds)
-
     # -- worker -------------------------------------------------------------------------------------------
     def _run(self) -> None:
         if self._on_start is not None:
@@ -110,9 +104,7 @@ class BackgroundFeeder:
                 return
             try:
                 if self._error is None:
-                    start = time.perf_counter()
                     self._apply(buffer)
-                    self._fit_seconds.append(time.perf_counter() - start)
                 else:
                     self._n_dropped += 1
             except BaseException as err:  # handed to the training thread, never lost
