@@ -95,7 +95,7 @@ def private_names_imported(path: Path) -> list[str]:
 
 def test_the_private_import_checker_sees_private_names(tmp_path: Path) -> None:
     sample = tmp_path / "m.py"
-    sample.write_text("from ._models import _helper, public as _alias\nfrom . import _core\n")
+    sample.write_text("from .streaming import _helper, public as _alias\nfrom . import _core\n")
     assert private_names_imported(sample) == ["_helper"]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,23 @@ def test_estimator_transform_reads_one_state_during_partial_fit() -> None:
     for answer in answers:
         distance = np.min(np.max(np.abs(states - answer), axis=1))
         assert distance <= 1e-9 * np.max(np.abs(answer)), answer
+
+
+@pytest.mark.parametrize("kind", ["VBFA", "GFA", "OnlineGFA", "OnlineVBFA"])
+def test_dense_covariance_of_the_bayesian_models_is_guarded(kind: str) -> None:
+    """Every get_covariance refuses D > 5000, as OnlineFactorAnalysis and covariance() do, before any D×D
+    allocation (the guard is read from the fitted width only)."""
+    from onlinefa._gaussian import MAX_DENSE_FEATURES
+
+    n_features = MAX_DENSE_FEATURES + 1
+    X = np.random.default_rng(0).standard_normal((12, n_features))
+    options: dict[str, Any] = {"n_components": 2, "random_state": 0}
+    if kind in ("GFA", "OnlineGFA"):
+        options["groups"] = [n_features - 1, 1]
+    options.update({"max_iter": 2} if kind in ("GFA", "VBFA") else {"batch_size": 12})
+    model = getattr(onlinefa, kind)(**options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(X)
+    with pytest.raises(ValueError, match=f"dense {n_features}x{n_features} matrix; the limit is 5000"):
+        model.get_covariance()

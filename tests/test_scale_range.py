@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import onlinefa
-from onlinefa import _models
+from onlinefa import streaming
 
 D, K, T = 50, 3, 2000
 TOLERANCE = 1e-3
@@ -49,7 +49,7 @@ def _relative_error(name: str, dtype: str, c: float) -> float:
 
 
 def _range(name: str, dtype: str) -> tuple[float, float | None]:
-    return _models.SCALE_EQUIVARIANT_VARIANCES[name][dtype]
+    return streaming.SCALE_EQUIVARIANT_VARIANCES[name][dtype]
 
 
 @pytest.mark.parametrize(("name", "dtype"), CASES)

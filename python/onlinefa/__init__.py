@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._loader import load
-from .errors import NumericalBreakdownError
-from ._models import NotFittedError, OnlineEM, OnlineSGA
+from .errors import NotFittedError, NumericalBreakdownError
+from .streaming import OnlineEM, OnlineSGA
 from .minibatch import MiniBatchEM, fit_minibatch
 from .rotation import canonical_loadings
 from .vifa import VIFA
@@ -45,23 +45,16 @@ __all__ = [
 ]  # fmt: skip
 
 
+#: Classes imported on first use: they import scikit-learn when that is installed, and ``import onlinefa``
+#: must stay NumPy-only.
+_LAZY_CLASSES = ("OnlineFactorAnalysis", "VBFA", "OnlineVBFA", "GFA", "OnlineGFA")
+
+
 def __getattr__(name: str) -> Any:
-    # The estimators are imported on first use: they import scikit-learn when that is installed, and
-    # `import onlinefa` must stay numpy-only.
-    if name == "OnlineFactorAnalysis":
-        from .estimator import OnlineFactorAnalysis
+    if name in _LAZY_CLASSES:
+        from ._registry import kind_named
 
-        return OnlineFactorAnalysis
-    if name in ("VBFA", "OnlineVBFA"):
-        from . import vbfa
-
-        return getattr(vbfa, name)
-    if name == "GFA":
-        from .gfa import GFA
-
-        return GFA
-    if name == "OnlineGFA":
-        from .online_gfa import OnlineGFA
-
-        return OnlineGFA
+        kind = kind_named(name)
+        assert kind is not None, name  # every lazy class is a registered model kind
+        return kind.model_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _demo_mlp as mlp
 from ._demo_batch import batch_fa
-from ._models import OnlineEM, OnlineSGA
+from .streaming import OnlineEM, OnlineSGA
 from ._uci import UCI_DATASETS
 from .errors import CommandError
 from .datasets import make_fa_model, sample_fa

@@ -12,15 +12,18 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._models import OnlineEM, OnlineSGA
 from ._progress import Progress
+from ._registry import STREAMING_METHODS, streaming_kind
 from .errors import CommandError
 
-StreamingModel = OnlineEM | OnlineSGA
+if TYPE_CHECKING:
+    from .streaming import OnlineEM, OnlineSGA
+
+    StreamingModel = OnlineEM | OnlineSGA
 
 
 def _positive_int(text: str) -> int:
@@ -55,7 +58,7 @@ def add_parser(commands: Any) -> None:
     )
     p.add_argument("samples", type=Path, help="(T, D) array saved with numpy.save")
     p.add_argument("--components", "-k", type=_positive_int, required=True, help="number of latent factors K")
-    p.add_argument("--method", choices=("em", "sga"), default="em", help="online EM (default) or SGA")
+    p.add_argument("--method", choices=STREAMING_METHODS, default="em", help="online EM (default) or SGA")
     p.add_argument(
         "--config", choices=("default", "thesis"), default="default",
         help="'default': the library's defaults (EM: whitening, harmonic schedule, data scaling); 'thesis': "
@@ -168,18 +171,23 @@ def build_model(args: argparse.Namespace, n_features: int) -> StreamingModel:
     """The streaming model the options describe (ValueError/TypeError for invalid values)."""
     warmup = args.warmup if args.warmup is not None else (100 if args.config == "thesis" else "auto")
     common: dict[str, Any] = {"n_warmup": warmup, "seed": args.seed, "dtype": args.dtype}
+    kind = streaming_kind(args.method)
+    learning_rate = {"lr": args.lr} if args.method == "sga" else {}  # SGA's own option
     if args.config == "thesis":
         if args.schedule is not None or not args.whiten:
             raise ValueError("--schedule and --no-whiten apply to --config default only")
-        if args.method == "em":
-            return OnlineEM.algorithm2(n_features, args.components, **common)
-        return OnlineSGA.algorithm1(n_features, args.components, lr=args.lr, **common)
+        thesis_constructor = getattr(kind.model_class(), str(kind.thesis))
+        model: StreamingModel = thesis_constructor(n_features, args.components, **learning_rate, **common)
+        return model
+    whitening = {"whiten": args.whiten} if args.method == "em" else {}  # EM's own option
     schedule_options = {"tau0": args.tau0, "kappa": args.kappa, "rho": args.rho}
-    if args.method == "em":
-        return OnlineEM(n_features, args.components, whiten=args.whiten, schedule=args.schedule or "harmonic",
-                        **schedule_options, **common)
-    return OnlineSGA(n_features, args.components, lr=args.lr, schedule=args.schedule or "harmonic",
-                     **schedule_options, **common)
+    model = kind.model_class()(n_features, args.components, schedule=args.schedule or "harmonic",
+                               **learning_rate, **whitening, **schedule_options, **common)
+    return model
+    schedule_options = {"tau0": args.tau0, "kappa": args.kappa, "rho": args.rho}
+    model = kind.model_class()(n_features, args.components, schedule=args.schedule or "harmonic",
+                               **schedule_options, **common)
+    return model
 
 
 def _stream(model: StreamingModel, data: np.ndarray[Any, Any] | RowReader, step: int, label: str

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from ._models import OnlineEM
+from .streaming import OnlineEM
 from ._uci import load_uci
 
 __all__ = [

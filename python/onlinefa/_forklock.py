@@ -15,6 +15,8 @@ import threading
 import weakref
 from types import TracebackType
 
+from .errors import ModelHeldAtForkError
+
 
 class ForkSafeLock:
     """A mutual-exclusion lock (``with lock: ...``) that is unheld in every child made by ``fork()``."""
@@ -48,9 +50,6 @@ class ForkSafeLock:
         del self._held.lock
         lock.release()
 
-
-class ModelHeldAtForkError(RuntimeError):
-    """A model's lock was held by another thread of the parent when this process was forked."""
 
 
 #: Every live :class:`ModelLock`, so that one fork handler can visit them all (no handler per model).

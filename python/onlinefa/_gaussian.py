@@ -102,6 +102,26 @@ def refreshed_snapshot(engine: Any, cached: CachedSnapshot | None) -> CachedSnap
     return (n_seen, mean, loadings, psi)
 
 
+def check_dense_size(n_features: int, query: str, force: bool = False) -> None:
+    """ValueError when ``query`` would build a D×D matrix with D > ``MAX_DENSE_FEATURES`` (unless ``force``)."""
+    if n_features > MAX_DENSE_FEATURES and not force:
+        hint = " unless force=True" if query == "covariance()" else ""
+        raise ValueError(
+            f"{query} would build a dense {n_features}x{n_features} matrix; "
+            f"the limit is {MAX_DENSE_FEATURES} features{hint}"
+        )
+
+
+def dense_covariance(loadings: FloatArray, noise_variance: FloatArray, query: str, force: bool = False
+                     ) -> FloatArray:
+    """F Fᵀ + diag ψ as a dense (D, D) array, behind :func:`check_dense_size`."""
+    n_features = loadings.shape[0]
+    check_dense_size(n_features, query, force)
+    cov: FloatArray = loadings @ loadings.T
+    cov[np.diag_indices(n_features)] += noise_variance
+    return cov
+
+
 class FactorGaussianMixin:
     """Gaussian helpers for any class exposing ``mean``, ``loadings`` and ``noise_variance``."""
 
@@ -143,15 +163,7 @@ class FactorGaussianMixin:
             If D > ``MAX_DENSE_FEATURES`` and ``force`` is false.
         """
         _, loadings, noise_variance = self._params()
-        n_features = loadings.shape[0]
-        if n_features > MAX_DENSE_FEATURES and not force:
-            raise ValueError(
-                f"covariance() would build a dense {n_features}x{n_features} matrix; "
-                f"the limit is {MAX_DENSE_FEATURES} features unless force=True"
-            )
-        cov: FloatArray = loadings @ loadings.T
-        cov[np.diag_indices(n_features)] += noise_variance
-        return cov
+        return dense_covariance(loadings, noise_variance, "covariance()", force=force)
 
     def log_prob(self, X: ArrayLike) -> FloatArray:
         """Log density of each sample under N(mean, F Fᵀ + diag ψ).

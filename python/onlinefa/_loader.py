@@ -26,31 +26,11 @@ def load(path: str | os.PathLike[str]) -> Any:
     OSError
         The file cannot be opened.
     """
+    from ._registry import kind_named
     from .checkpoint import stored_class
 
     kind = stored_class(path)
-    if kind == "OnlineFactorAnalysis":
-        from .estimator import OnlineFactorAnalysis
-
-        return OnlineFactorAnalysis.load(path)
-    if kind in ("GFA", "OnlineGFA"):
-        from .gfa import GFA
-        from .online_gfa import OnlineGFA
-
-        return (GFA if kind == "GFA" else OnlineGFA).load(path)
-    from ._models import OnlineEM, OnlineSGA
-    from .minibatch import MiniBatchEM
-    from .vbfa import VBFA, OnlineVBFA
-    from .vifa import VIFA
-
-    classes: dict[str, Any] = {
-        "OnlineEM": OnlineEM,
-        "OnlineSGA": OnlineSGA,
-        "VIFA": VIFA,
-        "MiniBatchEM": MiniBatchEM,
-        "VBFA": VBFA,
-        "OnlineVBFA": OnlineVBFA,
-    }
-    if kind not in classes:
+    model_kind = kind_named(kind)
+    if model_kind is None:
         raise ValueError(f"{os.fspath(path)!r} holds a model of class {kind!r}, which this onlinefa cannot load")
-    return classes[kind].load(path)
+    return model_kind.model_class().load(path)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._models import NotFittedError as LibraryNotFittedError
+from .errors import NotFittedError as LibraryNotFittedError
 from .errors import ConvergenceWarning as LibraryConvergenceWarning
 from ._params import ParamsMixin
 from ._pickle_tag import ClassTaggedPickle

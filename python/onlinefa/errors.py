@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from ._core import NumericalBreakdownError
 
-__all__ = ["CommandError", "ConvergenceWarning", "NumericalBreakdownError"]
+__all__ = [
+    "CommandError", "ConvergenceWarning", "ModelHeldAtForkError", "NotFittedError", "NumericalBreakdownError",
+    "ShardCommunicationError", "SlowCollectionWarning",
+]
 
 
 class CommandError(Exception):
@@ -24,3 +27,22 @@ class ConvergenceWarning(UserWarning):
     """A fit stopped at its iteration limit before its stopping rule was met (the result is usable but not
     converged). With scikit-learn installed the estimators raise a subclass that is also scikit-learn's
     ``ConvergenceWarning``, so either class filters it."""
+
+
+class NotFittedError(ValueError, AttributeError):
+    """A model was asked for its fitted Gaussian before warm-up ended.
+
+    Subclasses both ``ValueError`` and ``AttributeError``, like scikit-learn's ``NotFittedError``.
+    """
+
+
+class ModelHeldAtForkError(RuntimeError):
+    """A model's lock was held by another thread of the parent when this process was forked."""
+
+
+class ShardCommunicationError(RuntimeError):
+    """A collective between the ranks failed: a peer process died, or the process group's timeout passed."""
+
+
+class SlowCollectionWarning(UserWarning):
+    """A snapshot costs the training loop more than one training step (forward, backward and optimiser step) (see ``SnapshotCollector``)."""

@@ -16,12 +16,13 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._forklock import ForkSafeLock
-from ._gaussian import MAX_DENSE_FEATURES, precision_factor
-from ._models import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
+from ._gaussian import check_dense_size, precision_factor
+from .streaming import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
 from ._gaussian import latent_mean
 from .minibatch import MINIBATCH_KAPPA, MINIBATCH_TAU0, MiniBatchEM, data_moments, fit_passes
 from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float
 from ._persist import param_entries, prefixed
+from ._registry import STREAMING_METHODS, inner_class, streaming_class
 from ._sklearn_base import ConvergenceWarning, EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .rotation import canonical_loadings, canonical_rotation
 from ._exports import AnyFloatArray, canonical_components32, storage_snapshot
@@ -36,7 +37,6 @@ StreamingModel = OnlineEM | OnlineSGA | MiniBatchEM
 #: float64 state: it keeps every intermediate of the Woodbury computations finite.
 MAX_QUERY_MAGNITUDE = 1e100
 
-_ALGORITHMS: dict[str, type[OnlineEM] | type[OnlineSGA]] = {"em": OnlineEM, "sga": OnlineSGA}
 _SCHEDULES = ("auto", "harmonic", "power", "constant")
 #: Hyper-parameters added after checkpoint format v1 first shipped, with the values that reproduce the
 #: estimator of that time (thesis Algorithm 2), for checkpoints that do not store them.
@@ -241,9 +241,10 @@ class OnlineFactorAnalysis(EstimatorBase):
 
     # -- construction of the streaming model ----------------------------------------------------------
     def _model_class(self) -> type[OnlineEM] | type[OnlineSGA]:
-        if not isinstance(self.algorithm, str) or self.algorithm not in _ALGORITHMS:
-            raise ValueError(f"algorithm must be 'em' or 'sga', got {self.algorithm!r}")
-        return _ALGORITHMS[self.algorithm]
+        if not isinstance(self.algorithm, str) or self.algorithm not in STREAMING_METHODS:
+            raise ValueError(f"algorithm must be one of {STREAMING_METHODS}, got {self.algorithm!r}")
+        model_class: type[OnlineEM] | type[OnlineSGA] = streaming_class(self.algorithm)
+        return model_class
 
     def _model_options(self) -> dict[str, Any]:
         """Keyword arguments of the streaming model beyond the shared ones (one place to extend)."""
@@ -601,11 +602,7 @@ class OnlineFactorAnalysis(EstimatorBase):
             If n_features exceeds 5000 (the matrix would be too large).
         """
         model = self._fitted_model()
-        if model.n_features > MAX_DENSE_FEATURES:
-            raise ValueError(
-                f"get_precision() would build a dense {model.n_features}x{model.n_features} matrix; "
-                f"the limit is {MAX_DENSE_FEATURES} features"
-            )
+        check_dense_size(model.n_features, "get_precision()")
         noise_variance = model.noise_variance
         scaled, chol = precision_factor(model.loadings, noise_variance)
         half = np.linalg.solve(chol, scaled.T)  # L⁻¹ Fᵀ Ψ⁻¹, K×D
@@ -756,8 +753,7 @@ def _check_loaded(estimator: OnlineFactorAnalysis, shown_path: str) -> None:
 def _restore_model(state: dict[str, Any], shown_path: str) -> StreamingModel:
     """Rebuild the streaming model saved under the ``model.`` prefix of an estimator checkpoint."""
     class_name = state["model.class"]
-    classes: dict[str, type[StreamingModel]] = {"OnlineEM": OnlineEM, "OnlineSGA": OnlineSGA, "MiniBatchEM": MiniBatchEM}
-    model_class = classes.get(class_name)
+    model_class: type[StreamingModel] | None = inner_class(class_name)
     if model_class is None:
         raise ValueError(f"{shown_path!r}: unknown model class {class_name!r} in the checkpoint")
     model_state = {

@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
+from ._gaussian import dense_covariance
 from ._gfa_persist import GFAPersistMixin
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .estimator import MAX_QUERY_MAGNITUDE
@@ -479,10 +480,14 @@ class GFA(GFAPersistMixin, EstimatorBase):
         Returns
         -------
         ndarray of shape (n_features, n_features)
+
+        Raises
+        ------
+        ValueError
+            If n_features exceeds 5000 (the matrix would be too large).
         """
         self._fitted()
-        f = self.components_.T
-        return f @ f.T + np.diag(self.noise_variance_)
+        return dense_covariance(self.components_.T, self.noise_variance_, "get_covariance()")
 
     def lower_bound(self) -> float:
         """The full variational lower bound of the current q (nats).

@@ -24,7 +24,8 @@ from ._forklock import ModelLock
 from ._gaussian import CachedSnapshot, FactorGaussianMixin, refreshed_snapshot
 from ._persist import CheckpointMixin
 from ._gaussian import log_prob as _log_prob
-from ._models import DEFAULT_NOISE_FLOOR, NotFittedError, schedule_args
+from .errors import NotFittedError
+from .streaming import DEFAULT_NOISE_FLOOR, schedule_args
 from ._validation import (
     as_sample_matrix,
     check_init,

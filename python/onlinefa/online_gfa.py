@@ -328,6 +328,11 @@ class OnlineGFA(GFA):
         Returns
         -------
         ndarray of shape (n_features, n_features)
+
+        Raises
+        ------
+        ValueError
+            If n_features exceeds 5000 (the matrix would be too large).
         """
         with self._model_lock():
             return super().get_covariance()

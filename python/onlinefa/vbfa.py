@@ -27,6 +27,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._forklock import ForkSafeLock
+from ._gaussian import dense_covariance
 from . import _core
 from ._persist import param_entries, prefixed
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
@@ -372,9 +373,14 @@ class _VBFAEstimator(EstimatorBase):
         Returns
         -------
         ndarray of shape (n_features, n_features)
+
+        Raises
+        ------
+        ValueError
+            If n_features exceeds 5000 (the matrix would be too large).
         """
         _, f, noise_variance = self._plugin_gaussian()
-        return f @ f.T + np.diag(noise_variance)
+        return dense_covariance(f, noise_variance, "get_covariance()")
 
     def _plugin_gaussian(self) -> tuple[FloatArray, FloatArray, FloatArray]:
         """c̄ (D,), F̄ (D×K, C-contiguous) and ψ (D,) of the fitted model (NotFittedError before a fit)."""

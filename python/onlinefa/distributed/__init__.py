@@ -13,7 +13,8 @@ to the others through :class:`Communicator`: ``torch.distributed`` by default (a
 communicator does.
 """
 
-from ._comm import Communicator, ShardCommunicationError
+from ._comm import Communicator
+from ..errors import ShardCommunicationError
 from ._layout import ShardLayout
 from ._streaming import ShardedOnlineEM, ShardedOnlineSGA
 from ._torch import local_parameter_vector, shard_range

@@ -8,13 +8,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._core import NumericalBreakdownError
+from ..errors import ShardCommunicationError
 
 FloatArray = NDArray[np.float64]
 AllReduce = Callable[[FloatArray], Any]
 
-
-class ShardCommunicationError(RuntimeError):
-    """A collective between the ranks failed: a peer process died, or the process group's timeout passed."""
 
 
 #: Exception classes a rank can report to the others through a collective, by code (0 = success).

@@ -17,7 +17,8 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 from .. import _core
 from .._gaussian import sample_noise, sample_seed
 from .._validation import as_numpy, as_sample_matrix, check_finite_samples, check_int
-from ._comm import Communicator, ShardCommunicationError, exchange, new_tag
+from ._comm import Communicator, exchange, new_tag
+from ..errors import ShardCommunicationError
 from ._layout import ShardLayout
 
 FloatArray = NDArray[np.float64]

@@ -9,9 +9,10 @@ from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
 from .._core import NumericalBreakdownError
-from .._models import OnlineEM, OnlineSGA
+from ..streaming import OnlineEM, OnlineSGA
 from .._validation import check_init, check_int, check_seed
-from ._comm import AllReduce, Communicator, ShardCommunicationError, exchange
+from ._comm import AllReduce, Communicator, exchange
+from ..errors import ShardCommunicationError
 from ._layout import ShardLayout, handshake, orthonormal_rows
 from ._shared import ShardedGaussianMixin, local_matrix
 

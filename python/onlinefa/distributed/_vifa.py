@@ -12,7 +12,8 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 from .. import _core
 from .._validation import check_init, check_int, check_seed
 from ..vifa import VIFA
-from ._comm import AllReduce, Communicator, ShardCommunicationError, exchange
+from ._comm import AllReduce, Communicator, exchange
+from ..errors import ShardCommunicationError
 from ._layout import handshake, orthonormal_rows
 from ._shared import ShardedGaussianMixin, as_local_gradients
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._bma import bayesian_model_average, refresh_batch_norm
-from ._collect import SlowCollectionWarning, SnapshotCollector
+from ..errors import SlowCollectionWarning
+from ._collect import SnapshotCollector
 from ._distributions import to_torch
 from ._noise import GaussianNoise, vifa_regression_step
 from ._params import ParameterVector

@@ -14,6 +14,7 @@ import torch
 
 from .._core import limit_update_threads
 from .._validation import check_int
+from ..errors import SlowCollectionWarning
 from ._feeder import BackgroundFeeder
 from ._params import ParameterVector
 
@@ -27,9 +28,6 @@ _WARN_AFTER = 3
 #: Snapshots cheaper than this (seconds) never warn, whatever the step costs: nobody notices them.
 _WARN_MIN_SECONDS = 0.005
 
-
-class SlowCollectionWarning(UserWarning):
-    """A snapshot costs the training loop more than one training step (forward, backward and optimiser step) (see ``SnapshotCollector``)."""
 
 
 class SnapshotCollector:

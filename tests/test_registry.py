@@ -1,0 +1,78 @@
+"""The table of model kinds: every model class with a checkpoint is registered once, under its own name and
+module, and ``onlinefa.load``, the estimator and ``onlinefa fit`` resolve classes through it."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import pkgutil
+import importlib
+
+import numpy as np
+import pytest
+
+import onlinefa
+from onlinefa import _registry
+
+
+def _package_model_classes() -> dict[str, type]:
+    """Every class defined in the package (torch and distributed excluded) that has ``save`` and ``load``."""
+    found: dict[str, type] = {}
+    for info in pkgutil.walk_packages(onlinefa.__path__, "onlinefa."):
+        if info.name.split(".")[1] in ("torch", "distributed", "experiments", "_models"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (inspect.isclass(obj) and obj.__module__ == info.name and not name.startswith("_")
+                    and not name.endswith("Mixin")
+                    and callable(getattr(obj, "save", None)) and callable(getattr(obj, "load", None))):
+                found[name] = obj
+    return found
+
+
+def test_every_class_with_a_checkpoint_is_registered_under_its_own_name_and_module() -> None:
+    classes = _package_model_classes()
+    assert set(classes) == {kind.name for kind in _registry.KINDS}
+    for kind in _registry.KINDS:
+        assert kind.model_class() is classes[kind.name]
+        assert kind.model_class().__module__ == kind.module
+        assert _registry.kind_named(kind.name) is kind
+    assert _registry.kind_named("NoSuchModel") is None
+
+
+def test_streaming_methods_and_inner_models() -> None:
+    assert _registry.STREAMING_METHODS == ("em", "sga")
+    assert _registry.streaming_class("em") is onlinefa.OnlineEM
+    assert _registry.streaming_class("sga") is onlinefa.OnlineSGA
+    assert _registry.inner_class("MiniBatchEM") is onlinefa.MiniBatchEM
+    assert _registry.inner_class("VIFA") is None  # a checkpoint of the estimator cannot hold it
+    for kind in _registry.KINDS:
+        if kind.thesis is not None:
+            assert callable(getattr(kind.model_class(), kind.thesis))
+
+
+def test_lazy_public_names_resolve_through_the_table() -> None:
+    for name in ("OnlineFactorAnalysis", "VBFA", "OnlineVBFA", "GFA", "OnlineGFA"):
+        assert getattr(onlinefa, name) is _registry.kind_named(name).model_class()  # type: ignore[union-attr]
+    with pytest.raises(AttributeError):
+        onlinefa.NoSuchModel  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_load_refuses_a_class_outside_the_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from onlinefa.checkpoint import save_state
+
+    path = tmp_path / "unknown.ofa"
+    save_state(path, "NoSuchModel", {"x": np.zeros(2)})
+    with pytest.raises(ValueError, match="class 'NoSuchModel', which this onlinefa cannot load"):
+        onlinefa.load(path)
+
+
+def test_pickles_naming_the_former_module_still_load() -> None:
+    em = onlinefa.OnlineEM(6, 2, seed=0)
+    em.update(np.random.default_rng(0).standard_normal((10, 6)))
+    data = pickle.dumps(em, protocol=2)  # no frames: the module name can be edited in place
+    old = data.replace(b"conlinefa.streaming\nOnlineEM\n", b"conlinefa._models\nOnlineEM\n")
+    assert old != data
+    restored = pickle.loads(old)
+    assert type(restored) is onlinefa.OnlineEM
+    np.testing.assert_array_equal(restored.loadings, em.loadings)
