@@ -5,6 +5,7 @@
 //! c = θ̄ the mean. Equation numbers refer to Brownlie (2021), "Extending the Bayesian Deep Learning
 //! Method MultiSWAG".
 
+mod config_checks;
 mod engine;
 pub mod error;
 pub mod fork;
@@ -23,6 +24,8 @@ pub mod scaling;
 pub mod schedule;
 pub mod state;
 pub mod state_checks;
+#[cfg(test)]
+mod trait_parts_tests;
 pub mod vbfa;
 pub mod vifa;
 

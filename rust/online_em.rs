@@ -10,6 +10,7 @@
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
+use crate::config_checks::{check_floor_fits, checked_init, validate_dims};
 use crate::engine::block::{accumulate_estep, block_times, load_rows, outer, rank_one_update, row_dots};
 use crate::engine::em_kernel::{to_loadings_space, EmBlockIo, EmConsts, EmRowKernel, Isa, MAX_K};
 use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
@@ -20,7 +21,7 @@ use crate::engine::partition::{
 use crate::engine::tiled::{Tiled, TiledIsa};
 use crate::engine::{advance, Advanced};
 pub use crate::engine::{StepSums, StreamingModel};
-use crate::error::{checked_size, invalid, try_filled, FaError, Result};
+use crate::error::{checked_size, try_filled, FaError, Result};
 use crate::linalg::Rotation;
 use crate::linalg::SpdFactor;
 use crate::scalar::{stored, Real};
@@ -98,64 +99,6 @@ pub struct OnlineEm<T: Real> {
     pub(crate) pending: Option<Pending>,
     /// σ̂² = (1/D) Σ_d d̄²_d after the last pass (the data's scale, used by `Scaling::Data`).
     pub(crate) scale_sq: f64,
-}
-
-/// Check (D, K) and the common hyper-parameters.
-pub(crate) fn validate_dims(n_features: usize, n_components: usize, noise_floor: f64) -> Result<()> {
-    if n_components < 1 {
-        return Err(invalid("n_components", format!("must be >= 1, got {n_components}")));
-    }
-    if n_components >= n_features {
-        return Err(invalid(
-            "n_components",
-            format!("must be < n_features = {n_features}, got {n_components}"),
-        ));
-    }
-    if !(noise_floor.is_finite() && noise_floor > 0.0) {
-        return Err(invalid(
-            "noise_floor",
-            format!("must be finite and > 0, got {noise_floor}"),
-        ));
-    }
-    Ok(())
-}
-
-/// Check that the noise floor fits the storage type (ψ is kept within [floor, T::MAX_STATE]) and is
-/// not so small that 1/ψ or F²/ψ overflow (a floor below `T::MIN_FLOOR`, e.g. a subnormal 5e-324,
-/// made every later E-step break down).
-pub(crate) fn check_floor_fits<T: Real>(noise_floor: f64) -> Result<()> {
-    if noise_floor < T::MIN_FLOOR {
-        return Err(invalid(
-            "noise_floor",
-            format!(
-                "must be >= {:e} for {} state, got {noise_floor:e}",
-                T::MIN_FLOOR,
-                T::NAME
-            ),
-        ));
-    }
-    if noise_floor > T::MAX_STATE {
-        return Err(invalid(
-            "noise_floor",
-            format!("must be <= {:e} for {} state, got {noise_floor}", T::MAX_STATE, T::NAME),
-        ));
-    }
-    Ok(())
-}
-
-/// Check an initial loading matrix (D×K, finite) and convert it to storage.
-pub(crate) fn checked_init<T: Real>(init: ArrayView2<f64>, d: usize, k: usize) -> Result<Vec<T>> {
-    if init.dim() != (d, k) {
-        return Err(FaError::Shape {
-            what: "init",
-            expected: format!("({d}, {k})"),
-            got: init.shape().to_vec(),
-        });
-    }
-    if init.iter().any(|v| !(v.abs() <= T::MAX_INPUT)) {
-        return Err(invalid("init", "must contain only finite values"));
-    }
-    Ok(init.iter().map(|&v| T::from_f64(v)).collect())
 }
 
 /// Everything a pass needs besides the rows.

@@ -15,6 +15,7 @@ pub(crate) mod lane_syrk;
 pub(crate) mod model;
 pub(crate) mod partition;
 pub(crate) mod sga;
+pub(crate) mod sga_bounds;
 pub(crate) mod sga_kernel;
 pub(crate) mod sga_wide;
 pub(crate) mod tiled;

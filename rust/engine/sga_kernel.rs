@@ -37,7 +37,7 @@
 //! Every lane computes the same operations in the same order on every path, with the same W, and Rust never
 //! contracts a·b + c into an FMA, so the paths agree bit for bit.
 
-use crate::online_sga::{MAX_LOG_PSI_STEP, MAX_PSI_OVERSHOOT};
+use crate::engine::sga_bounds::{MAX_LOG_PSI_STEP, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
 
 use super::isa::Isa;
@@ -605,7 +605,7 @@ mod tests {
     #[test]
     fn lane_bounds_follow_f64_min_max() {
         // The compare-and-select forms give what `bounded` and `log_psi_step` give, NaN and infinities included.
-        use crate::online_sga::{bounded, log_psi_step};
+        use crate::engine::sga_bounds::{bounded, log_psi_step};
         let values = [
             f64::NAN,
             f64::INFINITY,

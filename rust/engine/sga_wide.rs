@@ -23,7 +23,7 @@
 
 use super::sga_kernel::{bounded_lane, residual_form, SgaBlockIo, SgaConsts, SgaStep, Start};
 use super::tiled::{padded_width, TileElem, Tiled, TiledIsa, TILE_ROWS};
-use crate::online_sga::{bounded, log_psi_step, MAX_PSI_OVERSHOOT};
+use crate::engine::sga_bounds::{bounded, log_psi_step, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
 
 /// Largest sub-block (rows).

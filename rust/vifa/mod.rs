@@ -112,7 +112,7 @@ impl<T: Real> Vifa<T> {
         validate_vifa_dims(n_features, n_components)?;
         config.validate()?;
         let (d, k) = (n_features, n_components);
-        let f = crate::online_em::checked_init::<T>(init.loadings, d, k)?;
+        let f = crate::config_checks::checked_init::<T>(init.loadings, d, k)?;
         let c = match init.mean {
             Some(m) => checked_vector::<T>(m, d, "init_mean", false)?,
             None => vec![T::default(); d],
