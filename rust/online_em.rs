@@ -18,7 +18,7 @@ use crate::engine::model::hooks::Pass;
 use crate::engine::partition::{
     stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS,
 };
-use crate::engine::tiled::{Tiled, TiledIsa};
+use crate::engine::tiled::Tiled;
 use crate::engine::{advance, Advanced};
 pub use crate::engine::{StepSums, StreamingModel};
 use crate::error::{checked_size, try_filled, FaError, Result};
@@ -197,7 +197,7 @@ impl<T: Real> OnlineEm<T> {
         let mut result = self.step_inner(x, scratch, sums, true);
         if result.is_err() {
             self.pending = None;
-            if std::mem::size_of::<T>() < std::mem::size_of::<f64>() {
+            if T::SINGLE {
                 result = self.step_inner(x, scratch, sums, false);
                 if result.is_err() {
                     self.pending = None;
@@ -237,7 +237,7 @@ impl<T: Real> OnlineEm<T> {
         let floor = self.floor();
         let kernel = isa.and_then(|isa| EmRowKernel::select(self.n_components, isa));
         let fast = kernel.and_then(|kernel| self.kernel_consts(rho, mean_rho, floor).map(|c| (c, kernel)));
-        let wide = isa.and_then(|_| self.wide_consts(rho, mean_rho, floor, TiledIsa::detect()));
+        let wide = isa.and_then(|_| self.wide_consts(rho, mean_rho, floor, Isa::detect()));
         self.pass_with(x, rho, mean_rho, scratch, sums, fast, wide)
     }
 
@@ -298,7 +298,7 @@ impl<T: Real> OnlineEm<T> {
 
     /// Constants of the wide kernel (engine/em_wide.rs) for this pass, or None when another path runs (warm-up,
     /// K <= MAX_K). L is the lower Cholesky factor of H̄⁻¹.
-    fn wide_consts(&self, rho: f64, mean_rho: f64, floor: f64, isa: TiledIsa) -> Option<WideConsts> {
+    fn wide_consts(&self, rho: f64, mean_rho: f64, floor: f64, isa: Isa) -> Option<WideConsts> {
         let k = self.n_components;
         if k <= MAX_K {
             return None;
@@ -911,7 +911,7 @@ mod tests {
                 // The portable tiled path agrees with the detected one to rounding.
                 let t = em.n_seen + 1;
                 let rho = em.config.step_size.rho(t);
-                let consts = em.wide_consts(rho, rho, em.floor(), TiledIsa::Portable).expect("wide");
+                let consts = em.wide_consts(rho, rho, em.floor(), Isa::Portable).expect("wide");
                 let mut portable = em.clone();
                 let mut scratch = Scratch::new(d, k);
                 let mut sums = StepSums::zeros(k);
@@ -940,7 +940,7 @@ mod tests {
                 let [(wide, ws), (slow, ss)] = both_paths(&em, x.row(n - 1), Isa::detect());
                 let t = em.n_seen + 1;
                 let rho = em.config.step_size.rho(t);
-                let consts = em.wide_consts(rho, rho, em.floor(), TiledIsa::Portable).expect("wide");
+                let consts = em.wide_consts(rho, rho, em.floor(), Isa::Portable).expect("wide");
                 let mut portable = em.clone();
                 let mut scratch = Scratch::new(d, k);
                 let mut ps = StepSums::zeros(k);

@@ -580,7 +580,6 @@ mod tests {
 
     use crate::engine::isa::Isa;
     use crate::engine::sga_kernel::MAX_K;
-    use crate::engine::tiled::TiledIsa;
 
     fn stream(n: usize, d: usize, seed: u64) -> Array2<f64> {
         let mut x = Array2::zeros((n, d));
@@ -631,10 +630,10 @@ mod tests {
                 let x = stream(8, d, 50 + k as u64);
                 let sga = model::<f64>(d, k, scaling);
                 let sga32 = model::<f32>(d, k, scaling);
-                let portable = run_with(&sga, SgaPath::with(k, Isa::Portable, TiledIsa::Portable), x.view());
-                let portable32 = run_with(&sga32, SgaPath::with(k, Isa::Portable, TiledIsa::Portable), x.view());
+                let portable = run_with(&sga, SgaPath::with(k, Isa::Portable), x.view());
+                let portable32 = run_with(&sga32, SgaPath::with(k, Isa::Portable), x.view());
                 for isa in Isa::available() {
-                    let got = run_with(&sga, SgaPath::with(k, isa, TiledIsa::detect()), x.view());
+                    let got = run_with(&sga, SgaPath::with(k, isa), x.view());
                     for (a, b) in got.iter().zip(&portable) {
                         if k <= MAX_K {
                             assert_eq!(a, b, "K = {k}, {isa:?}");
@@ -645,7 +644,7 @@ mod tests {
                     if k > MAX_K {
                         continue;
                     }
-                    let got32 = run_with(&sga32, SgaPath::with(k, isa, TiledIsa::detect()), x.view());
+                    let got32 = run_with(&sga32, SgaPath::with(k, isa), x.view());
                     assert_eq!(got32, portable32, "K = {k}, {isa:?} f32");
                 }
             }
@@ -666,13 +665,13 @@ mod tests {
                 let x = stream(10, d, 70 + k as u64);
                 let sga = model::<f64>(d, k, scaling);
                 let rows = run_with(&sga, SgaPath::detect(k), x.view());
-                let wide = run_with(&sga, SgaPath::Wide(TiledIsa::Portable), x.view());
+                let wide = run_with(&sga, SgaPath::Wide(Isa::Portable), x.view());
                 for (a, b) in rows.iter().zip(&wide) {
                     assert!(max_rel(a, b) < 1e-12, "K = {k}: {}", max_rel(a, b));
                 }
                 let sga = model::<f32>(d, k, scaling);
                 let rows = run_with(&sga, SgaPath::detect(k), x.view());
-                let wide = run_with(&sga, SgaPath::Wide(TiledIsa::detect()), x.view());
+                let wide = run_with(&sga, SgaPath::Wide(Isa::detect()), x.view());
                 for (a, b) in rows.iter().zip(&wide) {
                     assert!(max_rel(a, b) < 1e-4, "K = {k} f32: {}", max_rel(a, b));
                 }

@@ -24,6 +24,8 @@ pub trait Real:
     const MAX_FINITE: f64;
     /// Short dtype name ("float32"/"float64").
     const NAME: &'static str;
+    /// True for single precision (`f32`): the kernels that have a float32-arithmetic form choose it by this.
+    const SINGLE: bool;
     /// Widen to `f64` (exact).
     fn to_f64(self) -> f64;
     /// Round from `f64` to this type.
@@ -42,6 +44,7 @@ impl Real for f64 {
     const MIN_FLOOR: f64 = 1e-200;
     const MAX_FINITE: f64 = f64::MAX;
     const NAME: &'static str = "float64";
+    const SINGLE: bool = false;
     #[inline(always)]
     fn to_f64(self) -> f64 {
         self
@@ -62,6 +65,7 @@ impl Real for f32 {
     const MIN_FLOOR: f64 = 1e-30;
     const MAX_FINITE: f64 = f32::MAX as f64;
     const NAME: &'static str = "float32";
+    const SINGLE: bool = true;
     #[inline(always)]
     fn to_f64(self) -> f64 {
         f64::from(self)

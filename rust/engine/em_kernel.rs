@@ -426,7 +426,7 @@ impl<T: Real> std::fmt::Debug for EmRowKernel<T> {
 /// accumulators no longer fit the registers), while its 32 registers and masked moves help at 8.
 macro_rules! em_pick {
     ($isa:expr, $kk:literal) => {{
-        let f32_state = std::mem::size_of::<T>() == 4;
+        let f32_state = T::SINGLE;
         match ($isa, f32_state) {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx512, _) => (em_block_avx512_entry::<T, $kk, 8> as BlockFn<T>, 8),

@@ -25,7 +25,8 @@
 //! path does.
 
 use super::advance;
-use super::tiled::{padded_width, TileElem, Tiled, TiledIsa, TILE_ROWS};
+use super::isa::Isa;
+use super::tiled::{padded_width, TileElem, Tiled, TILE_ROWS};
 use crate::scalar::{stored, Real};
 
 /// Largest sub-block (rows).
@@ -47,7 +48,7 @@ pub(crate) struct WideConsts {
     pub(crate) rho: f64,
     pub(crate) mean_rho: f64,
     pub(crate) floor: f64,
-    pub(crate) isa: TiledIsa,
+    pub(crate) isa: Isa,
 }
 
 /// Scratch of one task: three nbp×kp buffers and one nbp vector (nbp = [`WideScratch::rows`]); for f32 state
@@ -86,7 +87,7 @@ pub(crate) struct WideIo<'a, T> {
 /// Run the pass over the rows of `io` in sub-blocks of `WideScratch::rows` rows, in f32 arithmetic for f32
 /// state and in f64 otherwise.
 pub(crate) fn em_wide_block<T: Real>(c: &WideConsts, io: &mut WideIo<'_, T>, scratch: &mut WideScratch<'_>) {
-    if std::mem::size_of::<T>() == std::mem::size_of::<f32>() {
+    if T::SINGLE {
         em_wide_block_in::<T, f32>(c, io, scratch)
     } else {
         em_wide_block_in::<T, f64>(c, io, scratch)
@@ -107,9 +108,9 @@ pub(crate) fn em_wide_block_in<T: Real, E: TileElem>(
     };
     match c.isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA.
-        TiledIsa::Fma => unsafe { em_wide_block_fma(c, io, &mut bufs) },
-        TiledIsa::Portable => em_wide_block_with(c, io, &mut bufs),
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after detecting AVX2 and FMA.
+        Isa::Avx2 | Isa::Avx512 => unsafe { em_wide_block_fma(c, io, &mut bufs) },
+        Isa::Portable => em_wide_block_with(c, io, &mut bufs),
     }
 }
 

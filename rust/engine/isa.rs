@@ -54,7 +54,8 @@ impl Isa {
         let mut paths = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2") {
+            // The tiled products of the wide paths fuse multiply-adds on both vector paths: they need FMA too.
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 paths.push(Isa::Avx2);
                 if std::arch::is_x86_feature_detected!("avx512f") {
                     paths.push(Isa::Avx512);

@@ -4,7 +4,6 @@
 use super::isa::Isa;
 use super::sga_kernel::{SgaBlockIo, SgaConsts, SgaRowKernel, SgaStep};
 use super::sga_wide::{SgaWide, SgaWideScratch};
-use super::tiled::TiledIsa;
 use crate::scalar::Real;
 
 /// Which kernel runs a model's passes after warm-up: the row kernel (K ≤ 16) or the wide one, each on a code
@@ -13,7 +12,7 @@ use crate::scalar::Real;
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum SgaPath<T: Real> {
     Rows(SgaRowKernel<T>),
-    Wide(TiledIsa),
+    Wide(Isa),
 }
 
 impl<T: Real> PartialEq for SgaPath<T> {
@@ -25,14 +24,14 @@ impl<T: Real> PartialEq for SgaPath<T> {
 impl<T: Real> SgaPath<T> {
     /// The best path on this CPU for K = `k`.
     pub(crate) fn detect(k: usize) -> Self {
-        Self::with(k, Isa::detect(), TiledIsa::detect())
+        Self::with(k, Isa::detect())
     }
 
-    /// The path for K = `k` with the given code paths (the row kernel for K ≤ 16, else the wide kernel).
-    pub(crate) fn with(k: usize, isa: Isa, tiled: TiledIsa) -> Self {
+    /// The path for K = `k` on code path `isa` (the row kernel for K ≤ 16, else the wide kernel).
+    pub(crate) fn with(k: usize, isa: Isa) -> Self {
         match SgaRowKernel::select(k, isa) {
             Some(kernel) => SgaPath::Rows(kernel),
-            None => SgaPath::Wide(tiled),
+            None => SgaPath::Wide(isa),
         }
     }
 

@@ -89,8 +89,8 @@ pub(crate) struct SgaBlockIo<'a, T> {
 }
 
 /// Whether T's lanes use the residual form of the step (see [`step_lanes`]): float32 arithmetic.
-pub(crate) const fn residual_form<T>() -> bool {
-    std::mem::size_of::<T>() < 8
+pub(crate) const fn residual_form<T: Real>() -> bool {
+    T::SINGLE
 }
 
 /// The pending step in the arithmetic type T: m (K, also as f64) and, for the residual form, Σ = P − m mᵀ
@@ -529,7 +529,7 @@ impl<T: Real> std::fmt::Debug for SgaRowKernel<T> {
 /// and 256/512-bit lane inserts LLVM generates for the row-to-lane transposition and the lane loops.
 macro_rules! pick {
     ($isa:expr, $kk:literal) => {
-        match ($isa, std::mem::size_of::<T>() == 4) {
+        match ($isa, T::SINGLE) {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2 | Isa::Avx512, true) => sga_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
             #[cfg(target_arch = "x86_64")]

@@ -21,8 +21,9 @@
 //! added into the f64 totals. F and ψ are rounded to T after their step. The tiled products fuse
 //! multiply-adds on the FMA path, so the two code paths agree to rounding, not bit for bit.
 
+use super::isa::Isa;
 use super::sga_kernel::{bounded_lane, residual_form, SgaBlockIo, SgaConsts, SgaStep, Start};
-use super::tiled::{padded_width, TileElem, Tiled, TiledIsa, TILE_ROWS};
+use super::tiled::{padded_width, TileElem, Tiled, TILE_ROWS};
 use crate::engine::sga_bounds::{bounded, log_psi_step, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
 
@@ -35,13 +36,13 @@ const MAX_SUB_ROWS: usize = 96;
 pub(crate) struct SgaWide {
     pub(crate) k: usize,
     pub(crate) p: Option<Tiled>,
-    pub(crate) isa: TiledIsa,
+    pub(crate) isa: Isa,
 }
 
 impl SgaWide {
     /// For K = `k`, with the pending step if any, for state of type T (f32 state tiles Σ = P − m mᵀ, formed in
     /// f64; f64 state tiles P).
-    pub(crate) fn new<T: Real>(k: usize, step: Option<&SgaStep<'_>>, isa: TiledIsa) -> Self {
+    pub(crate) fn new<T: Real>(k: usize, step: Option<&SgaStep<'_>>, isa: Isa) -> Self {
         let p = step.map(|st| {
             if residual_form::<T>() {
                 let mut sigma = st.p[..k * k].to_vec();

@@ -7,7 +7,7 @@
 //! feeds several multiply-adds; that is what makes K = 50 run near the arithmetic limit rather than at the
 //! load/store limit of a row-at-a-time loop.
 //!
-//! **Arithmetic.** The FMA path ([`TiledIsa::Fma`], chosen at run time when the CPU has AVX2 and FMA) fuses
+//! **Arithmetic.** The FMA path (the `Isa::Avx2` and `Isa::Avx512` paths of the row kernels: both need AVX2 and FMA) fuses
 //! each multiply-add; the portable path rounds the product and the sum separately (except on aarch64, where
 //! fused multiply-add is part of the base ISA and both paths fuse). The two therefore agree to rounding, not
 //! bit for bit. Within one path the order of every sum is fixed by the shapes alone (inner index ascending),
@@ -19,6 +19,7 @@
 
 mod single;
 
+use crate::engine::isa::Isa;
 use crate::scalar::Real;
 pub(crate) use single::{rows_times32, syrk_upper_add32};
 
@@ -84,28 +85,6 @@ impl Tiled {
     }
 }
 
-/// Which code path runs the tiled products; chosen once per pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TiledIsa {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Fma,
-}
-
-impl TiledIsa {
-    /// The best path this CPU supports (the portable one when `ONLINEFA_ISA=portable` caps the row kernels).
-    pub(crate) fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let capped = super::isa::Isa::detect() == super::isa::Isa::Portable;
-            if !capped && std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return TiledIsa::Fma;
-            }
-        }
-        TiledIsa::Portable
-    }
-}
-
 /// a·b + c, fused or not.
 pub(crate) trait MulAdd {
     fn mul_add(a: f64, b: f64, c: f64) -> f64;
@@ -148,12 +127,12 @@ pub(crate) type PortableMulAdd = Separate;
 
 /// out = a · M for `nbp` rows (a multiple of [`TILE_ROWS`]): out[r][j] = Σ_i a[r][i] M[i][j], i ascending over
 /// the non-zero rows of M's column tile. a, out: nbp×kp row-major (padding columns of a must be zero).
-pub(crate) fn rows_times(isa: TiledIsa, a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
+pub(crate) fn rows_times(isa: Isa, a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA.
-        TiledIsa::Fma => unsafe { rows_times_fma(a, m, out, nbp) },
-        TiledIsa::Portable => rows_times_with::<PortableMulAdd>(a, m, out, nbp),
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after detecting AVX2 and FMA.
+        Isa::Avx2 | Isa::Avx512 => unsafe { rows_times_fma(a, m, out, nbp) },
+        Isa::Portable => rows_times_with::<PortableMulAdd>(a, m, out, nbp),
     }
 }
 
@@ -215,12 +194,12 @@ fn rows_times_with<F: MulAdd>(a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize)
 
 /// S += Yᵀ Z over `nbp` rows, upper triangle (i ≤ j < k) only: S[i][j] += Σ_r y[r][i] z[r][j], r ascending.
 /// y, z: nbp×kp row-major (kp = [`padded_width`] of k); s: k×k row-major (entries below the diagonal untouched).
-pub(crate) fn syrk_upper_add(isa: TiledIsa, y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64]) {
+pub(crate) fn syrk_upper_add(isa: Isa, y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA.
-        TiledIsa::Fma => unsafe { syrk_fma(y, z, nbp, k, s) },
-        TiledIsa::Portable => syrk_with::<PortableMulAdd>(y, z, nbp, k, s),
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after detecting AVX2 and FMA.
+        Isa::Avx2 | Isa::Avx512 => unsafe { syrk_fma(y, z, nbp, k, s) },
+        Isa::Portable => syrk_with::<PortableMulAdd>(y, z, nbp, k, s),
     }
 }
 
@@ -295,9 +274,9 @@ pub(crate) trait TileElem: Real {
     /// An f64 scratch buffer viewed as a buffer of this type (its whole length).
     fn scratch(buf: &mut [f64]) -> &mut [Self];
     /// [`rows_times`] in this type.
-    fn rows_times(isa: TiledIsa, a: &[Self], m: &Tiled, out: &mut [Self], nbp: usize);
+    fn rows_times(isa: Isa, a: &[Self], m: &Tiled, out: &mut [Self], nbp: usize);
     /// [`syrk_upper_add`] in this type, added into f64 sums.
-    fn syrk_upper_add(isa: TiledIsa, y: &[Self], z: &[Self], nbp: usize, k: usize, s: &mut [f64]);
+    fn syrk_upper_add(isa: Isa, y: &[Self], z: &[Self], nbp: usize, k: usize, s: &mut [f64]);
 }
 
 impl TileElem for f64 {
@@ -306,11 +285,11 @@ impl TileElem for f64 {
         buf
     }
     #[inline(always)]
-    fn rows_times(isa: TiledIsa, a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
+    fn rows_times(isa: Isa, a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
         rows_times(isa, a, m, out, nbp)
     }
     #[inline(always)]
-    fn syrk_upper_add(isa: TiledIsa, y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64]) {
+    fn syrk_upper_add(isa: Isa, y: &[f64], z: &[f64], nbp: usize, k: usize, s: &mut [f64]) {
         syrk_upper_add(isa, y, z, nbp, k, s)
     }
 }
@@ -325,11 +304,11 @@ impl TileElem for f32 {
         unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<f32>(), len) }
     }
     #[inline(always)]
-    fn rows_times(isa: TiledIsa, a: &[f32], m: &Tiled, out: &mut [f32], nbp: usize) {
+    fn rows_times(isa: Isa, a: &[f32], m: &Tiled, out: &mut [f32], nbp: usize) {
         rows_times32(isa, a, m, out, nbp)
     }
     #[inline(always)]
-    fn syrk_upper_add(isa: TiledIsa, y: &[f32], z: &[f32], nbp: usize, k: usize, s: &mut [f64]) {
+    fn syrk_upper_add(isa: Isa, y: &[f32], z: &[f32], nbp: usize, k: usize, s: &mut [f64]) {
         syrk_upper_add32(isa, y, z, nbp, k, s)
     }
 }
@@ -376,7 +355,7 @@ mod tests {
             }
             let full = filled(k * k, 3);
             let y = padded_rows(nbp, k, 4);
-            for isa in [TiledIsa::Portable, TiledIsa::detect()] {
+            for isa in [Isa::Portable, Isa::detect()] {
                 for m in [&upper, &full] {
                     let tiled = Tiled::new(k, m);
                     let mut out = vec![f64::NAN; nbp * kp];
@@ -429,7 +408,7 @@ mod tests {
             }
             let full = filled(k * k, 3);
             let y = to32(padded_rows(nbp, k, 4));
-            for isa in [TiledIsa::Portable, TiledIsa::detect()] {
+            for isa in [Isa::Portable, Isa::detect()] {
                 for m in [&upper, &full] {
                     let tiled = Tiled::new(k, m);
                     let mut out = vec![f32::NAN; nbp * kp];

@@ -22,7 +22,8 @@
 
 use rayon::prelude::*;
 
-use crate::engine::tiled::{MulAdd, PortableMulAdd, TiledIsa as Isa};
+use crate::engine::isa::Isa;
+use crate::engine::tiled::{MulAdd, PortableMulAdd};
 use crate::scalar::Real;
 
 /// Rows of M per parallel task of `project` (a multiple of the 4-row tile).
@@ -81,14 +82,14 @@ fn project_chunk<X: Real>(
 ) {
     match (isa, width) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Fma` is only constructed after detecting AVX2 and FMA.
-        (Isa::Fma, 12) => unsafe { project_fma::<X, 3>(rows, mean, w, kp, j0, tile) },
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after detecting AVX2 and FMA.
+        (Isa::Avx2 | Isa::Avx512, 12) => unsafe { project_fma::<X, 3>(rows, mean, w, kp, j0, tile) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        (Isa::Fma, 8) => unsafe { project_fma::<X, 2>(rows, mean, w, kp, j0, tile) },
+        (Isa::Avx2 | Isa::Avx512, 8) => unsafe { project_fma::<X, 2>(rows, mean, w, kp, j0, tile) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        (Isa::Fma, _) => unsafe { project_fma::<X, 1>(rows, mean, w, kp, j0, tile) },
+        (Isa::Avx2 | Isa::Avx512, _) => unsafe { project_fma::<X, 1>(rows, mean, w, kp, j0, tile) },
         (_, 12) => project_with::<X, PortableMulAdd, 12>(rows, mean, w, kp, j0, tile),
         (_, 8) => project_with::<X, PortableMulAdd, 8>(rows, mean, w, kp, j0, tile),
         _ => project_with::<X, PortableMulAdd, 4>(rows, mean, w, kp, j0, tile),
@@ -237,14 +238,14 @@ fn cross_tile(isa: Isa, packed: &[f64], c0: usize, m: &[f64], kp: usize, a4: &mu
         let args = (packed, c0, m, kp, j0);
         match (isa, width) {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Isa::Fma` is only constructed after detecting AVX2 and FMA.
-            (Isa::Fma, 12) => unsafe { cross_fma::<12>(args, &mut tile, &mut squares) },
+            // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after detecting AVX2 and FMA.
+            (Isa::Avx2 | Isa::Avx512, 12) => unsafe { cross_fma::<12>(args, &mut tile, &mut squares) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            (Isa::Fma, 8) => unsafe { cross_fma::<8>(args, &mut tile, &mut squares) },
+            (Isa::Avx2 | Isa::Avx512, 8) => unsafe { cross_fma::<8>(args, &mut tile, &mut squares) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            (Isa::Fma, _) => unsafe { cross_fma::<4>(args, &mut tile, &mut squares) },
+            (Isa::Avx2 | Isa::Avx512, _) => unsafe { cross_fma::<4>(args, &mut tile, &mut squares) },
             (_, 12) => cross_with::<PortableMulAdd, 12>(args, &mut tile, &mut squares),
             (_, 8) => cross_with::<PortableMulAdd, 8>(args, &mut tile, &mut squares),
             _ => cross_with::<PortableMulAdd, 4>(args, &mut tile, &mut squares),

@@ -21,7 +21,7 @@
 
 use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis, Zip};
 
-use crate::engine::tiled::TiledIsa as Isa;
+use crate::engine::isa::Isa;
 use crate::error::{invalid, FaError, Result};
 use crate::linalg::Rotation;
 use crate::linalg::SpdFactor;

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 use super::checks::bad_value_error;
 use super::{kernel, padded_weights, MiniBatchEm};
-use crate::engine::tiled::TiledIsa as Isa;
+use crate::engine::isa::Isa;
 use crate::error::Result;
 use crate::linalg::{lower_triangular_inverse, SpdFactor};
 use crate::scalar::Real;

@@ -14,7 +14,6 @@ use super::lanes::{self, Draws, Lanes, RuleT};
 use super::params::RowsMut;
 use super::update::{UpdateRule, LOG_NOISE_LIMIT};
 use crate::engine::isa::Isa;
-use crate::engine::tiled::TiledIsa;
 use crate::scalar::Real;
 
 /// Largest K the fused kernels handle (larger K runs the blocked path of `update`).
@@ -27,7 +26,7 @@ pub(crate) enum Kernel {
     Fused(Isa),
     /// Row blocks with register-tiled K×K products (`gradient`, `products`, `update`), any K, the products
     /// on the given code path.
-    Blocked(TiledIsa),
+    Blocked(Isa),
 }
 
 impl Kernel {
@@ -43,7 +42,7 @@ impl Kernel {
                 .unwrap_or(Isa::Portable);
             Kernel::Fused(best_256)
         } else {
-            Kernel::Blocked(TiledIsa::detect())
+            Kernel::Blocked(Isa::detect())
         }
     }
 }
@@ -293,7 +292,7 @@ macro_rules! code_paths {
 macro_rules! dispatch {
     ($isa:expr, $k:expr, $portable:ident, $avx2:ident, $avx512:ident, ($($arg:expr),*)) => {
         for_k!($k, K => {
-            let f32_state = std::mem::size_of::<T>() == 4;
+            let f32_state = T::SINGLE;
             match ($isa, f32_state) {
                 // SAFETY (both AVX arms): `Isa::Avx2` and `Isa::Avx512` are only constructed by `Isa::available`
                 // after detecting the features they enable.

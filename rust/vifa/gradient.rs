@@ -7,7 +7,8 @@ use super::draws::fill_noise;
 use super::params::Params;
 use super::products::Products;
 use super::{Vifa, BLOCK_ROWS};
-use crate::engine::tiled::{Tiled, TiledIsa};
+use crate::engine::isa::Isa;
+use crate::engine::tiled::Tiled;
 use crate::scalar::Real;
 
 /// Everything the gradient of one block needs besides its rows.
@@ -71,7 +72,7 @@ pub(super) struct Scratch {
 
 impl Scratch {
     /// For state of type T (whose type the products compute in) on the products' code path `isa`.
-    pub(super) fn new<T: Real>(k: usize, isa: TiledIsa) -> Self {
+    pub(super) fn new<T: Real>(k: usize, isa: Isa) -> Self {
         let v = || vec![0.0; BLOCK_ROWS];
         let m = || vec![0.0; BLOCK_ROWS * k];
         Scratch {
@@ -90,7 +91,7 @@ impl Scratch {
             cr: m(),
             gh: m(),
             grad_f: m(),
-            products: Products::new(k, isa, std::mem::size_of::<T>() < 8),
+            products: Products::new(k, isa, T::SINGLE),
         }
     }
 

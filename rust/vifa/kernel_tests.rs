@@ -7,7 +7,6 @@ use super::fused::Kernel;
 use super::tests::{config, model};
 use super::{LearningRates, Optimizer, Vifa, VifaConfig};
 use crate::engine::isa::Isa;
-use crate::engine::tiled::TiledIsa;
 use crate::scalar::Real;
 use crate::state::{Checkpoint, StateReal};
 
@@ -62,7 +61,7 @@ fn fused_kernels_equal_the_blocked_path_to_rounding() {
                 "K = {k} runs the fused kernels"
             );
             let mut blocked = fused.clone();
-            blocked.kernel = Kernel::Blocked(TiledIsa::detect());
+            blocked.kernel = Kernel::Blocked(Isa::detect());
             blocked.m_inv = Some(blocked.recompute_m_inv().expect("m_inv"));
             train(&mut fused, 4);
             train(&mut blocked, 4);
@@ -125,7 +124,7 @@ fn thread_count_independent<T: Real>() {
         .into_iter()
         .map(|isa| (10, Kernel::Fused(isa)))
         .collect();
-    cases.push((20, Kernel::Blocked(TiledIsa::detect())));
+    cases.push((20, Kernel::Blocked(Isa::detect())));
     for (k, kernel) in cases {
         let run = |vi: &mut Vifa<T>| train(vi, 2);
         let mut par = model::<T>(d, k, settings(Optimizer::Adam, true), 2);
@@ -173,7 +172,7 @@ fn vectorised_draws_equal_the_scalar_loop() {
     for k in [1, 6, 16] {
         let mut fused = model::<f32>(1037, k, settings(Optimizer::Sgd, false), 4);
         let mut scalar = fused.clone();
-        scalar.kernel = Kernel::Blocked(TiledIsa::detect());
+        scalar.kernel = Kernel::Blocked(Isa::detect());
         let mut portable = fused.clone();
         portable.kernel = Kernel::Fused(Isa::Portable);
         let theta = fused.sample().expect("sample");

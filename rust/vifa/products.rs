@@ -17,12 +17,13 @@
 //! portable one they do not, so the two agree to rounding.
 
 use super::BLOCK_ROWS;
-use crate::engine::tiled::{padded_width, TileElem, Tiled, TiledIsa, TILE_ROWS};
+use crate::engine::isa::Isa;
+use crate::engine::tiled::{padded_width, TileElem, Tiled, TILE_ROWS};
 
 /// Padded scratch for the products of one task, and the arithmetic type (f32 for float32 state).
 pub(super) struct Products {
     k: usize,
-    isa: TiledIsa,
+    isa: Isa,
     single: bool,
     a: Vec<f64>,
     b: Vec<f64>,
@@ -31,7 +32,7 @@ pub(super) struct Products {
 
 impl Products {
     /// For K = `k` on code path `isa`, in f32 when `single` (float32 state), else f64.
-    pub(super) fn new(k: usize, isa: TiledIsa, single: bool) -> Self {
+    pub(super) fn new(k: usize, isa: Isa, single: bool) -> Self {
         let len = BLOCK_ROWS.div_ceil(TILE_ROWS) * TILE_ROWS * padded_width(k);
         Products {
             k,

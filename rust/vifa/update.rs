@@ -9,7 +9,7 @@ use super::lanes::{adam, adam_column, sgd, sgd_column, RuleT};
 use super::params::RowsMut;
 use super::products::mirror_upper;
 use super::BLOCK_ROWS;
-use crate::engine::tiled::TiledIsa;
+use crate::engine::isa::Isa;
 use crate::scalar::Real;
 
 /// Learning rates η, clipping factors and Adam's bias corrections of one step (per group c, F, β).
@@ -144,13 +144,13 @@ pub(super) fn update_task<T: Real, X: Real>(
     task: StepTask<T>,
     ctx: &GradCtx<X>,
     rule: &UpdateRule,
-    isa: TiledIsa,
+    isa: Isa,
 ) -> (Array2<f64>, bool) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA.
-        TiledIsa::Fma => unsafe { update_task_avx2(task, ctx, rule, isa) },
-        TiledIsa::Portable => update_task_with(task, ctx, rule, isa),
+        // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after detecting AVX2 and FMA.
+        Isa::Avx2 | Isa::Avx512 => unsafe { update_task_avx2(task, ctx, rule, isa) },
+        Isa::Portable => update_task_with(task, ctx, rule, isa),
     }
 }
 
@@ -160,7 +160,7 @@ unsafe fn update_task_avx2<T: Real, X: Real>(
     task: StepTask<T>,
     ctx: &GradCtx<X>,
     rule: &UpdateRule,
-    isa: TiledIsa,
+    isa: Isa,
 ) -> (Array2<f64>, bool) {
     update_task_with(task, ctx, rule, isa)
 }
@@ -170,7 +170,7 @@ fn update_task_with<T: Real, X: Real>(
     task: StepTask<T>,
     ctx: &GradCtx<X>,
     rule: &UpdateRule,
-    isa: TiledIsa,
+    isa: Isa,
 ) -> (Array2<f64>, bool) {
     let k = ctx.k;
     let StepTask { lo, p, sqrt_psi, mut m } = task;

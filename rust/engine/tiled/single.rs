@@ -11,7 +11,8 @@
 //! tile is then added into the caller's f64 sums, so the f32 rounding does not grow with the number of rows
 //! of the pass.
 
-use super::{padded_width, MulAdd, PortableMulAdd, Tiled, TiledIsa, NARROW, TILE_ROWS, WIDE};
+use super::{padded_width, MulAdd, PortableMulAdd, Tiled, NARROW, TILE_ROWS, WIDE};
+use crate::engine::isa::Isa;
 
 /// Columns of an f32 `rows_times32` tile and rows (i) of an f32 `syrk_upper_add32` tile.
 const WIDE32: usize = 2 * WIDE;
@@ -19,7 +20,7 @@ const WIDE32: usize = 2 * WIDE;
 /// out = a · M for `nbp` rows (a multiple of [`TILE_ROWS`]): out[r][j] = Σ_i a[r][i] M[i][j] in f32 (M rounded
 /// to f32), i ascending over the non-zero rows of M's column tile. a, out: nbp×kp row-major (padding columns
 /// of a must be zero).
-pub(crate) fn rows_times32(isa: TiledIsa, a: &[f32], m: &Tiled, out: &mut [f32], nbp: usize) {
+pub(crate) fn rows_times32(isa: Isa, a: &[f32], m: &Tiled, out: &mut [f32], nbp: usize) {
     let kp = m.kp;
     assert!(a.len() >= nbp * kp && out.len() >= nbp * kp && m.m32.len() == kp * kp && nbp % TILE_ROWS == 0);
     for r0 in (0..nbp).step_by(TILE_ROWS) {
@@ -28,14 +29,14 @@ pub(crate) fn rows_times32(isa: TiledIsa, a: &[f32], m: &Tiled, out: &mut [f32],
             let wide = j0 + WIDE32 <= kp;
             match (isa, wide) {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA; the bounds hold by
+                // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after detecting AVX2 and FMA; the bounds hold by
                 // the assertion above and j0 + width <= kp.
-                (TiledIsa::Fma, true) => unsafe { rows_tile_fma::<2>(a, m, out, r0, j0) },
+                (Isa::Avx2 | Isa::Avx512, true) => unsafe { rows_tile_fma::<2>(a, m, out, r0, j0) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
-                (TiledIsa::Fma, false) => unsafe { rows_tile_fma::<1>(a, m, out, r0, j0) },
-                (TiledIsa::Portable, true) => rows_tile_with::<PortableMulAdd, WIDE32>(a, m, out, r0, j0),
-                (TiledIsa::Portable, false) => rows_tile_with::<PortableMulAdd, WIDE>(a, m, out, r0, j0),
+                (Isa::Avx2 | Isa::Avx512, false) => unsafe { rows_tile_fma::<1>(a, m, out, r0, j0) },
+                (Isa::Portable, true) => rows_tile_with::<PortableMulAdd, WIDE32>(a, m, out, r0, j0),
+                (Isa::Portable, false) => rows_tile_with::<PortableMulAdd, WIDE>(a, m, out, r0, j0),
             }
             j0 += if wide { WIDE32 } else { WIDE };
         }
@@ -102,7 +103,7 @@ fn rows_tile_with<F: MulAdd, const CW: usize>(a: &[f32], m: &Tiled, out: &mut [f
 /// S += Yᵀ Z over `nbp` rows, upper triangle (i ≤ j < k) only: each tile Σ_r y[r][i] z[r][j] (r ascending) is
 /// summed in f32 and then added to S in f64. y, z: nbp×kp f32 row-major (kp = [`padded_width`] of k); s: k×k
 /// f64 row-major (entries below the diagonal untouched).
-pub(crate) fn syrk_upper_add32(isa: TiledIsa, y: &[f32], z: &[f32], nbp: usize, k: usize, s: &mut [f64]) {
+pub(crate) fn syrk_upper_add32(isa: Isa, y: &[f32], z: &[f32], nbp: usize, k: usize, s: &mut [f64]) {
     let kp = padded_width(k);
     assert!(y.len() >= nbp * kp && z.len() >= nbp * kp && s.len() >= k * k);
     for j0 in (0..k).step_by(NARROW) {
@@ -113,16 +114,14 @@ pub(crate) fn syrk_upper_add32(isa: TiledIsa, y: &[f32], z: &[f32], nbp: usize, 
             let mut tile = [[0.0f32; WIDE32]; NARROW];
             match (isa, wide) {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `TiledIsa::Fma` is only constructed after detecting AVX2 and FMA; i0 + width <= kp,
+                // SAFETY: `Isa::Avx2` and `Isa::Avx512` are only constructed after detecting AVX2 and FMA; i0 + width <= kp,
                 // j0 + 6 <= kp (kp covers the 6-column tiles) and the assertion above bound every read.
-                (TiledIsa::Fma, true) => unsafe { syrk_tile_fma::<2>(y, z, nbp, kp, i0, j0, &mut tile) },
+                (Isa::Avx2 | Isa::Avx512, true) => unsafe { syrk_tile_fma::<2>(y, z, nbp, kp, i0, j0, &mut tile) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
-                (TiledIsa::Fma, false) => unsafe { syrk_tile_fma::<1>(y, z, nbp, kp, i0, j0, &mut tile) },
-                (TiledIsa::Portable, true) => {
-                    syrk_tile_with::<PortableMulAdd, WIDE32>(y, z, nbp, kp, i0, j0, &mut tile)
-                }
-                (TiledIsa::Portable, false) => syrk_tile_with::<PortableMulAdd, WIDE>(y, z, nbp, kp, i0, j0, &mut tile),
+                (Isa::Avx2 | Isa::Avx512, false) => unsafe { syrk_tile_fma::<1>(y, z, nbp, kp, i0, j0, &mut tile) },
+                (Isa::Portable, true) => syrk_tile_with::<PortableMulAdd, WIDE32>(y, z, nbp, kp, i0, j0, &mut tile),
+                (Isa::Portable, false) => syrk_tile_with::<PortableMulAdd, WIDE>(y, z, nbp, kp, i0, j0, &mut tile),
             }
             let width = if wide { WIDE32 } else { WIDE };
             add_tile32(&tile, width, i0, j0, k, s);
