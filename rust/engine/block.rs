@@ -7,6 +7,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2, Axis};
 
+use super::k_dispatch::for_k;
 use super::model::StepSums;
 use super::partition::Block;
 use crate::scalar::Real;
@@ -66,25 +67,7 @@ type RowsTimes = fn(&[f64], &[f64], &mut [f64], usize);
 
 /// The unrolled product for K = `k`, or None for K > 16.
 fn rows_times_for(k: usize) -> Option<RowsTimes> {
-    Some(match k {
-        1 => rows_times_dispatch::<1>,
-        2 => rows_times_dispatch::<2>,
-        3 => rows_times_dispatch::<3>,
-        4 => rows_times_dispatch::<4>,
-        5 => rows_times_dispatch::<5>,
-        6 => rows_times_dispatch::<6>,
-        7 => rows_times_dispatch::<7>,
-        8 => rows_times_dispatch::<8>,
-        9 => rows_times_dispatch::<9>,
-        10 => rows_times_dispatch::<10>,
-        11 => rows_times_dispatch::<11>,
-        12 => rows_times_dispatch::<12>,
-        13 => rows_times_dispatch::<13>,
-        14 => rows_times_dispatch::<14>,
-        15 => rows_times_dispatch::<15>,
-        16 => rows_times_dispatch::<16>,
-        _ => return None,
-    })
+    for_k!(k, K => Some(rows_times_dispatch::<K> as RowsTimes), _ => None)
 }
 
 /// out[..nb] = a[..nb] · m for a K×K matrix m (a, out: nb×K row-major).

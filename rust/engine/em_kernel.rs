@@ -403,8 +403,8 @@ fn em_block_avx512_entry<T: Real, const K: usize, const W: usize>(io: &mut EmBlo
 /// One block of the EM pass: (rows, number of rows).
 type BlockFn<T> = for<'a, 'b> fn(&'a mut EmBlockIo<'b, T>, usize);
 
-/// Largest K the fused kernel handles.
-pub(crate) const MAX_K: usize = 16;
+use super::k_dispatch::for_k;
+pub(crate) use super::k_dispatch::MAX_K;
 
 /// The kernel for one K, one storage type and one code path, resolved to a plain function. The choice depends
 /// only on (K, T, CPU), so a model runs the same kernel for its whole life.
@@ -425,7 +425,7 @@ impl<T: Real> std::fmt::Debug for EmRowKernel<T> {
 /// on every path. AVX-512 runs 8 lanes for both types: 16 f32 lanes measured slower (the per-lane
 /// accumulators no longer fit the registers), while its 32 registers and masked moves help at 8.
 macro_rules! em_pick {
-    ($isa:expr, $kk:literal) => {{
+    ($isa:expr, $kk:ident) => {{
         let f32_state = T::SINGLE;
         match ($isa, f32_state) {
             #[cfg(target_arch = "x86_64")]
@@ -443,25 +443,7 @@ macro_rules! em_pick {
 impl<T: Real> EmRowKernel<T> {
     /// The kernel for K = `k` on code path `isa`; None when K > [`MAX_K`].
     pub(crate) fn select(k: usize, isa: Isa) -> Option<Self> {
-        let (run, lanes) = match k {
-            1 => em_pick!(isa, 1),
-            2 => em_pick!(isa, 2),
-            3 => em_pick!(isa, 3),
-            4 => em_pick!(isa, 4),
-            5 => em_pick!(isa, 5),
-            6 => em_pick!(isa, 6),
-            7 => em_pick!(isa, 7),
-            8 => em_pick!(isa, 8),
-            9 => em_pick!(isa, 9),
-            10 => em_pick!(isa, 10),
-            11 => em_pick!(isa, 11),
-            12 => em_pick!(isa, 12),
-            13 => em_pick!(isa, 13),
-            14 => em_pick!(isa, 14),
-            15 => em_pick!(isa, 15),
-            16 => em_pick!(isa, 16),
-            _ => return None,
-        };
+        let (run, lanes) = for_k!(k, K => em_pick!(isa, K), _ => return None);
         Some(EmRowKernel { run, isa, lanes })
     }
 

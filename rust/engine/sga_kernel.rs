@@ -42,8 +42,8 @@ use crate::scalar::{stored, Real};
 
 use super::isa::Isa;
 
-/// Largest K the row kernel handles.
-pub(crate) const MAX_K: usize = 16;
+use super::k_dispatch::for_k;
+pub(crate) use super::k_dispatch::MAX_K;
 
 /// The pending gradient step of the previous sample: m (K) and P = Σ + m mᵀ (K×K row-major).
 #[derive(Debug, Clone)]
@@ -522,13 +522,13 @@ impl<T: Real> std::fmt::Debug for SgaRowKernel<T> {
     }
 }
 
-/// The block function for K = `kk` (a literal) on `isa`: 4 f64 / 8 f32 lanes (one 256-bit vector) on every
+/// The block function for K = `$kk` (a const of [`for_k`]) on `isa`: 4 f64 / 8 f32 lanes (one 256-bit vector) on every
 /// path, so all paths agree bit for bit. AVX-512 CPUs run the AVX2 build: the same source compiled for
 /// avx512f (8 f64 / 8 or 16 f32 lanes) was measured slower at D = 10⁶, K = 10 (float64 1.25×, float32 4–10×
 /// the AVX2 time on the same machine, back to back); its profile is dominated by the masked gathers, scatters
 /// and 256/512-bit lane inserts LLVM generates for the row-to-lane transposition and the lane loops.
 macro_rules! pick {
-    ($isa:expr, $kk:literal) => {
+    ($isa:expr, $kk:ident) => {
         match ($isa, T::SINGLE) {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2 | Isa::Avx512, true) => sga_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
@@ -546,25 +546,7 @@ impl<T: Real> SgaRowKernel<T> {
         if k > MAX_K {
             return None;
         }
-        let run = match k {
-            1 => pick!(isa, 1),
-            2 => pick!(isa, 2),
-            3 => pick!(isa, 3),
-            4 => pick!(isa, 4),
-            5 => pick!(isa, 5),
-            6 => pick!(isa, 6),
-            7 => pick!(isa, 7),
-            8 => pick!(isa, 8),
-            9 => pick!(isa, 9),
-            10 => pick!(isa, 10),
-            11 => pick!(isa, 11),
-            12 => pick!(isa, 12),
-            13 => pick!(isa, 13),
-            14 => pick!(isa, 14),
-            15 => pick!(isa, 15),
-            16 => pick!(isa, 16),
-            _ => return None,
-        };
+        let run = for_k!(k, K => pick!(isa, K), _ => return None);
         Some(SgaRowKernel { run, isa })
     }
 

@@ -17,7 +17,7 @@ use crate::engine::isa::Isa;
 use crate::scalar::Real;
 
 /// Largest K the fused kernels handle (larger K runs the blocked path of `update`).
-pub(super) const MAX_K: usize = 16;
+pub(super) use crate::engine::k_dispatch::{for_k, MAX_K};
 
 /// Which kernels a model's passes run; chosen once per model (at construction and restore).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,81 +189,6 @@ fn gram_block<T: Real, const K: usize, const W: usize>(f: &[T], sqrt_psi: &[f64]
     }
     lanes::fold_gram::<T, K, W>(&s, gram);
 }
-
-/// Expand `$body` once per K = 1 … [`MAX_K`] with the const `$k` bound to the value of `$n`.
-macro_rules! for_k {
-    ($n:expr, $k:ident => $body:expr) => {
-        match $n {
-            1 => {
-                const $k: usize = 1;
-                $body
-            }
-            2 => {
-                const $k: usize = 2;
-                $body
-            }
-            3 => {
-                const $k: usize = 3;
-                $body
-            }
-            4 => {
-                const $k: usize = 4;
-                $body
-            }
-            5 => {
-                const $k: usize = 5;
-                $body
-            }
-            6 => {
-                const $k: usize = 6;
-                $body
-            }
-            7 => {
-                const $k: usize = 7;
-                $body
-            }
-            8 => {
-                const $k: usize = 8;
-                $body
-            }
-            9 => {
-                const $k: usize = 9;
-                $body
-            }
-            10 => {
-                const $k: usize = 10;
-                $body
-            }
-            11 => {
-                const $k: usize = 11;
-                $body
-            }
-            12 => {
-                const $k: usize = 12;
-                $body
-            }
-            13 => {
-                const $k: usize = 13;
-                $body
-            }
-            14 => {
-                const $k: usize = 14;
-                $body
-            }
-            15 => {
-                const $k: usize = 15;
-                $body
-            }
-            16 => {
-                const $k: usize = 16;
-                $body
-            }
-            _ => unreachable!("the caller checks K <= MAX_K"),
-        }
-    };
-}
-
-pub(super) use for_k;
 
 /// Compile `$kernel` (an `#[inline(always)]` block kernel generic over T, K, W) for each code path:
 /// `$portable` without target features, `$avx2` and `$avx512` with them enabled.
