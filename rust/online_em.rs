@@ -12,12 +12,11 @@ use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::config_checks::{check_floor_fits, checked_init, validate_dims};
 use crate::engine::block::{accumulate_estep, block_times, load_rows, outer, rank_one_update, row_dots};
+use crate::engine::driver::{self, Driven};
 use crate::engine::em_kernel::{to_loadings_space, EmBlockIo, EmConsts, EmRowKernel, Isa, MAX_K};
 use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
 use crate::engine::model::hooks::Pass;
-use crate::engine::partition::{
-    stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS,
-};
+use crate::engine::partition::{stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS};
 use crate::engine::tiled::Tiled;
 use crate::engine::{advance, Advanced};
 pub use crate::engine::{StepSums, StreamingModel};
@@ -169,58 +168,7 @@ impl<T: Real> OnlineEm<T> {
     /// it is left exactly as it was before the failing row (the rows before it stay applied), at no extra
     /// memory traffic — see [`OnlineEm::step`].
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
-        validate_batch::<T, X>(&x, self.n_features)?;
-        let mut scratch = Scratch::new(self.n_features, self.n_components);
-        let mut sums = StepSums::zeros(self.n_components);
-        let backup = (self.n_features * self.n_components <= SNAPSHOT_MAX_ELEMENTS).then(|| self.clone());
-        for row in x.rows() {
-            if let Err(err) = self.step(row, &mut scratch, &mut sums) {
-                if let Some(previous) = backup {
-                    *self = previous;
-                }
-                return Err(err);
-            }
-        }
-        Ok(())
-    }
-
-    /// One sample, atomically. The pass writes only what is the same model as before this sample — the previous
-    /// sample's pending θ̄, d̄² and Ā, now applied — plus this sample's innovation e in `d_last`, which only a
-    /// pending step reads. If the K×K step then fails, dropping the (consumed) pending step leaves the model
-    /// exactly as it was before the sample: same mean, loadings and noise variances, bit for bit, and the
-    /// same future under the same data.
-    ///
-    /// float32 state runs the kernel in float32 arithmetic. Near the limits of the float32 range that can
-    /// overflow or cancel where f64 arithmetic does not; a failed float32 step is therefore redone once from the
-    /// stored state (its pending step consumed) with f64 arithmetic before a breakdown is reported.
-    fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut StepSums) -> Result<()> {
-        let mut result = self.step_inner(x, scratch, sums, true);
-        if result.is_err() {
-            self.pending = None;
-            if T::SINGLE {
-                result = self.step_inner(x, scratch, sums, false);
-                if result.is_err() {
-                    self.pending = None;
-                }
-            }
-        }
-        result
-    }
-
-    /// One sample: the fused pass (pending row-local step + E-step sums), then the K×K step (may fail).
-    fn step_inner<X: Real>(
-        &mut self,
-        x: ArrayView1<X>,
-        scratch: &mut Scratch,
-        sums: &mut StepSums,
-        allow_kernel: bool,
-    ) -> Result<()> {
-        let t = self.n_seen + 1;
-        let rho = self.config.step_size.rho(t);
-        let mean_rho = self.config.scaling.mean_rho(rho, t);
-        let isa = allow_kernel.then(Isa::detect);
-        self.pass_on(x, rho, mean_rho, scratch, sums, isa);
-        self.finish_step(t, rho, mean_rho, sums, self.n_features)
+        driver::update(self, x)
     }
 
     /// The pass, through the fused kernel on code path `isa` (or, for K > MAX_K, the wide kernel) when it
@@ -463,10 +411,23 @@ impl<T: Real> OnlineEm<T> {
     /// Call `visit(first_row, rows)` for consecutive blocks of the current Ā (pending update applied), in
     /// f64, nb×K row-major: the streaming form of [`Self::loadings`] used by the queries (`crate::query`).
     pub(crate) fn visit_a_bar(&self, visit: &mut dyn FnMut(usize, &[f64]) -> Result<()>) -> Result<()> {
+        self.visit_a_bar_in(0..self.n_features, visit)
+    }
+
+    /// [`Self::visit_a_bar`] for the rows in `rows` only (blocks of up to `BLOCK_ROWS` rows from `rows.start`;
+    /// each row's values do not depend on the block it falls in).
+    pub(crate) fn visit_a_bar_in(
+        &self,
+        rows: std::ops::Range<usize>,
+        visit: &mut dyn FnMut(usize, &[f64]) -> Result<()>,
+    ) -> Result<()> {
         let k = self.n_components;
         let mut blk = Block::new(k);
-        for (i, a) in self.a_bar.chunks(BLOCK_ROWS * k).enumerate() {
-            let first = i * BLOCK_ROWS;
+        for (i, a) in self.a_bar[rows.start * k..rows.end * k]
+            .chunks(BLOCK_ROWS * k)
+            .enumerate()
+        {
+            let first = rows.start + i * BLOCK_ROWS;
             let nb = a.len() / k;
             for (r, d) in blk.d_prev[..nb].iter_mut().enumerate() {
                 *d = self.pending_moments(first + r).d;
@@ -732,10 +693,52 @@ impl<T: Real> Pass for OnlineEm<T> {
 
 impl<T: Real> StreamingModel for OnlineEm<T> {}
 
+/// A failed step needs no undo: the pass writes only what is the same model as before the sample — the previous
+/// sample's pending θ̄, d̄² and Ā, now applied — plus the sample's innovation e in `d_last`, which only a pending
+/// step reads. If the K×K step then fails, dropping the (consumed) pending step leaves the model exactly as it
+/// was before the sample: same mean, loadings and noise variances, bit for bit, and the same future under the
+/// same data. float32 state runs the kernels in float32 arithmetic, and a failed step is redone once with the
+/// f64 block path before a breakdown is reported.
+impl<T: Real> Driven for OnlineEm<T> {
+    type Storage = T;
+    type Reused = ();
+    type RowUndo = ();
+    const PRIVATE_ROWS: bool = false;
+    const RETRY_IN_F64: bool = true;
+
+    /// The fused pass (pending row-local step + E-step sums), then the K×K step.
+    fn try_step<X: Real>(
+        &mut self,
+        x: ArrayView1<X>,
+        scratch: &mut Scratch,
+        sums: &mut StepSums,
+        kernels: bool,
+    ) -> Result<()> {
+        let t = self.n_seen + 1;
+        let rho = self.config.step_size.rho(t);
+        let mean_rho = self.config.scaling.mean_rho(rho, t);
+        let isa = kernels.then(Isa::detect);
+        self.pass_on(x, rho, mean_rho, scratch, sums, isa);
+        self.finish_step(t, rho, mean_rho, sums, self.n_features)
+    }
+
+    fn take_reused(&mut self) {}
+
+    fn put_reused(&mut self, _: ()) {}
+
+    fn row_copy(_: &mut ()) -> &mut Vec<f64> {
+        unreachable!("online EM reads the caller's rows (PRIVATE_ROWS is false)")
+    }
+
+    fn prepare_undo(&mut self, _: &mut ()) {}
+
+    fn undo_row(&mut self, _: (), _: &()) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::partition::{use_parallel, TASK_ROWS};
+    use crate::engine::partition::{use_parallel, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS};
     use crate::init::{fill_standard_normal, orthonormal_loadings};
     use crate::linalg::lower_triangular_inverse;
     use ndarray::s;

@@ -8,11 +8,10 @@ use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::config_checks::{check_floor_fits, checked_init, validate_dims};
 use crate::engine::block::{load_rows, outer};
+use crate::engine::driver::{self, Driven};
 use crate::engine::em_kernel::to_loadings_space;
 use crate::engine::model::hooks::Pass;
-use crate::engine::partition::{
-    stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS, SNAPSHOT_MAX_ELEMENTS,
-};
+use crate::engine::partition::{stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS};
 use crate::engine::sga::SgaPath;
 use crate::engine::sga_kernel::{SgaBlockIo, SgaConsts, SgaStep, Start};
 use crate::engine::sga_wide::SgaWideScratch;
@@ -168,48 +167,7 @@ impl<T: Real> OnlineSga<T> {
     /// `SNAPSHOT_MAX_ELEMENTS` (engine/partition.rs) are restored to their state before the call; larger ones are left
     /// exactly as they were before the failing row (the rows before it stay applied).
     pub fn update<X: Real>(&mut self, x: ArrayView2<X>) -> Result<()> {
-        validate_batch::<T, X>(&x, self.n_features)?;
-        let mut reused = std::mem::take(&mut self.reused);
-        let result = self.update_rows(x, &mut reused);
-        self.reused = reused;
-        result
-    }
-
-    /// `update` after the batch's validation, with the reused buffers.
-    fn update_rows<X: Real>(&mut self, x: ArrayView2<X>, reused: &mut Reused<T>) -> Result<()> {
-        let mut scratch = Scratch::new(self.n_features, self.n_components);
-        let mut sums = StepSums::zeros(self.n_components);
-        let backup = (self.n_features * self.n_components <= SNAPSHOT_MAX_ELEMENTS).then(|| self.clone());
-        // Without a backup, a row changed by another thread between the validation and the pass would be
-        // applied unchecked (a NaN mean poisons every later step): large models validate and read a private
-        // copy of each row instead (O(D) per row against the pass's O(D·K); as f64, exact for f32 input).
-        for row in x.rows() {
-            if backup.is_none() {
-                reused.row.clear();
-                reused.row.extend(row.iter().map(|v| v.to_f64()));
-                let copy = ArrayView1::from(&reused.row[..]);
-                validate_batch::<T, f64>(&copy.insert_axis(ndarray::Axis(0)), self.n_features)?;
-            }
-            // Without a backup, a failed step is undone row-locally (see `undo_failed_step`); the sample that
-            // applies the data-scaled start rewrites F and ψ, so that one sample keeps a copy of the model.
-            let start_backup = (backup.is_none() && self.starts_next()).then(|| self.clone());
-            if backup.is_none() && start_backup.is_none() {
-                reused.mean.clear();
-                reused.mean.extend_from_slice(&self.mean);
-            }
-            let stepped = match backup {
-                None => self.step(ArrayView1::from(&reused.row[..]), &mut scratch, &mut sums),
-                Some(_) => self.step(row, &mut scratch, &mut sums),
-            };
-            if let Err(err) = stepped {
-                match backup.or(start_backup) {
-                    Some(previous) => *self = previous,
-                    None => self.undo_failed_step(&reused.mean),
-                }
-                return Err(err);
-            }
-        }
-        Ok(())
+        driver::update(self, x)
     }
 
     /// Whether the next pass applies the data-scaled start (the first sample after warm-up).
@@ -224,12 +182,6 @@ impl<T: Real> OnlineSga<T> {
     fn undo_failed_step(&mut self, mean_before: &[T]) {
         self.pending = None;
         self.mean.copy_from_slice(mean_before);
-    }
-
-    /// One sample: the fused pass (pending gradient step + running mean + E-step sums), then (4.23).
-    fn step<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut StepSums) -> Result<()> {
-        self.pass(x, scratch, sums);
-        self.finish_step(sums, self.n_features)
     }
 
     /// The fused pass of sample n_seen + 1 over every row: pending gradient step, running mean, E-step sums
@@ -350,6 +302,16 @@ impl<T: Real> OnlineSga<T> {
     /// Call `visit(first_row, F rows (nb×K), ψ (nb))` for consecutive blocks of the current parameters (pending
     /// step applied), in f64: the streaming form of [`Self::loadings`] used by the queries (`crate::query`).
     pub(crate) fn visit_current(&self, visit: &mut CurrentRowsVisitor<'_>) -> Result<()> {
+        self.visit_current_in(0..self.n_features, visit)
+    }
+
+    /// [`Self::visit_current`] for the rows in `rows` only (blocks of up to `BLOCK_ROWS` rows from `rows.start`;
+    /// the kernel is row-local, so each row's values do not depend on the block it falls in).
+    pub(crate) fn visit_current_in(
+        &self,
+        rows: std::ops::Range<usize>,
+        visit: &mut CurrentRowsVisitor<'_>,
+    ) -> Result<()> {
         // The pass's own kernel on a copy of each block (same F and ψ, bit for bit, as the next pass stores),
         // with a zero sample whose sums are discarded.
         let k = self.n_components;
@@ -373,11 +335,11 @@ impl<T: Real> OnlineSga<T> {
         let mut discard = StepSums::zeros(k);
         let mut out_psi = vec![0.0; BLOCK_ROWS];
         blk.d.fill(0.0);
-        for (i, ((f_src, psi_src), d_src)) in self
-            .f
+        let (lo, hi) = (rows.start, rows.end);
+        for (i, ((f_src, psi_src), d_src)) in self.f[lo * k..hi * k]
             .chunks(BLOCK_ROWS * k)
-            .zip(self.psi.chunks(BLOCK_ROWS))
-            .zip(self.d_last.chunks(BLOCK_ROWS))
+            .zip(self.psi[lo..hi].chunks(BLOCK_ROWS))
+            .zip(self.d_last[lo..hi].chunks(BLOCK_ROWS))
             .enumerate()
         {
             let nb = psi_src.len();
@@ -403,7 +365,7 @@ impl<T: Real> OnlineSga<T> {
             kernel.run(&consts, &mut io, &mut wide);
             load_rows(&f[..nb * k], &mut blk.tmp);
             load_rows(&psi[..nb], &mut out_psi);
-            visit(i * BLOCK_ROWS, &blk.tmp[..nb * k], &out_psi[..nb])?;
+            visit(lo + i * BLOCK_ROWS, &blk.tmp[..nb * k], &out_psi[..nb])?;
         }
         Ok(())
     }
@@ -507,6 +469,58 @@ impl<T: Real> Pass for OnlineSga<T> {
 }
 
 impl<T: Real> StreamingModel for OnlineSga<T> {}
+
+/// A large model undoes a failed row by itself: the pass applied the pending gradient step (dropped, not lost:
+/// F and ψ now hold what the queries already returned) and moved the running mean, which gets its copy from
+/// before the row back; the row that applies the data-scaled start rewrites F and ψ, so that one row keeps a
+/// copy of the model. The pass reads its row in several places, so a large model reads a private copy.
+impl<T: Real> Driven for OnlineSga<T> {
+    type Storage = T;
+    type Reused = Reused<T>;
+    type RowUndo = Option<Self>;
+    const PRIVATE_ROWS: bool = true;
+    const RETRY_IN_F64: bool = false;
+
+    /// The fused pass (pending gradient step + running mean + E-step sums), then (4.23).
+    fn try_step<X: Real>(
+        &mut self,
+        x: ArrayView1<X>,
+        scratch: &mut Scratch,
+        sums: &mut StepSums,
+        _: bool,
+    ) -> Result<()> {
+        self.pass(x, scratch, sums);
+        self.finish_step(sums, self.n_features)
+    }
+
+    fn take_reused(&mut self) -> Reused<T> {
+        std::mem::take(&mut self.reused)
+    }
+
+    fn put_reused(&mut self, reused: Reused<T>) {
+        self.reused = reused;
+    }
+
+    fn row_copy(reused: &mut Reused<T>) -> &mut Vec<f64> {
+        &mut reused.row
+    }
+
+    fn prepare_undo(&mut self, reused: &mut Reused<T>) -> Option<Self> {
+        if self.starts_next() {
+            return Some(self.clone());
+        }
+        reused.mean.clear();
+        reused.mean.extend_from_slice(&self.mean);
+        None
+    }
+
+    fn undo_row(&mut self, start_copy: Option<Self>, reused: &Reused<T>) {
+        match start_copy {
+            Some(previous) => *self = previous,
+            None => self.undo_failed_step(&reused.mean),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@
 //! passes for online SGA (sums f fᵀ/ψ and f d/ψ of the stored F and ψ), chosen once per model by `sga`.
 
 pub(crate) mod block;
+pub(crate) mod driver;
 pub(crate) mod em_kernel;
 pub(crate) mod em_wide;
 pub(crate) mod isa;
