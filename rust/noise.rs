@@ -7,10 +7,13 @@
 //! from its start and discards the leading values, so any contiguous range of features (a shard of a
 //! model split across processes) gets exactly the values the whole vector would have there.
 
-use ndarray::{Array1, ArrayViewMut1};
+use ndarray::Array1;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
+use rayon::prelude::*;
+
+use crate::scalar::Real;
 
 /// Salt of the key of [`crate::query`] draws (`sample`), separating them from every other stream of a seed.
 pub const SAMPLE_SALT: u64 = 0x5341_4d50_4c45_5f7a;
@@ -55,16 +58,38 @@ pub fn fill_noise(key: u64, draw: u64, row0: usize, out: &mut [f64]) {
     }
 }
 
-/// z of draw `draw` for features `row0 …` written into a strided row (e.g. one row of an n×D array).
-pub fn fill_noise_view(key: u64, draw: u64, row0: usize, mut out: ArrayViewMut1<f64>) {
-    match out.as_slice_mut() {
-        Some(slice) => fill_noise(key, draw, row0, slice),
-        None => {
-            let mut buf = vec![0.0; out.len()];
-            fill_noise(key, draw, row0, &mut buf);
-            out.iter_mut().zip(buf).for_each(|(o, v)| *o = v);
-        }
+/// Values per task of [`fill_noise_rows`]: a multiple of [`NOISE_BLOCK_ROWS`], so tasks of an aligned range
+/// start on a block.
+const NOISE_TASK_ROWS: usize = 64 * NOISE_BLOCK_ROWS;
+
+/// z of draws `0 … n − 1` for features `row0 … row0 + D − 1` written into the rows of `out` (n×D, row-major),
+/// rounded to `T`. Every value is the one [`fill_noise`] gives, whatever the split; large outputs are filled
+/// by tasks of [`NOISE_TASK_ROWS`] values on the thread pool.
+pub fn fill_noise_rows<T: Real>(key: u64, row0: usize, out: &mut [T], n_features: usize) {
+    if n_features == 0 {
+        return;
     }
+    let large = out_is_large(out.len());
+    let tasks = out.chunks_mut(n_features).enumerate().flat_map(|(draw, row)| {
+        row.chunks_mut(NOISE_TASK_ROWS)
+            .enumerate()
+            .map(move |(c, part)| (draw, c, part))
+    });
+    let run = |(draw, c, part): (usize, usize, &mut [T])| {
+        let mut buf = vec![0.0; part.len()];
+        fill_noise(key, draw as u64, row0 + c * NOISE_TASK_ROWS, &mut buf);
+        part.iter_mut().zip(&buf).for_each(|(o, &v)| *o = T::from_f64(v));
+    };
+    if large {
+        tasks.collect::<Vec<_>>().into_par_iter().for_each(run);
+    } else {
+        tasks.for_each(run);
+    }
+}
+
+/// Whether a fill of `len` values is worth the thread pool (and the pool is usable: see `crate::fork`).
+fn out_is_large(len: usize) -> bool {
+    len >= NOISE_TASK_ROWS && crate::fork::parallel_allowed()
 }
 
 #[cfg(test)]
@@ -88,5 +113,28 @@ mod tests {
         let mut other = vec![0.0; d];
         fill_noise(7, 4, 0, &mut other);
         assert_ne!(whole, other);
+    }
+
+    #[test]
+    fn rows_filled_in_tasks_equal_fill_noise_on_any_thread_count() {
+        let (n, d) = (3, 2 * NOISE_TASK_ROWS + 300);
+        for row0 in [0usize, 5, NOISE_BLOCK_ROWS + 1] {
+            let mut expected = vec![0.0; n * d];
+            for (j, row) in expected.chunks_mut(d).enumerate() {
+                fill_noise(11, j as u64, row0, row);
+            }
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("pool");
+                let mut got = vec![0.0f64; n * d];
+                pool.install(|| fill_noise_rows(11, row0, &mut got, d));
+                assert_eq!(got, expected, "row0 = {row0}, {threads} threads");
+                let mut got32 = vec![0.0f32; n * d];
+                pool.install(|| fill_noise_rows(11, row0, &mut got32, d));
+                assert!(got32.iter().zip(&expected).all(|(a, b)| *a == *b as f32));
+            }
+        }
     }
 }

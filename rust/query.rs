@@ -10,8 +10,13 @@
 //! M, Σ_d log ψ_d, Σ_d r_d²/ψ_d and Fᵀ Ψ⁻¹ r (r = x − c) are all sums over rows d, so one pass over the
 //! state computes every query; the model is read once, under the caller's lock (one consistent state).
 
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
+use std::ops::Range;
 
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
+use rayon::prelude::*;
+
+use crate::engine::use_parallel;
 use crate::error::{FaError, Result};
 use crate::linalg::SpdFactor;
 use crate::online_em::{OnlineEm, Source};
@@ -26,11 +31,34 @@ pub const QUERY_BLOCK_ROWS: usize = 1024;
 pub type RowVisitor<'a> = dyn FnMut(usize, &[f64], &[f64], &[f64]) -> Result<()> + 'a;
 
 /// A model whose fitted Gaussian can be read block by block of rows.
-pub trait GaussianRows {
+pub trait GaussianRows: Sync {
     /// (D, K).
     fn dims(&self) -> (usize, usize);
+    /// Visit consecutive blocks of rows covering `rows` in order. A row's values do not depend on the range
+    /// it is read in, so disjoint ranges can be read by different threads.
+    fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()>;
     /// Visit consecutive blocks of rows covering 0..D in order.
-    fn visit_rows(&self, visit: &mut RowVisitor<'_>) -> Result<()>;
+    fn visit_rows(&self, visit: &mut RowVisitor<'_>) -> Result<()> {
+        self.visit_range(0..self.dims().0, visit)
+    }
+}
+
+/// Rows per task of a query: the tasks are fixed ranges of rows whatever the number of threads, and their
+/// results are combined in range order, so every query gives the same bits on any number of threads.
+pub const QUERY_TASK_ROWS: usize = 16 * 1024;
+
+/// `task` on each range of [`QUERY_TASK_ROWS`] rows of 0..`d`, on the thread pool when the state is large
+/// (`d`·`k` elements), and the results in range order (the first error, in range order, if any).
+pub(crate) fn per_task<R: Send>(d: usize, k: usize, task: impl Fn(Range<usize>) -> Result<R> + Sync) -> Result<Vec<R>> {
+    let ranges: Vec<Range<usize>> = (0..d)
+        .step_by(QUERY_TASK_ROWS)
+        .map(|lo| lo..(lo + QUERY_TASK_ROWS).min(d))
+        .collect();
+    if ranges.len() > 1 && use_parallel(d, k) {
+        ranges.into_par_iter().map(&task).collect()
+    } else {
+        ranges.into_iter().map(&task).collect()
+    }
 }
 
 fn widen<T: Real>(values: &[T], out: &mut Vec<f64>) {
@@ -44,13 +72,13 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
     }
 
     /// F = Ā H̄⁻¹ (Ā when whitened), ψ = max(d̄² − rowsum(F ⊙ Ā), floor); during warm-up F₀ σ and σ².
-    fn visit_rows(&self, visit: &mut RowVisitor<'_>) -> Result<()> {
+    fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
         let k = self.n_components;
         let (mut mean, mut f, mut psi) = (Vec::new(), Vec::new(), Vec::new());
         if let Source::Initial(f0) = &self.source {
             let scale = self.config.scaling.warmup_scale(self.scale_sq);
-            for lo in (0..self.n_features).step_by(QUERY_BLOCK_ROWS) {
-                let hi = (lo + QUERY_BLOCK_ROWS).min(self.n_features);
+            for lo in rows.clone().step_by(QUERY_BLOCK_ROWS) {
+                let hi = (lo + QUERY_BLOCK_ROWS).min(rows.end);
                 mean.clear();
                 mean.extend((lo..hi).map(|i| self.pending_moments(i).mean.1));
                 f.clear();
@@ -66,7 +94,7 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
             _ => None,
         };
         let floor = self.floor();
-        self.visit_a_bar(&mut |lo, a| {
+        self.visit_a_bar_in(rows, &mut |lo, a| {
             let nb = a.len() / k;
             let a_rows = ArrayView2::from_shape((nb, k), a).map_err(|e| FaError::InvalidState(e.to_string()))?;
             let f_rows = match h_inv {
@@ -94,9 +122,9 @@ impl<T: Real> GaussianRows for OnlineSga<T> {
         (self.n_features, self.n_components)
     }
 
-    fn visit_rows(&self, visit: &mut RowVisitor<'_>) -> Result<()> {
+    fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
         let mut mean = Vec::new();
-        self.visit_current(&mut |lo, f, psi| {
+        self.visit_current_in(rows, &mut |lo, f, psi| {
             widen(&self.mean[lo..lo + psi.len()], &mut mean);
             visit(lo, &mean, f, psi)
         })
@@ -109,11 +137,11 @@ impl<T: Real> GaussianRows for Vifa<T> {
     }
 
     /// c, F and ψ = exp β as stored.
-    fn visit_rows(&self, visit: &mut RowVisitor<'_>) -> Result<()> {
+    fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
         let k = self.n_components;
         let (mut mean, mut f, mut psi) = (Vec::new(), Vec::new(), Vec::new());
-        for lo in (0..self.n_features).step_by(QUERY_BLOCK_ROWS) {
-            let hi = (lo + QUERY_BLOCK_ROWS).min(self.n_features);
+        for lo in rows.clone().step_by(QUERY_BLOCK_ROWS) {
+            let hi = (lo + QUERY_BLOCK_ROWS).min(rows.end);
             widen(&self.params.c[lo..hi], &mut mean);
             widen(&self.params.f[lo * k..hi * k], &mut f);
             psi.clear();
@@ -161,11 +189,10 @@ impl GaussianRows for DenseGaussian<'_> {
         self.loadings.dim()
     }
 
-    fn visit_rows(&self, visit: &mut RowVisitor<'_>) -> Result<()> {
-        let d = self.mean.len();
+    fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
         let (mut mean, mut f, mut psi) = (Vec::new(), Vec::new(), Vec::new());
-        for lo in (0..d).step_by(QUERY_BLOCK_ROWS) {
-            let hi = (lo + QUERY_BLOCK_ROWS).min(d);
+        for lo in rows.clone().step_by(QUERY_BLOCK_ROWS) {
+            let hi = (lo + QUERY_BLOCK_ROWS).min(rows.end);
             mean.clear();
             mean.extend(self.mean.slice(ndarray::s![lo..hi]).iter().copied());
             f.clear();
@@ -176,6 +203,68 @@ impl GaussianRows for DenseGaussian<'_> {
         }
         Ok(())
     }
+}
+
+/// One task's part of the outputs of [`rows_as`]: rows `first..first + mean.len()`.
+struct RowsOut<'a, T> {
+    first: usize,
+    mean: &'a mut [T],
+    f: &'a mut [T],
+    psi: &'a mut [T],
+}
+
+/// (mean (D), F (D×K row-major), ψ (D)) of `model`, each value rounded once from the float64 the queries use
+/// to `T`: one pass over the model, tasks of [`QUERY_TASK_ROWS`] rows filling disjoint parts of the outputs (on
+/// the thread pool for a large model, so the first writes to the fresh pages are spread over the threads too).
+pub fn rows_as<T: Real, G: GaussianRows + ?Sized>(model: &G) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    let (d, k) = model.dims();
+    let zeroed = |len: usize| -> Result<Vec<T>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| FaError::Allocation {
+            what: "n_features",
+            len,
+        })?;
+        v.resize(len, T::default());
+        Ok(v)
+    };
+    let (mut mean, mut f, mut psi) = (zeroed(d)?, zeroed(d.saturating_mul(k))?, zeroed(d)?);
+    let parts: Vec<RowsOut<'_, T>> = mean
+        .chunks_mut(QUERY_TASK_ROWS)
+        .zip(
+            f.chunks_mut(QUERY_TASK_ROWS * k.max(1))
+                .chain(std::iter::repeat_with(|| &mut [][..])),
+        )
+        .zip(psi.chunks_mut(QUERY_TASK_ROWS))
+        .enumerate()
+        .map(|(i, ((mean, f), psi))| RowsOut {
+            first: i * QUERY_TASK_ROWS,
+            mean,
+            f,
+            psi,
+        })
+        .collect();
+    let fill = |out: RowsOut<'_, T>| -> Result<()> {
+        let first = out.first;
+        model.visit_range(first..first + out.mean.len(), &mut |lo, m, rows, p| {
+            let at = lo - first;
+            for (o, &v) in out.mean[at..at + m.len()].iter_mut().zip(m) {
+                *o = T::from_f64(v);
+            }
+            for (o, &v) in out.f[at * k..at * k + rows.len()].iter_mut().zip(rows) {
+                *o = T::from_f64(v);
+            }
+            for (o, &v) in out.psi[at..at + p.len()].iter_mut().zip(p) {
+                *o = T::from_f64(v);
+            }
+            Ok(())
+        })
+    };
+    if parts.len() > 1 && use_parallel(d, k) {
+        parts.into_par_iter().try_for_each(fill)?;
+    } else {
+        parts.into_iter().try_for_each(fill)?;
+    }
+    Ok((mean, f, psi))
 }
 
 /// Lower Cholesky factor L of M = I + Fᵀ Ψ⁻¹ F (K×K; the smallest jitter that makes it factorise is added
@@ -247,7 +336,8 @@ impl QuerySums {
     }
 }
 
-/// The query sums of the model's rows for the rows of x (n×D).
+/// The query sums of the model's rows for the rows of x (n×D): each task of [`QUERY_TASK_ROWS`] rows sums its
+/// blocks, and the task sums are added in row order.
 pub fn query_sums<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Result<QuerySums> {
     let (d, k) = model.dims();
     let n = x.nrows();
@@ -258,38 +348,87 @@ pub fn query_sums<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Re
             got: x.shape().to_vec(),
         });
     }
-    let mut sums = QuerySums {
+    let zero = || QuerySums {
         gram: Array2::zeros((k, k)),
         log_det_psi: 0.0,
         quad: Array1::zeros(n),
         proj: Array2::zeros((n, k)),
     };
-    let mut scaled = vec![0.0; k];
-    model.visit_rows(&mut |lo, mean, f, psi| {
-        check_block(lo, f, psi, k)?;
-        for (i, (&c, &p)) in mean.iter().zip(psi).enumerate() {
-            let row = &f[i * k..(i + 1) * k];
-            let w = 1.0 / p;
-            sums.log_det_psi += p.ln();
-            for (s, v) in scaled.iter_mut().zip(row) {
-                *s = v * w; // Ψ⁻¹ F, row d
-            }
-            for a in 0..k {
-                for b in 0..k {
-                    sums.gram[[a, b]] += row[a] * scaled[b];
-                }
-            }
-            for (j, sample) in x.axis_iter(Axis(0)).enumerate() {
-                let r = sample[lo + i] - c;
-                sums.quad[j] += r * r * w;
-                for (a, s) in scaled.iter().enumerate() {
-                    sums.proj[[j, a]] += r * s;
-                }
+    let parts = per_task(d, k, |rows| {
+        let mut sums = zero();
+        let mut scaled = Vec::new();
+        let mut residual = Vec::new();
+        model.visit_range(rows, &mut |lo, mean, f, psi| {
+            check_block(lo, f, psi, k)?;
+            add_block_sums(
+                &mut sums,
+                x.slice(ndarray::s![.., lo..lo + psi.len()]),
+                mean,
+                f,
+                psi,
+                &mut scaled,
+                &mut residual,
+            );
+            Ok(())
+        })?;
+        Ok(sums)
+    })?;
+    let mut total = zero();
+    for part in parts {
+        total.gram += &part.gram;
+        total.log_det_psi += part.log_det_psi;
+        total.quad += &part.quad;
+        total.proj += &part.proj;
+    }
+    Ok(total)
+}
+
+/// Add one block's rows to `sums`: Σ F_d F_dᵀ/ψ_d (the upper triangle, mirrored), Σ log ψ_d, and for each
+/// sample r = x − c on these rows Σ r_d²/ψ_d and R (Ψ⁻¹F) (one matrix product). `x` holds the samples' entries
+/// of the block's rows (n×nb); `scaled` and `residual` are reused buffers.
+fn add_block_sums(
+    sums: &mut QuerySums,
+    x: ArrayView2<f64>,
+    mean: &[f64],
+    f: &[f64],
+    psi: &[f64],
+    scaled: &mut Vec<f64>,
+    residual: &mut Vec<f64>,
+) {
+    let (nb, k, n) = (psi.len(), sums.gram.nrows(), x.nrows());
+    scaled.clear();
+    scaled.extend(f.iter().enumerate().map(|(i, v)| v / psi[i / k])); // Ψ⁻¹ F, nb×K
+    let gram = sums.gram.as_slice_mut().expect("the sums are allocated contiguous");
+    for (row, row_scaled) in f.chunks_exact(k).zip(scaled.chunks_exact(k)) {
+        for (a, &fa) in row.iter().enumerate() {
+            for (g, s) in gram[a * k + a..(a + 1) * k].iter_mut().zip(&row_scaled[a..]) {
+                *g += fa * s;
             }
         }
-        Ok(())
-    })?;
-    Ok(sums)
+    }
+    for a in 0..k {
+        for b in 0..a {
+            gram[a * k + b] = gram[b * k + a];
+        }
+    }
+    sums.log_det_psi += psi.iter().map(|p| p.ln()).sum::<f64>();
+    if n == 0 {
+        return;
+    }
+    residual.clear();
+    residual.resize(n * nb, 0.0);
+    for (j, sample) in x.axis_iter(Axis(0)).enumerate() {
+        let r = &mut residual[j * nb..(j + 1) * nb];
+        let mut quad = 0.0;
+        for (((r, &xv), &c), &p) in r.iter_mut().zip(sample.iter()).zip(mean).zip(psi) {
+            *r = xv - c;
+            quad += *r * *r / p;
+        }
+        sums.quad[j] += quad;
+    }
+    let r = ArrayView2::from_shape((n, nb), &residual[..]).expect("n·nb residuals");
+    let s = ArrayView2::from_shape((nb, k), &scaled[..]).expect("nb·K scaled loadings");
+    general_mat_mul(1.0, &r, &s, 1.0, &mut sums.proj);
 }
 
 fn precision_factor(gram: &Array2<f64>) -> Result<SpdFactor> {
@@ -332,7 +471,8 @@ pub fn latent_mean_from_sums(sums: QuerySums) -> Result<Array2<f64>> {
 }
 
 /// Draws θ_j = c + F h_j + ψ^{1/2} ⊙ z_j (4.50) written over `out` (n×D), which holds z on entry;
-/// h is n×K. One pass over the model, O(block·K) extra memory.
+/// h is n×K. One pass over the model (tasks of [`QUERY_TASK_ROWS`] columns of `out` on the thread pool for a
+/// large model; every entry is computed the same way on any number of threads), O(block·K) extra memory.
 pub fn draw_in_place<G: GaussianRows + ?Sized, T: Real>(
     model: &G,
     h: ArrayView2<f64>,
@@ -346,19 +486,42 @@ pub fn draw_in_place<G: GaussianRows + ?Sized, T: Real>(
             got: vec![out.nrows(), out.ncols(), h.nrows(), h.ncols()],
         });
     }
-    model.visit_rows(&mut |lo, mean, f, psi| {
-        check_block(lo, f, psi, k)?;
-        for (i, (&c, &p)) in mean.iter().zip(psi).enumerate() {
-            let row = &f[i * k..(i + 1) * k];
-            let sd = p.sqrt();
-            for (j, latent) in h.axis_iter(Axis(0)).enumerate() {
-                let fh: f64 = row.iter().zip(latent.iter()).map(|(a, b)| a * b).sum();
-                let z = out[[j, lo + i]].to_f64();
-                out[[j, lo + i]] = T::from_f64((c + fh) + z * sd);
+    let parts: Vec<(usize, ArrayViewMut2<T>)> = out
+        .axis_chunks_iter_mut(Axis(1), QUERY_TASK_ROWS)
+        .enumerate()
+        .map(|(i, part)| (i * QUERY_TASK_ROWS, part))
+        .collect();
+    let draw_part = |(first, mut part): (usize, ArrayViewMut2<T>)| -> Result<()> {
+        let rows = first..first + part.ncols();
+        let (mut f_t, mut fh, mut sd) = (Vec::new(), Vec::new(), Vec::new());
+        model.visit_range(rows, &mut |lo, mean, f, psi| {
+            check_block(lo, f, psi, k)?;
+            let (at, nb) = (lo - first, psi.len());
+            // Fᵀ of the block (K×nb), so that F h is formed for all nb rows at once, factor by factor.
+            f_t.clear();
+            f_t.extend((0..k).flat_map(|a| f.iter().skip(a).step_by(k).copied()));
+            sd.clear();
+            sd.extend(psi.iter().map(|p| p.sqrt()));
+            for (mut draw, latent) in part.axis_iter_mut(Axis(0)).zip(h.axis_iter(Axis(0))) {
+                // (F h)_d = Σ_a F_da h_a, summed over a in order from −0.
+                fh.clear();
+                fh.resize(nb, -0.0);
+                for (column, &h_a) in f_t.chunks_exact(nb).zip(latent.iter()) {
+                    fh.iter_mut().zip(column).for_each(|(s, &v)| *s += v * h_a);
+                }
+                let draw = draw.slice_mut(ndarray::s![at..at + nb]);
+                for (z, ((&c, &fh), &sd)) in draw.into_iter().zip(mean.iter().zip(&fh).zip(&sd)) {
+                    *z = T::from_f64((c + fh) + z.to_f64() * sd);
+                }
             }
-        }
-        Ok(())
-    })
+            Ok(())
+        })
+    };
+    if parts.len() > 1 && use_parallel(d, k) {
+        parts.into_par_iter().try_for_each(draw_part)
+    } else {
+        parts.into_iter().try_for_each(draw_part)
+    }
 }
 
 #[cfg(test)]
@@ -434,6 +597,111 @@ mod tests {
         for d in 0..3 {
             let expected = m.mean()[d] + f.row(d).dot(&h.row(0)) + [0.5, -1.0, 2.0][d] * m.noise_variance()[d].sqrt();
             assert!((out[[0, d]] - expected).abs() < 1e-14);
+        }
+    }
+
+    /// A random Gaussian spanning several query tasks (D not a multiple of the task or block size).
+    fn large(k: usize) -> (Array1<f64>, Array2<f64>, Array1<f64>, Array2<f64>) {
+        let d = 3 * QUERY_TASK_ROWS + 1001;
+        let mut f = Array2::zeros((d, k));
+        crate::init::fill_standard_normal(f.view_mut(), 3);
+        let mut c = Array2::zeros((1, d));
+        crate::init::fill_standard_normal(c.view_mut(), 4);
+        let mut p = Array2::zeros((1, d));
+        crate::init::fill_standard_normal(p.view_mut(), 5);
+        let psi = p.row(0).mapv(|v| 0.1 + v * v);
+        let mut x = Array2::zeros((3, d));
+        crate::init::fill_standard_normal(x.view_mut(), 6);
+        (c.row(0).to_owned(), f, psi, x)
+    }
+
+    /// The sums of [`query_sums`] by one loop over the rows in order (the definition).
+    fn naive_sums(c: &Array1<f64>, f: &Array2<f64>, psi: &Array1<f64>, x: &Array2<f64>) -> QuerySums {
+        let k = f.ncols();
+        let mut sums = QuerySums {
+            gram: Array2::zeros((k, k)),
+            log_det_psi: 0.0,
+            quad: Array1::zeros(x.nrows()),
+            proj: Array2::zeros((x.nrows(), k)),
+        };
+        for d in 0..f.nrows() {
+            let fd = f.row(d);
+            sums.gram += &(fd.insert_axis(Axis(1)).dot(&fd.insert_axis(Axis(0))) / psi[d]);
+            sums.log_det_psi += psi[d].ln();
+            for j in 0..x.nrows() {
+                let r = x[[j, d]] - c[d];
+                sums.quad[j] += r * r / psi[d];
+                sums.proj.row_mut(j).scaled_add(r / psi[d], &fd);
+            }
+        }
+        sums
+    }
+
+    fn max_rel(a: ArrayView1<f64>, b: ArrayView1<f64>) -> f64 {
+        let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        a.iter().zip(b).fold(0.0f64, |m, (p, q)| m.max((p - q).abs() / scale))
+    }
+
+    #[test]
+    fn task_sums_equal_the_row_by_row_definition_on_any_thread_count() {
+        for k in [1usize, 7, 20] {
+            let (c, f, psi, x) = large(k);
+            let g = DenseGaussian::new(c.view(), f.view(), psi.view()).expect("gaussian");
+            let naive = naive_sums(&c, &f, &psi, &x);
+            let got = query_sums(&g, x.view()).expect("sums");
+            let flat = |s: &QuerySums| Array1::from(s.to_flat());
+            assert!(max_rel(flat(&got).view(), flat(&naive).view()) < 1e-12, "K = {k}");
+            for a in 0..k {
+                for b in 0..k {
+                    assert_eq!(got.gram[[a, b]].to_bits(), got.gram[[b, a]].to_bits(), "symmetric");
+                }
+            }
+            let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
+            let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+            let serial = one.install(|| query_sums(&g, x.view()).expect("sums"));
+            let parallel = three.install(|| query_sums(&g, x.view()).expect("sums"));
+            assert_eq!(serial, got);
+            assert_eq!(parallel, got);
+            let rows1 = one.install(|| rows_as::<f64, _>(&g).expect("rows"));
+            let rows3 = three.install(|| rows_as::<f32, _>(&g).expect("rows"));
+            assert_eq!(rows1, (c.to_vec(), f.iter().copied().collect(), psi.to_vec()));
+            assert_eq!(rows3.1, f.iter().map(|&v| v as f32).collect::<Vec<f32>>());
+        }
+    }
+
+    #[test]
+    fn draws_of_a_large_model_are_the_affine_map_on_any_thread_count() {
+        let (c, f, psi, z) = large(5);
+        let g = DenseGaussian::new(c.view(), f.view(), psi.view()).expect("gaussian");
+        let mut h = Array2::zeros((3, 5));
+        crate::init::fill_standard_normal(h.view_mut(), 9);
+        let draw_with = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            let mut out = z.clone();
+            pool.install(|| draw_in_place(&g, h.view(), out.view_mut()))
+                .expect("draw");
+            out
+        };
+        let got = draw_with(3);
+        assert_eq!(got, draw_with(1));
+        for j in 0..3 {
+            for d in [
+                0,
+                QUERY_TASK_ROWS - 1,
+                QUERY_TASK_ROWS,
+                2 * QUERY_TASK_ROWS + 17,
+                f.nrows() - 1,
+            ] {
+                let fh = f.row(d).iter().zip(h.row(j)).fold(-0.0, |s, (a, b)| s + a * b);
+                assert_eq!(
+                    got[[j, d]],
+                    (c[d] + fh) + z[[j, d]] * psi[d].sqrt(),
+                    "draw {j}, feature {d}"
+                );
+            }
         }
     }
 }

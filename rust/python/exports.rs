@@ -6,33 +6,12 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use super::common::*;
-use crate::error::FaError;
-use crate::query::GaussianRows;
+use crate::query::rows_as;
 use crate::scalar::Real;
 
 // ---- the fitted Gaussian in the storage dtype ----
 // The scikit-learn exports of a float32 model (`components_`, `noise_variance_`, `mean_`) are float32,
 // built from this snapshot without a float64 D×K intermediate.
-
-/// (mean, F, ψ) of `model`, each value rounded once from the float64 the queries use to the storage type
-/// `T`, gathered block by block (no float64 D×K copy). Shapes: D, D×K, D.
-pub(crate) fn rows_as<T: Real, G: GaussianRows + ?Sized>(model: &G) -> crate::error::Result<(Vec<T>, Vec<T>, Vec<T>)> {
-    let (d, k) = model.dims();
-    let (mut mean, mut f, mut psi) = (Vec::new(), Vec::new(), Vec::new());
-    for (v, len) in [(&mut mean, d), (&mut f, d.saturating_mul(k)), (&mut psi, d)] {
-        v.try_reserve_exact(len).map_err(|_| FaError::Allocation {
-            what: "n_features",
-            len,
-        })?;
-    }
-    model.visit_rows(&mut |_, m, rows, p| {
-        mean.extend(m.iter().map(|&v| T::from_f64(v)));
-        f.extend(rows.iter().map(|&v| T::from_f64(v)));
-        psi.extend(p.iter().map(|&v| T::from_f64(v)));
-        Ok(())
-    })?;
-    Ok((mean, f, psi))
-}
 
 pub(crate) type StorageSnapshot<'py> = (u64, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
 

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 
 use super::common::{check_layout, checked_view, lock, Typed};
 use crate::fork::Mutex;
-use crate::noise::{fill_noise_view, latent_draw, SAMPLE_SALT};
+use crate::noise::{latent_draw, SAMPLE_SALT};
 use crate::query::{GaussianRows, QuerySums};
 use crate::scalar::Real;
 
@@ -86,28 +86,33 @@ pub(crate) fn fill_sample_noise(
         check_layout(arr, "noise")?;
         let mut rw = arr.try_readwrite().map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut view = rw.as_array_mut();
-        py.detach(|| {
-            for (j, row) in view.axis_iter_mut(Axis(0)).enumerate() {
-                fill_noise_view(key, j as u64, row0, row);
-            }
-        });
+        py.detach(|| fill_noise_array(key, row0, view.view_mut()));
         Ok(())
     } else if let Ok(arr) = noise.cast::<PyArray2<f32>>() {
         check_layout(arr, "noise")?;
         let mut rw = arr.try_readwrite().map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut view = rw.as_array_mut();
-        py.detach(|| {
-            let mut buf = vec![0.0; view.ncols()];
-            for (j, mut row) in view.axis_iter_mut(Axis(0)).enumerate() {
-                crate::noise::fill_noise(key, j as u64, row0, &mut buf);
-                row.iter_mut().zip(&buf).for_each(|(o, &v)| *o = f32::from_f64(v));
-            }
-        });
+        py.detach(|| fill_noise_array(key, row0, view.view_mut()));
         Ok(())
     } else {
         Err(PyTypeError::new_err(
             "noise must be a writable 2-D float32 or float64 numpy array",
         ))
+    }
+}
+
+/// The noise z of draws 0 … n − 1 for features row0 … written over `view` (n×D): in parallel tasks when the
+/// array is one contiguous block, row by row otherwise (the same values either way).
+fn fill_noise_array<T: Real>(key: u64, row0: usize, mut view: ndarray::ArrayViewMut2<'_, T>) {
+    let d = view.ncols();
+    if let Some(flat) = view.as_slice_mut() {
+        crate::noise::fill_noise_rows(key, row0, flat, d);
+        return;
+    }
+    let mut buf = vec![0.0; d];
+    for (j, mut row) in view.axis_iter_mut(Axis(0)).enumerate() {
+        crate::noise::fill_noise(key, j as u64, row0, &mut buf);
+        row.iter_mut().zip(&buf).for_each(|(o, &v)| *o = T::from_f64(v));
     }
 }
 

@@ -1,7 +1,7 @@
 //! Engines of `onlinefa.OnlineEM` and `onlinefa.OnlineSGA` (one macro-generated method set) and the
 //! seeded initial loadings.
 
-use ndarray::ArrayView2;
+use ndarray::{Array2, ArrayView2};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -9,6 +9,7 @@ use pyo3::types::PyDict;
 
 use super::common::*;
 use crate::engine::StreamingModel;
+use crate::error::FaError;
 use crate::fork::Mutex;
 use crate::init::orthonormal_loadings;
 use crate::online_em::{EmConfig, OnlineEm};
@@ -181,11 +182,13 @@ macro_rules! model_methods {
                 &self,
                 py: Python<'py>,
             ) -> PyResult<(u64, Bound<'py, PyArray1<f64>>, Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>)> {
-                let (t, mean, f, psi) = py.detach(|| {
-                    Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => {
-                        (m.n_seen(), m.mean(), m.loadings(), m.noise_variance())
-                    }))
+                let (t, (mean, f, psi), k) = py.detach(|| {
+                    with_model!(&*lock(&self.inner)?, m => {
+                        crate::query::rows_as::<f64, _>(m).map(|rows| (m.n_seen(), rows, m.n_components()))
+                    })
+                    .map_err(PyErr::from)
                 })?;
+                let f = Array2::from_shape_vec((psi.len(), k), f).map_err(|e| FaError::InvalidState(e.to_string()))?;
                 Ok((t, mean.into_pyarray(py), f.into_pyarray(py), psi.into_pyarray(py)))
             }
         }
