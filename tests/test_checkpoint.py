@@ -20,6 +20,7 @@ import pytest
 import onlinefa
 from onlinefa import OnlineFactorAnalysis, checkpoint
 from onlinefa.checkpoint import FORMAT_VERSION, load_state, save_state
+from engine_state import engine_state
 
 StreamFactory = Callable[[int, int, int, int], npt.NDArray[np.float64]]
 
@@ -46,11 +47,6 @@ def assert_same_state(left: dict[str, Any], right: dict[str, Any]) -> None:
             assert type(other) is float and np.float64(value).tobytes() == np.float64(other).tobytes(), key
         else:
             assert type(value) is type(other) and value == other, key
-
-
-def engine_state(model: Any) -> dict[str, Any]:
-    state: dict[str, Any] = model._core.get_state()
-    return state
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 
 import onlinefa
 from onlinefa.checkpoint import STALE_TEMPORARY_SECONDS, save_state
+from engine_state import engine_state
 
 ROWS = np.random.default_rng(0).standard_normal((40, 6))
 fcntl = pytest.importorskip("fcntl")
@@ -131,12 +132,12 @@ def test_loading_a_fifo_or_directory_fails_at_once(tmp_path: Path) -> None:
 
 
 def _em_state() -> dict[str, Any]:
-    state: dict[str, Any] = onlinefa.OnlineEM(6, 2, seed=0).update(ROWS)._core.get_state()
+    state: dict[str, Any] = engine_state(onlinefa.OnlineEM(6, 2, seed=0).update(ROWS))
     return state
 
 
 def _sga_state() -> dict[str, Any]:
-    state: dict[str, Any] = onlinefa.OnlineSGA(6, 2, seed=0).update(ROWS)._core.get_state()
+    state: dict[str, Any] = engine_state(onlinefa.OnlineSGA(6, 2, seed=0).update(ROWS))
     return state
 
 

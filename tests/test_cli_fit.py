@@ -15,6 +15,7 @@ import onlinefa
 from onlinefa import _cli_fit
 from onlinefa._progress import Progress
 from onlinefa.cli import main
+from engine_state import engine_state
 
 D, K, T = 8, 2, 300
 
@@ -30,7 +31,7 @@ def samples(tmp_path: Path) -> Path:
 
 def state_bytes(model: Any) -> dict[str, Any]:
     return {key: (value.tobytes() if isinstance(value, np.ndarray) else value)
-            for key, value in model._core.get_state().items()}
+            for key, value in engine_state(model).items()}
 
 
 @pytest.mark.parametrize(("options", "reference"), [

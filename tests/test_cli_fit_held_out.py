@@ -14,6 +14,7 @@ import pytest
 
 import onlinefa
 from onlinefa.cli import main
+from engine_state import engine_state
 
 D, K = 6, 2
 
@@ -28,7 +29,7 @@ def save_samples(tmp_path: Path, n_rows: int) -> tuple[Path, np.ndarray]:
 
 def state_bytes(model: Any) -> dict[str, Any]:
     return {key: (value.tobytes() if isinstance(value, np.ndarray) else value)
-            for key, value in model._core.get_state().items()}
+            for key, value in engine_state(model).items()}
 
 
 @pytest.mark.parametrize(("n_rows", "options", "reference"), [

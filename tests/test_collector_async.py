@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 import onlinefa  # noqa: E402
 from onlinefa.torch import SlowCollectionWarning, SnapshotCollector  # noqa: E402
+from engine_state import engine_state  # noqa: E402
 
 
 def _net(seed: int = 0) -> Any:
@@ -64,7 +65,7 @@ def test_asynchronous_collection_fits_exactly_what_the_synchronous_one_fits(ever
                                    n_buffers=n_buffers).attach(opt) as collector:
                 _train(net, opt, 30)
         assert collector.n_snapshots == 30 // every == em.n_seen
-        states.append((em._core.get_state(), posterior))
+        states.append((engine_state(em), posterior))
     (sync_state, sync_seen), (async_state, async_seen) = states
     for key, value in sync_state.items():
         assert np.array_equal(async_state[key], value) if isinstance(value, np.ndarray) else async_state[key] == value
@@ -165,7 +166,7 @@ def _update_on_thread(x: np.ndarray, n_threads: int) -> dict[str, Any]:
     thread.join()
     if errors:
         raise errors[0]
-    return model._core.get_state()
+    return engine_state(model)
 
 
 def test_limiting_the_update_threads_changes_no_bit() -> None:

@@ -21,6 +21,7 @@ import pytest
 
 import onlinefa
 from onlinefa import OnlineFactorAnalysis
+from engine_state import engine_state
 
 StreamFactory = Callable[[int, int, int, int], npt.NDArray[np.float64]]
 D, K = 24, 3
@@ -34,7 +35,7 @@ def new_model(model_class: str, dtype: str = "float64") -> Any:
 def state_bytes(model: Any) -> dict[str, Any]:
     """The engine state with arrays as bytes, so states compare bit for bit with ==."""
     return {k: (v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else v
-            for k, v in model._core.get_state().items()}
+            for k, v in engine_state(model).items()}
 
 
 def run_together(functions: list[Callable[[], None]]) -> None:
@@ -112,7 +113,7 @@ def test_readers_only_ever_see_whole_batches(fa_stream: StreamFactory) -> None:
 
     def reader() -> None:
         while not finished.is_set():
-            state = model._core.get_state()
+            state = engine_state(model)
             seen_counts.append(int(state["n_seen"]))
             assert np.isfinite(model.log_prob(queries)).all()
             assert np.isfinite(model.transform(queries)).all()

@@ -24,6 +24,7 @@ from spawn_helpers import wait_for_child
 from onlinefa import OnlineGFA
 from onlinefa._forklock import ModelLock
 from onlinefa.minibatch import MiniBatchEM
+from engine_state import engine_state
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def fast_switching() -> Iterator[None]:
 
 
 def _state(model: MiniBatchEM) -> dict[str, np.ndarray]:
-    return {key: np.array(value, copy=True) for key, value in model._core.get_state().items()}
+    return {key: np.array(value, copy=True) for key, value in engine_state(model).items()}
 
 
 def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:

@@ -18,6 +18,7 @@ import pytest
 import onlinefa
 from onlinefa.distributed import ShardCommunicationError, ShardedOnlineEM, ShardedOnlineSGA, ShardedVIFA
 from thread_ranks import ThreadRanks, run_ranks
+from engine_state import engine_state
 
 D, K, N = 37, 3, 1000
 LAYOUTS = {1: [0, D], 2: [0, 20, D], 3: [0, 5, 30, D], 4: [0, 9, 18, 27, D]}
@@ -167,7 +168,7 @@ def test_bad_input_on_one_rank_raises_on_every_rank_and_changes_nothing(sharded_
     def body(rank: int, comm: dict[str, Any], rows: slice) -> tuple[Any, ...]:
         model = sharded_cls(rows.stop - rows.start, K, seed=2, **comm)
         model.update(x[:30, rows])
-        before = model.local_model._core.get_state()
+        before = engine_state(model.local_model)
         batch = x[30:36, rows]
         try:
             model.update(BAD_INPUTS[bad](batch) if rank == 1 else batch)
@@ -175,7 +176,7 @@ def test_bad_input_on_one_rank_raises_on_every_rank_and_changes_nothing(sharded_
             raised: BaseException | None = err
         else:
             raised = None
-        after = model.local_model._core.get_state()
+        after = engine_state(model.local_model)
         model.update(x[36:, rows])  # every rank still works, in step with the others
         return raised, equal_states(before, after), model.n_seen
 
@@ -194,7 +195,7 @@ def test_vifa_bad_gradients_on_one_rank_change_nothing() -> None:
     def body(rank: int, comm: dict[str, Any], rows: slice) -> tuple[Any, ...]:
         model = ShardedVIFA(rows.stop - rows.start, K, seed=4, **comm, **options)
         theta = model.sample()
-        before = model.local_model._core.get_state()
+        before = engine_state(model.local_model)
         grad = theta.copy()
         if rank == 0:
             grad[0] = np.inf
@@ -204,7 +205,7 @@ def test_vifa_bad_gradients_on_one_rank_change_nothing() -> None:
             raised: BaseException | None = err
         else:
             raised = None
-        unchanged = equal_states(before, model.local_model._core.get_state())
+        unchanged = equal_states(before, engine_state(model.local_model))
         model.step(theta)  # the pending draw is still there on every rank
         return raised, unchanged, model.n_steps
 
@@ -249,13 +250,13 @@ def test_save_and_load_resume_bit_exactly(tmp_path: Any) -> None:
 
     def uninterrupted(rank: int, comm: dict[str, Any], rows: slice) -> Any:
         model = ShardedOnlineEM(rows.stop - rows.start, K, seed=6, **comm).update(x[:, rows])
-        return model.local_model._core.get_state()
+        return engine_state(model.local_model)
 
     def resumed(rank: int, comm: dict[str, Any], rows: slice) -> Any:
         model = ShardedOnlineEM(rows.stop - rows.start, K, seed=6, **comm).update(x[:250, rows])
         model.save(tmp_path / "ckpt")
         again = ShardedOnlineEM.load(tmp_path / "ckpt", **comm).update(x[250:, rows])
-        return again.local_model._core.get_state()
+        return engine_state(again.local_model)
 
     first, errors = run_ranks(bounds, uninterrupted)
     check_errors(errors)
@@ -300,7 +301,7 @@ def test_torch_tensor_slices_are_read_like_numpy() -> None:
     def body(rank: int, comm: dict[str, Any], rows: slice) -> Any:
         a = ShardedOnlineEM(rows.stop - rows.start, K, seed=7, **comm).update(x[:, rows])
         b = ShardedOnlineEM(rows.stop - rows.start, K, seed=7, **comm).update(torch.from_numpy(x[:, rows].copy()))
-        return equal_states(a.local_model._core.get_state(), b.local_model._core.get_state())
+        return equal_states(engine_state(a.local_model), engine_state(b.local_model))
 
     results, errors = run_ranks(LAYOUTS[2], body)
     check_errors(errors)
@@ -341,12 +342,12 @@ def test_vifa_save_and_load_resume_bit_exactly(tmp_path: Any) -> None:
 
     def uninterrupted(rank: int, comm: dict[str, Any], rows: slice) -> Any:
         model = train(ShardedVIFA(rows.stop - rows.start, K, seed=2, **comm, **options), rows, 30)
-        return model.local_model._core.get_state()
+        return engine_state(model.local_model)
 
     def resumed(rank: int, comm: dict[str, Any], rows: slice) -> Any:
         train(ShardedVIFA(rows.stop - rows.start, K, seed=2, **comm, **options), rows, 12).save(tmp_path / "v")
         model = train(ShardedVIFA.load(tmp_path / "v", **comm), rows, 18)
-        return model.local_model._core.get_state()
+        return engine_state(model.local_model)
 
     first, errors = run_ranks(LAYOUTS[3], uninterrupted)
     check_errors(errors)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import onlinefa
+from engine_state import engine_state
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -80,7 +81,7 @@ def equivalence_worker(rank: int, world: int, tmp: str) -> None:
     out["vifa_mean"], out["vifa_f"], out["vifa_psi"] = vi.mean, vi.loadings, vi.noise_variance
     # Bad input on one rank: every rank raises ValueError, nothing changes.
     em = ShardedOnlineEM(hi - lo, K, seed=5).update(x[:20, lo:hi])
-    before = em.local_model._core.get_state()
+    before = engine_state(em.local_model)
     batch = x[20:25, lo:hi].copy()
     if rank == world - 1:
         batch[2, 0] = np.nan
@@ -89,7 +90,7 @@ def equivalence_worker(rank: int, world: int, tmp: str) -> None:
         out["bad_raised"] = ""
     except ValueError as err:
         out["bad_raised"] = str(err)
-    after = em.local_model._core.get_state()
+    after = engine_state(em.local_model)
     out["bad_unchanged"] = all(np.array_equal(np.asarray(before[k]), np.asarray(after[k])) for k in before)
     np.savez(f"{tmp}/rank{rank}.npz", **out)
     _finish()

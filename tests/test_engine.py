@@ -26,6 +26,7 @@ from test_online_parity import (
     reference_em,
 )
 from reference import cholesky_inverse
+from engine_state import engine_state
 
 # (D, K, n_warmup, T): K = 10 and 16 run the fused kernel, K = 17 and 24 the block path.
 LARGE_K_CONFIGS = [(80, 10, 20, 160), (90, 16, 30, 160), (90, 17, 30, 160), (120, 24, 40, 180)]
@@ -104,11 +105,11 @@ def test_float32_default_after_a_sample_near_its_input_limit_is_finite_or_refuse
     model = onlinefa.OnlineEM(d, 4, n_warmup=6, seed=1, dtype="float32")
     model.update(x[:9])
     model.update(np.full((1, d), 1e15))
-    before = model._core.get_state()
+    before = engine_state(model)
     try:
         model.update(x[9:])
     except onlinefa.NumericalBreakdownError:
-        after = model._core.get_state()
+        after = engine_state(model)
         assert all(np.array_equal(np.asarray(before[k]), np.asarray(after[k])) for k in before)
     else:
         assert np.all(np.isfinite(model.loadings)) and np.all(np.isfinite(model.noise_variance))

@@ -22,6 +22,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import onlinefa
 from onlinefa import OnlineFactorAnalysis
+from engine_state import engine_state
 
 StreamFactory = Callable[[int, int, int, int], npt.NDArray[np.float64]]
 
@@ -68,12 +69,6 @@ def test_is_a_real_scikit_learn_transformer() -> None:
 # ---------------------------------------------------------------------------------------------------
 
 D, K = 10, 3
-
-
-def engine_state(model: Any) -> dict[str, Any]:
-    """The full engine state (every hidden running average) of an onlinefa model."""
-    state: dict[str, Any] = model._core.get_state()
-    return state
 
 
 def assert_same_state(left: dict[str, Any], right: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ import pytest
 from spawn_helpers import CHILD_DEADLINE, run_in_fork
 
 import onlinefa
+from engine_state import engine_state
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() exists on POSIX systems only")
 
@@ -40,7 +41,7 @@ D_LARGE, K = 70_000, 2  # D·K = 140 000 >= 2^17: the streaming passes run on th
 def state_digest(model: Any) -> str:
     """SHA-256 of an engine's full state (arrays as raw bytes): equal digests mean bit-identical states."""
     digest = hashlib.sha256()
-    for key, value in sorted(model._core.get_state().items()):
+    for key, value in sorted(engine_state(model).items()):
         digest.update(key.encode())
         digest.update(value.tobytes() if isinstance(value, np.ndarray) else repr(value).encode())
     return digest.hexdigest()

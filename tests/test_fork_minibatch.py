@@ -22,6 +22,7 @@ from spawn_helpers import CHILD_DEADLINE, run_in_fork
 
 import onlinefa
 from onlinefa import MiniBatchEM, OnlineFactorAnalysis, fit_minibatch
+from engine_state import engine_state
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() exists on POSIX systems only")
 
@@ -34,7 +35,7 @@ def data(n: int, d: int, k: int, seed: int) -> np.ndarray:
 
 def state_bytes(model: Any) -> list[tuple[str, bytes]]:
     return [(key, value.tobytes() if isinstance(value, np.ndarray) else repr(value).encode())
-            for key, value in sorted(model._core.get_state().items())]
+            for key, value in sorted(engine_state(model).items())]
 
 
 def test_minibatch_models_work_in_a_child_of_a_parent_that_used_the_pool() -> None:

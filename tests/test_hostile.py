@@ -23,6 +23,7 @@ from hypothesis.extra import numpy as hnp
 
 import onlinefa
 from onlinefa import OnlineFactorAnalysis
+from engine_state import engine_state as raw_engine_state
 
 D, K = 5, 2
 CLEAR_ERRORS = (ValueError, TypeError, onlinefa.NumericalBreakdownError)  # the model is left as it was
@@ -115,7 +116,7 @@ def engine_state(model: Any) -> dict[str, Any] | None:
     if isinstance(model, OnlineFactorAnalysis):
         inner = model.__dict__.get("_model")
         return None if inner is None else engine_state(inner)
-    state: dict[str, Any] = model._core.get_state()
+    state = raw_engine_state(model)
     return {k: (v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else v for k, v in state.items()}
 
 
@@ -134,7 +135,7 @@ def assert_valid_model(model: Any) -> None:
         try:
             covariance = model.covariance()
         except onlinefa.NotFittedError:  # SGA, or EM before two distinct samples
-            assert not isinstance(model, onlinefa.OnlineEM) or model.n_seen < 2 or not model._core.get_state()[
+            assert not isinstance(model, onlinefa.OnlineEM) or model.n_seen < 2 or not raw_engine_state(model)[
                 "dsq_bar"].any()  # every sample so far identical: no scale to fit
         else:
             assert isinstance(model, onlinefa.OnlineEM) and model.n_seen >= 2
@@ -143,7 +144,7 @@ def assert_valid_model(model: Any) -> None:
             assert np.isfinite(answered_loadings).all() and (answered_psi > 0).all()
     assert np.isfinite(loadings).all()
     assert np.isfinite(noise_variance).all() and (noise_variance > 0).all()
-    for value in model._core.get_state().values():
+    for value in raw_engine_state(model).values():
         if isinstance(value, np.ndarray):
             assert np.isfinite(value).all()
 
@@ -450,6 +451,6 @@ def test_em_constant_feature_gets_the_data_relative_noise_floor() -> None:
     assert (model.loadings[-1] == 0.0).all()
     np.testing.assert_allclose(model.noise_variance[-1], expected_floor, rtol=0.05)
     # Exactly max(noise_floor·mean(d̄²), tiny), rounded to the float32 state.
-    dsq_bar = np.asarray(model._core.get_state()["dsq_bar"], dtype=np.float64)
+    dsq_bar = np.asarray(raw_engine_state(model)["dsq_bar"], dtype=np.float64)
     exact_floor = max(noise_floor * float(np.mean(dsq_bar)), float(np.finfo(np.float32).tiny))
     np.testing.assert_allclose(model.noise_variance[-1], exact_floor, rtol=1e-6)

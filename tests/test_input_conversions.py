@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import onlinefa
+from engine_state import engine_state
 
 torch = pytest.importorskip("torch")
 
@@ -32,7 +33,7 @@ def bfloat16_rows(n: int = 12, seed: int = 0) -> Any:
 
 
 def state_of(model: Any) -> dict[str, Any]:
-    return model._core.get_state()
+    return engine_state(model)
 
 
 def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import onlinefa
 from onlinefa import OnlineFactorAnalysis
+from engine_state import engine_state
 
 D, K = 6, 2
 LAYOUT_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -118,7 +119,7 @@ def _data(n_rows: int, dtype: str, seed: int) -> npt.NDArray[Any]:
 def _state(model: Any) -> dict[str, Any]:
     """An engine's full state with arrays as bytes (compared bit for bit with ==)."""
     return {k: (v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else v
-            for k, v in model._core.get_state().items()}
+            for k, v in engine_state(model).items()}
 
 
 def _assert_same_bits(got: npt.NDArray[Any], want: npt.NDArray[Any]) -> None:
@@ -327,7 +328,7 @@ def test_initial_values_of_any_layout_are_copied_correctly() -> None:
 @pytest.mark.parametrize("state_dtype", ["float64", "float32"])
 def test_states_of_any_layout_are_restored_exactly(state_dtype: str) -> None:
     model = onlinefa.OnlineEM(D, K, n_warmup=3, seed=1, dtype=state_dtype).update(_data(20, "float64", 4))
-    state = model._core.get_state()
+    state = engine_state(model)
     moved = {key: _odd_layout(value) if isinstance(value, np.ndarray) and value.size > 1 else value
              for key, value in state.items()}
     assert any(isinstance(v, np.ndarray) and not v.flags.aligned for v in moved.values())

@@ -19,6 +19,7 @@ from scipy.stats import multivariate_normal
 import onlinefa
 from onlinefa import OnlineFactorAnalysis
 from onlinefa.interop import LowRankParameters, as_numpy, to_scipy, to_torch_low_rank
+from engine_state import engine_state
 
 StreamFactory = Callable[[int, int, int, int], npt.NDArray[np.float64]]
 D, K, N = 8, 2, 120
@@ -118,7 +119,7 @@ PRODUCERS = ["ndarray", "fortran", "negative-stride", "strided", "readonly", "fr
 
 
 def states_equal(a: Any, b: Any) -> bool:
-    left, right = a._core.get_state(), b._core.get_state()
+    left, right = engine_state(a), engine_state(b)
     return left.keys() == right.keys() and all(
         left[k].tobytes() == right[k].tobytes() if isinstance(left[k], np.ndarray) else left[k] == right[k]
         for k in left

@@ -21,6 +21,7 @@ from onlinefa import MiniBatchEM, NotFittedError, fit_minibatch
 from onlinefa.errors import ConvergenceWarning
 from onlinefa.estimator import MINIBATCH_MAX_ITER
 from onlinefa.minibatch import data_moments
+from engine_state import engine_state
 
 
 def fa_data(n: int, d: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -480,7 +481,7 @@ def test_pickle_round_trip_and_corrupt_state_is_refused() -> None:
     for name in ("mean", "loadings", "noise_variance"):
         np.testing.assert_array_equal(getattr(model, name), getattr(clone, name))
     assert clone.batch_size == 64 and clone.n_batches == model.n_batches
-    state = model._core.get_state()
+    state = engine_state(model)
     for key, value in (("psi", -np.ones(7)), ("dsq", np.full(7, np.nan)), ("b_bar", np.array([[1.0, 2.0], [0.0, 1.0]])),
                        ("n_batches", 10**9)):
         with pytest.raises(ValueError, match="mini-batch EM state"):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from onlinefa import MiniBatchEM, OnlineFactorAnalysis
+from engine_state import engine_state
 
 D, K, B = 8, 2, 10
 
@@ -51,12 +52,12 @@ def test_a_bad_row_late_in_a_partial_fit_batch_applies_nothing(dtype: type, bad:
     # ... and it continues exactly as a model that never saw the refused batch.
     good = data(40, seed=2)
     reference = pickle.loads(before).partial_fit(good)
-    assert_same_state(fa.partial_fit(good)._model._core.get_state(), reference._model._core.get_state())
+    assert_same_state(engine_state(fa.partial_fit(good)._model), engine_state(reference._model))
 
 
 def test_minibatch_em_update_with_a_bad_row_applies_nothing() -> None:
     model = MiniBatchEM(D, K, batch_size=B, seed=0).update(data(30))
-    before = model._core.get_state()
+    before = engine_state(model)
     batch = data(40, seed=1)
     batch[33, 0] = np.nan
     with pytest.raises(ValueError, match=r"row 33 of X contains NaN or infinity"):
@@ -64,5 +65,5 @@ def test_minibatch_em_update_with_a_bad_row_applies_nothing() -> None:
     rows = np.arange(39, -1, -1)  # the bad row is read at position 6 of the shuffled order
     with pytest.raises(ValueError, match=r"row 33 of X \(position 6 of rows\)"):
         model.update(batch, rows)
-    assert_same_state(model._core.get_state(), before)
+    assert_same_state(engine_state(model), before)
     assert model.n_seen == 30

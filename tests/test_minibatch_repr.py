@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import onlinefa
+from engine_state import engine_state
 
 D, K = 6, 2
 
@@ -23,7 +24,7 @@ D, K = 6, 2
 def test_repr_shows_the_configuration_also_after_load(make: Any, tmp_path: Path) -> None:
     model = make().update(np.random.default_rng(0).standard_normal((10, D)))
     text = repr(model)
-    state = model._core.get_state()  # what the engine actually runs with
+    state = engine_state(model)  # what the engine actually runs with
     assert text.startswith(f"MiniBatchEM(n_features={D}, n_components={K}, batch_size={model.batch_size}, ")
     for name in ("whiten", "schedule", "noise_floor", "n_batches", "n_seen"):
         assert f"{name}={state[name]!r}" in text

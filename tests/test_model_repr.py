@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import onlinefa
+from engine_state import engine_state
 
 
 @pytest.mark.parametrize("make", [
@@ -21,7 +22,7 @@ import onlinefa
 def test_repr_shows_the_configuration_also_after_load(make: Any, tmp_path: Path) -> None:
     model = make().update(np.random.default_rng(0).standard_normal((20, 5)))
     text = repr(model)
-    state = model._core.get_state()  # what the engine actually runs with
+    state = engine_state(model)  # what the engine actually runs with
     for name in ("schedule", "scaling", "noise_floor", "n_warmup", "n_seen", "n_features", "n_components"):
         assert f"{name}={state[name]!r}" in text
     assert ("kappa=" in text) == (state["schedule"] == "power") and ("rho=" in text) == (state["schedule"] == "constant")

@@ -18,6 +18,7 @@ import pytest
 
 import onlinefa
 from onlinefa import NumericalBreakdownError
+from engine_state import engine_state
 
 D, K = 11, 2
 
@@ -48,18 +49,18 @@ def test_a_float32_update_keeps_the_state_finite_or_refuses_the_batch(seed: int,
     model.update(tiny)
     good = tmp_path / "good.ckpt"
     model.save(good)
-    before = model._core.get_state()
+    before = engine_state(model)
     try:
         model.update(huge)
     except NumericalBreakdownError as err:
         assert "too large for the state's dtype" in str(err)
-        assert states_equal(model._core.get_state(), before)  # refused atomically
-    assert all_finite(model._core.get_state())
+        assert states_equal(engine_state(model), before)  # refused atomically
+    assert all_finite(engine_state(model))
     # Whatever happened, what is saved loads, and pickling round-trips.
     model.save(tmp_path / "after.ckpt")
     again = onlinefa.OnlineEM.load(tmp_path / "after.ckpt")
-    assert states_equal(again._core.get_state(), model._core.get_state())
-    assert states_equal(pickle.loads(pickle.dumps(model))._core.get_state(), model._core.get_state())
+    assert states_equal(engine_state(again), engine_state(model))
+    assert states_equal(engine_state(pickle.loads(pickle.dumps(model))), engine_state(model))
     onlinefa.OnlineEM.load(good)
 
 

@@ -18,6 +18,7 @@ import pytest
 
 import onlinefa
 from reference import ReferenceOnlineSGA
+from engine_state import engine_state
 
 D, K, T = 30, 3, 400
 OVERSHOOT = 1e6
@@ -49,11 +50,6 @@ def first_overshooting_sample(stream: npt.NDArray[np.float64], lr: float, n_warm
         if np.any(reference.psi > OVERSHOOT * np.maximum(psi_before, d * d)):
             return t
     return None
-
-
-def engine_state(model: Any) -> dict[str, Any]:
-    state: dict[str, Any] = model._core.get_state()
-    return state
 
 
 def assert_same_state(left: dict[str, Any], right: dict[str, Any]) -> None:

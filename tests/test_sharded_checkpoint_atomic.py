@@ -33,6 +33,7 @@ dist = pytest.importorskip("torch.distributed")
 mp = pytest.importorskip("torch.multiprocessing")
 
 from onlinefa.distributed import ShardedOnlineEM  # noqa: E402 - after the torch skip, like the others
+from engine_state import engine_state  # noqa: E402
 
 D, K = 23, 2
 LAYOUTS = {2: [0, 10, D], 3: [0, 7, 15, D]}
@@ -92,7 +93,7 @@ def fault_worker(rank: int, world: int, tmp: str, fault: str) -> None:
     x = stream(120)
     model = ShardedOnlineEM(hi - lo, K, seed=4).update(x[:80, lo:hi])
     model.save(f"{tmp}/ckpt")  # the good checkpoint
-    good = model.local_model._core.get_state()
+    good = engine_state(model.local_model)
     model.update(x[80:, lo:hi])
     _inject(fault, rank)
     started = time.monotonic()
@@ -114,7 +115,7 @@ def equal_states(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def load_states(directory: Path, world: int) -> list[dict[str, Any]]:
     def body(rank: int, comm: dict[str, Any], rows: slice) -> dict[str, Any]:
-        state: dict[str, Any] = ShardedOnlineEM.load(directory, **comm).local_model._core.get_state()
+        state: dict[str, Any] = engine_state(ShardedOnlineEM.load(directory, **comm).local_model)
         return state
 
     results, errors = run_ranks(LAYOUTS[world], body, timeout=20.0)
@@ -165,7 +166,7 @@ def test_a_failed_sharded_save_keeps_the_previous_checkpoint(
     def resave(rank: int, comm: dict[str, Any], rows: slice) -> dict[str, Any]:
         model = ShardedOnlineEM.load(tmp_path / "ckpt", **comm).update(x[80:, rows])
         model.save(tmp_path / "ckpt")
-        state: dict[str, Any] = model.local_model._core.get_state()
+        state: dict[str, Any] = engine_state(model.local_model)
         return state
 
     saved, errors = run_ranks(LAYOUTS[world], resave, timeout=20.0)
@@ -197,7 +198,7 @@ def test_a_checkpoint_of_the_previous_layout_loads_and_is_replaced_cleanly(tmp_p
     models, errors = run_ranks(bounds, load)
     assert errors == [None, None], errors
     for model, want in zip(models, _fixture_states()):
-        got = model.local_model._core.get_state()
+        got = engine_state(model.local_model)
         assert got.keys() == want.keys()
         for key in want:
             assert np.array_equal(np.asarray(got[key]), np.asarray(want[key])), key
@@ -205,7 +206,7 @@ def test_a_checkpoint_of_the_previous_layout_loads_and_is_replaced_cleanly(tmp_p
     def load_and_save(rank: int, comm: dict[str, Any], rows: slice) -> dict[str, Any]:
         model = ShardedOnlineEM.load(directory, **comm)
         model.save(directory)
-        state: dict[str, Any] = model.local_model._core.get_state()
+        state: dict[str, Any] = engine_state(model.local_model)
         return state
 
     states, errors = run_ranks(bounds, load_and_save)
@@ -214,7 +215,7 @@ def test_a_checkpoint_of_the_previous_layout_loads_and_is_replaced_cleanly(tmp_p
     names = sorted(p.name for p in directory.iterdir())
     assert names == sorted(["manifest.json", *manifest["files"]])
     assert "rank-00000-of-00002.npz" not in names and "rank-00001-of-00002.npz" not in names
-    reloaded, errors = run_ranks(bounds, lambda r, c, s: ShardedOnlineEM.load(directory, **c).local_model._core.get_state())
+    reloaded, errors = run_ranks(bounds, lambda r, c, s: engine_state(ShardedOnlineEM.load(directory, **c).local_model))
     assert errors == [None, None]
     for a, b in zip(reloaded, states):
         assert equal_states(a, b)

@@ -16,6 +16,7 @@ import pytest
 from thread_ranks import run_ranks
 
 from onlinefa.distributed import ShardedOnlineEM
+from engine_state import engine_state
 
 D, K = 12, 2
 BOUNDS = [0, 5, D]
@@ -43,7 +44,7 @@ def test_models_called_in_opposite_orders_raise_on_every_rank(call: str, loaded:
             for i, model in enumerate(models):
                 model.save(tmp_path / f"m{i}")
             models = [ShardedOnlineEM.load(tmp_path / f"m{i}", **comm) for i in range(2)]
-        before = [m.local_model._core.get_state() for m in models]
+        before = [engine_state(m.local_model) for m in models]
         order = models if rank == 0 else models[::-1]
         errors = []
         for model in order:
@@ -55,7 +56,7 @@ def test_models_called_in_opposite_orders_raise_on_every_rank(call: str, loaded:
                 errors.append(None)
             except ValueError as err:
                 errors.append(str(err))
-        after = [m.local_model._core.get_state() for m in models]
+        after = [engine_state(m.local_model) for m in models]
         return errors, all(equal_states(a, b) for a, b in zip(after, before))
 
     results, errors = run_ranks(BOUNDS, body, timeout=20.0)

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from spawn_helpers import factor_stream, run_bounded
+from engine_state import engine_state
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -86,7 +87,7 @@ def worker(rank: int, world: int, tmp: str, kind: str, culprit: int, call: int, 
         grads = np.stack([model.sample() - 1.0 for _ in range(2)])  # the pending draws of the failing step
         if not backup:
             _no_backup(_vifa)
-        before = model.local_model._core.get_state()
+        before = engine_state(model.local_model)
         latent_before = model.local_model._core.latent_mean(probe)
         if rank == culprit:
             _die_at_call(_vifa, call)
@@ -94,7 +95,7 @@ def worker(rank: int, world: int, tmp: str, kind: str, culprit: int, call: int, 
     else:
         cls = ShardedOnlineEM if kind == "em" else ShardedOnlineSGA
         model = cls(hi - lo, K, seed=4, n_warmup=10).update(x[:40, lo:hi])
-        before = model.local_model._core.get_state()
+        before = engine_state(model.local_model)
         latent_before = None
         if rank == culprit:
             _die_at_call(_streaming, call)
@@ -106,7 +107,7 @@ def worker(rank: int, world: int, tmp: str, kind: str, culprit: int, call: int, 
     except Exception as err:  # noqa: BLE001 - reported to the test
         outcome = (type(err).__name__, f"{err}\n{traceback.format_exc()}")
     elapsed = time.monotonic() - started
-    after = model.local_model._core.get_state()
+    after = engine_state(model.local_model)
     report: dict[str, Any] = {"before": before, "after": after, "outcome": outcome, "elapsed": elapsed}
     if kind == "vifa":
         report["latent"] = (latent_before, model.local_model._core.latent_mean(probe))

@@ -14,6 +14,7 @@ import pytest
 
 import onlinefa
 from onlinefa import NotFittedError
+from engine_state import engine_state
 
 D, K = 60, 20
 
@@ -40,7 +41,7 @@ def test_queries_during_warmup_equal_a_model_whose_warmup_ended_there(dtype: str
     # Rank at most n_seen − 1 (d_1 = 0), marginal variances the running d̄² (whitening).
     _, loadings, psi = model.snapshot()
     assert np.linalg.matrix_rank(loadings, tol=1e-6 * np.abs(loadings).max()) <= n_seen - 1
-    dsq_bar = model._core.get_state()["dsq_bar"]
+    dsq_bar = engine_state(model)["dsq_bar"]
     np.testing.assert_allclose(np.sum(loadings**2, axis=1) + psi, dsq_bar, rtol=1e-4 if dtype == "float32" else 1e-10)
 
 
@@ -52,10 +53,10 @@ def test_answering_during_warmup_changes_nothing() -> None:
         asked.update(row)
         never.update(row)
         if asked.n_seen >= 2:
-            state = asked._core.get_state()
+            state = engine_state(asked)
             asked.snapshot()
             asked.sample(2, seed=0)
-            after = asked._core.get_state()
+            after = engine_state(asked)
             assert all(np.array_equal(after[key], value) for key, value in state.items())
     assert not asked.is_fitted
     asked.update(x[10:])

@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 import onlinefa  # noqa: E402
 import onlinefa.torch as oft  # noqa: E402
+from engine_state import engine_state  # noqa: E402
 from onlinefa.torch import (  # noqa: E402
     MultiSWAG,
     ParameterVector,
@@ -472,10 +473,10 @@ def test_collector_refuses_a_module_whose_layers_changed() -> None:
     em = onlinefa.OnlineEM(len(_vector(net)), 2, seed=0)
     collector = SnapshotCollector(em, net)
     collector.collect()
-    before = em._core.get_state()
+    before = engine_state(em)
 
     def unchanged() -> bool:
-        after = em._core.get_state()
+        after = engine_state(em)
         return collector.n_snapshots == 1 and all(
             np.array_equal(after[key], value) if isinstance(value, np.ndarray) else after[key] == value
             for key, value in before.items()

@@ -15,6 +15,7 @@ import pytest
 
 import onlinefa
 from onlinefa import OnlineFactorAnalysis
+from engine_state import engine_state
 
 D, K = 8, 2
 RNG = np.random.default_rng(7)
@@ -26,7 +27,7 @@ def _em() -> onlinefa.OnlineEM:
 
 
 def _state_bytes(model: onlinefa.OnlineEM) -> dict[str, object]:
-    return {k: (v.tobytes() if isinstance(v, np.ndarray) else v) for k, v in model._core.get_state().items()}
+    return {k: (v.tobytes() if isinstance(v, np.ndarray) else v) for k, v in engine_state(model).items()}
 
 
 # -- scikit-learn ---------------------------------------------------------------------------------------

@@ -1,0 +1,13 @@
+"""The one place the tests reach into a model's Rust engine for its full state (counters, statistics and
+settings: everything a checkpoint holds), to compare states bit for bit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def engine_state(model: Any) -> dict[str, Any]:
+    """The full engine state of ``model`` (an onlinefa model with a Rust engine), as a dict of copies."""
+    state: dict[str, Any] = model._core.get_state()
+    return state
+
