@@ -399,16 +399,18 @@ fn add_block_sums(
     scaled.clear();
     scaled.extend(f.iter().enumerate().map(|(i, v)| v / psi[i / k])); // Ψ⁻¹ F, nb×K
     let gram = sums.gram.as_slice_mut().expect("the sums are allocated contiguous");
-    for (row, row_scaled) in f.chunks_exact(k).zip(scaled.chunks_exact(k)) {
-        for (a, &fa) in row.iter().enumerate() {
-            for (g, s) in gram[a * k + a..(a + 1) * k].iter_mut().zip(&row_scaled[a..]) {
-                *g += fa * s;
+    if k > 0 {
+        for (row, row_scaled) in f.chunks_exact(k).zip(scaled.chunks_exact(k)) {
+            for (a, &fa) in row.iter().enumerate() {
+                for (g, s) in gram[a * k + a..(a + 1) * k].iter_mut().zip(&row_scaled[a..]) {
+                    *g += fa * s;
+                }
             }
         }
-    }
-    for a in 0..k {
-        for b in 0..a {
-            gram[a * k + b] = gram[b * k + a];
+        for a in 0..k {
+            for b in 0..a {
+                gram[a * k + b] = gram[b * k + a];
+            }
         }
     }
     sums.log_det_psi += psi.iter().map(|p| p.ln()).sum::<f64>();
@@ -644,7 +646,7 @@ mod tests {
 
     #[test]
     fn task_sums_equal_the_row_by_row_definition_on_any_thread_count() {
-        for k in [1usize, 7, 20] {
+        for k in [0usize, 1, 7, 20] {
             let (c, f, psi, x) = large(k);
             let g = DenseGaussian::new(c.view(), f.view(), psi.view()).expect("gaussian");
             let naive = naive_sums(&c, &f, &psi, &x);

@@ -170,6 +170,36 @@ def _usage_interop_prelude(namespace: dict[str, Any]) -> None:
     namespace["net"] = net
 
 
+def _usage_lightning_prelude(namespace: dict[str, Any]) -> None:
+    """``model``, ``train_loader`` and ``test_loader`` of the trainer-callback block: a tiny regression run."""
+    import warnings
+
+    import lightning
+    import torch
+
+    class Regressor(lightning.pytorch.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+        def forward(self, x: Any) -> Any:
+            return self.net(x)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 3)
+    data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+    namespace.update(model=Regressor(), train_loader=torch.utils.data.DataLoader(data, batch_size=16),
+                     test_loader=[x[:16]])
+    # Lightning's advice for tiny runs (data-loader workers, no GPU) is not what the example shows.
+    warnings.filterwarnings("ignore", module="lightning")
+
+
 PRELUDES: dict[str, Any] = {
     "README.md": _readme_prelude,
     "usage.md": _usage_prelude,
@@ -184,6 +214,7 @@ BLOCK_SETUP: dict[tuple[str, str], Any] = {
     ("usage.md", "params = to_torch_low_rank(em)"): _usage_interop_prelude,
     # The checkpoint block uses `pickle` as the prose around it does, without importing it.
     ("usage.md", "blob = pickle.dumps(em)"): lambda namespace: namespace.update(pickle=__import__("pickle")),
+    ("usage.md", "swag = PosteriorCallback("): _usage_lightning_prelude,
 }
 
 #: Blocks that need an optional package (of the ``test`` extra): (file, marker) -> module.
@@ -192,6 +223,7 @@ NEEDS: dict[tuple[str, str], str] = {
     ("usage.md", "SnapshotCollector(posterior"): "torch",
     ("usage.md", "to_scipy(em)"): "scipy",
     ("vifa.md", "vifa_regression_step(vi, net"): "torch",
+    ("usage.md", "swag = PosteriorCallback("): "lightning",
 }
 
 

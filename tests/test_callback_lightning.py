@@ -1,0 +1,149 @@
+"""onlinefa.torch.lightning.PosteriorCallback on tiny real Lightning runs: the snapshots it collects are the
+parameter vectors of the schedule (checked against a recorder callback that feeds its own OnlineEM), the SWA
+learning rate, an exact resume from the trainer's checkpoint, and BMA at the end."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pl = pytest.importorskip("lightning.pytorch")
+
+import onlinefa  # noqa: E402
+from engine_state import engine_state  # noqa: E402
+from onlinefa.torch.lightning import PosteriorCallback  # noqa: E402
+
+N_ROWS, BATCH = 48, 16  # 3 optimiser steps per epoch
+
+
+class TinyRegressor(pl.LightningModule):  # type: ignore[misc]
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.lr = lr
+
+    def forward(self, x: Any) -> Any:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def loader() -> Any:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N_ROWS, 4, generator=g)
+    y = x[:, :1] * 2.0 - x[:, 1:2] + 0.1 * torch.randn(N_ROWS, 1, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH, shuffle=False)
+
+
+class Recorder(pl.Callback):  # type: ignore[misc]
+    """Records θ and the learning rate after every optimiser step and at every epoch end."""
+
+    def __init__(self) -> None:
+        self.after_step: list[tuple[int, int, np.ndarray, float]] = []
+        self.after_epoch: list[tuple[int, np.ndarray]] = []
+
+    @staticmethod
+    def theta(module: Any) -> np.ndarray:
+        return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy().astype(np.float32)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        self.after_step.append((trainer.current_epoch, trainer.global_step, self.theta(pl_module), lr))
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.after_epoch.append((trainer.current_epoch, self.theta(pl_module)))
+
+
+def fit(callbacks: list[Any], max_epochs: int, tmp_path: Path, ckpt_path: str | None = None,
+        module: Any = None) -> Any:
+    module = module if module is not None else TinyRegressor()
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", deterministic=True,
+                         default_root_dir=tmp_path, enable_checkpointing=any(
+                             isinstance(c, pl.callbacks.ModelCheckpoint) for c in callbacks))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice (num_workers, small data sets) on a tiny run
+        trainer.fit(module, loader(), ckpt_path=ckpt_path)
+    return module
+
+
+def reference(vectors: list[np.ndarray], n_components: int) -> onlinefa.OnlineEM:
+    em = onlinefa.OnlineEM(vectors[0].size, n_components, seed=0, dtype="float32")
+    for theta in vectors:
+        em.update(theta)
+    return em
+
+
+def test_once_per_epoch_from_the_start_epoch(tmp_path: Path) -> None:
+    swag, recorder = PosteriorCallback(n_components=3, start_epoch=2), Recorder()
+    fit([swag, recorder], 7, tmp_path)
+    expected = [theta for epoch, theta in recorder.after_epoch if epoch >= 2]
+    assert len(expected) == 5 and swag.n_snapshots == 5
+    assert isinstance(swag.posterior, onlinefa.OnlineEM) and swag.posterior.n_seen == 5
+    assert engine_state(swag.posterior).keys() == engine_state(reference(expected, 3)).keys()
+    for key, value in engine_state(reference(expected, 3)).items():
+        np.testing.assert_array_equal(engine_state(swag.posterior)[key], value, err_msg=key)
+
+
+def test_every_n_steps_and_the_swa_learning_rate(tmp_path: Path) -> None:
+    swag, recorder = PosteriorCallback(n_components=2, every_n_steps=2, start_epoch=1, swa_lr=0.01), Recorder()
+    fit([swag, recorder], 4, tmp_path)
+    expected = [theta for epoch, step, theta, _ in recorder.after_step if epoch >= 1 and step % 2 == 0]
+    assert swag.posterior.n_seen == len(expected) == 5  # steps 4, 6, 8, 10, 12
+    np.testing.assert_array_equal(swag.posterior.loadings, reference(expected, 2).loadings)
+    lrs = {epoch: {lr for e, _, _, lr in recorder.after_step if e == epoch} for epoch in range(4)}
+    assert lrs == {0: {0.05}, 1: {0.01}, 2: {0.01}, 3: {0.01}}
+
+
+def test_a_resumed_run_ends_with_the_posterior_of_an_uninterrupted_one(tmp_path: Path) -> None:
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_epochs=1)
+    whole = PosteriorCallback(n_components=3, start_epoch=1, dtype="float64")
+    fit([whole, checkpoints], 6, tmp_path / "whole")
+    saved = sorted((tmp_path / "ckpt").glob("epoch=2-*.ckpt"))
+    assert len(saved) == 1
+    stored = torch.load(saved[0], weights_only=True)  # the posterior is plain tensors in the checkpoint
+    assert any("posterior" in state for state in stored["callbacks"].values())
+    resumed = PosteriorCallback(n_components=3, start_epoch=1, dtype="float64")
+    fit([resumed], 6, tmp_path / "resumed", ckpt_path=str(saved[0]))
+    assert resumed.n_snapshots == 3 and resumed.posterior.n_seen == whole.posterior.n_seen == 5
+    left, right = engine_state(resumed.posterior), engine_state(whole.posterior)
+    for key, value in left.items():
+        np.testing.assert_array_equal(value, right[key], err_msg=key)
+
+
+def test_bayesian_model_average_under_the_fitted_posterior(tmp_path: Path) -> None:
+    swag = PosteriorCallback(n_components=2)
+    module = fit([swag], 5, tmp_path)
+    x, y = next(iter(loader()))
+    draws = swag.bayesian_model_average(module, [x], n_samples=8, seed=0, task="regression")
+    assert draws.shape == (8, BATCH, 1) and torch.isfinite(draws).all()
+    assert torch.all(draws.std(dim=0) > 0)  # the draws differ: a posterior, not a point
+    mean = draws.mean(dim=0)
+    # Eight draws from a posterior of five snapshots: predictions near the SWA point's.
+    swa = torch.from_numpy(np.asarray(swag.posterior.mean, dtype=np.float32))
+    torch.nn.utils.vector_to_parameters(swa, module.parameters())
+    with torch.no_grad():
+        point = module(x)
+    assert torch.mean((mean - point) ** 2) < torch.mean((point - y) ** 2)
+
+
+def test_bad_arguments_are_refused_before_training() -> None:
+    with pytest.raises(ValueError, match="every_n_steps"):
+        PosteriorCallback(every_n_steps=0)
+    with pytest.raises(ValueError, match="swa_lr"):
+        PosteriorCallback(swa_lr=-1.0)
+    with pytest.raises(ValueError, match="start_epoch"):
+        PosteriorCallback(start_epoch=-1)
+    with pytest.raises(RuntimeError, match="no posterior yet"):
+        PosteriorCallback().bayesian_model_average(torch.nn.Linear(2, 1), [torch.zeros(1, 2)])
