@@ -117,6 +117,9 @@ struct PassCtx<'a, T: Real> {
     wide: Option<WideConsts>,
 }
 
+/// Visitor of blocks of the fitted Gaussian: `(first_row, mean (nb), F (nb×K row-major), ψ (nb))`, f64.
+pub(crate) type FittedRowsVisitor<'a> = dyn FnMut(usize, &[f64], &[f64], &[f64]) -> Result<()> + 'a;
+
 impl<T: Real> OnlineEm<T> {
     /// New model. `init` is F₀ (D×K); ψ starts at 1, θ̄ at 0.
     pub fn new(n_features: usize, n_components: usize, init: ArrayView2<f64>, config: EmConfig) -> Result<Self> {
@@ -397,44 +400,63 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// Ā with the pending update applied, as the next pass will store it (D×K, f64).
+    #[cfg(test)]
     fn current_a_bar(&self) -> Array2<f64> {
         let k = self.n_components;
+        let mut blk = Block::new(k);
         let mut out = Vec::with_capacity(self.n_features * k);
-        self.visit_a_bar(&mut |_, a| {
-            out.extend_from_slice(a);
-            Ok(())
-        })
-        .expect("collecting never fails");
+        for (i, a) in self.a_bar.chunks(BLOCK_ROWS * k).enumerate() {
+            let nb = a.len() / k;
+            for (r, d) in blk.d_prev[..nb].iter_mut().enumerate() {
+                *d = self.pending_moments(i * BLOCK_ROWS + r).d;
+            }
+            load_rows(a, &mut blk.a);
+            apply_pending::<T>(&mut blk, self.pending.as_ref(), nb);
+            out.extend_from_slice(&blk.a[..nb * k]);
+        }
         Array2::from_shape_vec((self.n_features, k), out).expect("D·K values collected")
     }
 
-    /// Call `visit(first_row, rows)` for consecutive blocks of the current Ā (pending update applied), in
-    /// f64, nb×K row-major: the streaming form of [`Self::loadings`] used by the queries (`crate::query`).
-    pub(crate) fn visit_a_bar(&self, visit: &mut dyn FnMut(usize, &[f64]) -> Result<()>) -> Result<()> {
-        self.visit_a_bar_in(0..self.n_features, visit)
-    }
-
-    /// [`Self::visit_a_bar`] for the rows in `rows` only (blocks of up to `BLOCK_ROWS` rows from `rows.start`;
-    /// each row's values do not depend on the block it falls in).
-    pub(crate) fn visit_a_bar_in(
+    /// Call `visit(first_row, mean (nb), F (nb×K), ψ (nb))` for consecutive blocks of the fitted Gaussian in
+    /// `rows`, in f64, as the next E-step will use it (pending update applied): F = Ā H̄⁻¹ (Ā when whitened),
+    /// ψ = max(d̄² − rowsum(F ⊙ Ā), floor). Each row's pending moments are computed once. After warm-up only.
+    pub(crate) fn visit_fitted_rows(
         &self,
         rows: std::ops::Range<usize>,
-        visit: &mut dyn FnMut(usize, &[f64]) -> Result<()>,
+        visit: &mut FittedRowsVisitor<'_>,
     ) -> Result<()> {
         let k = self.n_components;
+        let floor = self.floor();
+        let h_inv = match &self.source {
+            Source::Stats(h_inv) => Some(h_inv.view()),
+            _ => None,
+        };
         let mut blk = Block::new(k);
+        let (mut mean, mut dsq) = (vec![0.0; BLOCK_ROWS], vec![0.0; BLOCK_ROWS]);
         for (i, a) in self.a_bar[rows.start * k..rows.end * k]
             .chunks(BLOCK_ROWS * k)
             .enumerate()
         {
             let first = rows.start + i * BLOCK_ROWS;
             let nb = a.len() / k;
-            for (r, d) in blk.d_prev[..nb].iter_mut().enumerate() {
-                *d = self.pending_moments(first + r).d;
+            for r in 0..nb {
+                let moments = self.pending_moments(first + r);
+                (mean[r], dsq[r], blk.d_prev[r]) = (moments.mean.1, moments.dsq.1, moments.d);
             }
             load_rows(a, &mut blk.a);
             apply_pending::<T>(&mut blk, self.pending.as_ref(), nb);
-            visit(first, &blk.a[..nb * k])?;
+            let f: &[f64] = match h_inv {
+                Some(h_inv) => {
+                    block_times(&blk.a, h_inv, &mut blk.f, nb);
+                    &blk.f[..nb * k]
+                }
+                None => &blk.a[..nb * k],
+            };
+            row_dots(f, &blk.a, k, nb, &mut blk.psi);
+            for (psi, &d) in blk.psi[..nb].iter_mut().zip(&dsq[..nb]) {
+                *psi = (d - *psi).max(floor);
+            }
+            visit(first, &mean[..nb], f, &blk.psi[..nb])?;
         }
         Ok(())
     }
@@ -468,8 +490,7 @@ impl<T: Real> OnlineEm<T> {
                     f0[i * self.n_components + j].to_f64() * scale
                 })
             }
-            Source::Stats(h_inv) => self.current_a_bar().dot(h_inv),
-            Source::Whitened => self.current_a_bar(),
+            Source::Stats(_) | Source::Whitened => self.fitted_rows().0,
         }
     }
 
@@ -479,16 +500,21 @@ impl<T: Real> OnlineEm<T> {
             Source::Initial(_) => {
                 Array1::from_elem(self.n_features, self.config.scaling.warmup_scale(self.scale_sq).powi(2))
             }
-            Source::Stats(_) | Source::Whitened => {
-                let a = self.current_a_bar();
-                let f = self.loadings();
-                let floor = self.floor();
-                Array1::from_shape_fn(self.n_features, |i| {
-                    let fa: f64 = f.row(i).dot(&a.row(i));
-                    (self.pending_moments(i).dsq.1 - fa).max(floor)
-                })
-            }
+            Source::Stats(_) | Source::Whitened => self.fitted_rows().1,
         }
+    }
+
+    /// F (D×K) and ψ (D) of the fitted model, from [`Self::visit_fitted_rows`].
+    fn fitted_rows(&self) -> (Array2<f64>, Array1<f64>) {
+        let (mut f, mut psi) = (Vec::with_capacity(self.n_features * self.n_components), Vec::new());
+        self.visit_fitted_rows(0..self.n_features, &mut |_, _, rows, p| {
+            f.extend_from_slice(rows);
+            psi.extend_from_slice(p);
+            Ok(())
+        })
+        .expect("collecting never fails");
+        let f = Array2::from_shape_vec((self.n_features, self.n_components), f).expect("D·K values collected");
+        (f, Array1::from(psi))
     }
 
     /// Running mean θ̄ (D).

@@ -89,31 +89,7 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
             }
             return Ok(());
         }
-        let h_inv = match &self.source {
-            Source::Stats(h_inv) => Some(h_inv),
-            _ => None,
-        };
-        let floor = self.floor();
-        self.visit_a_bar_in(rows, &mut |lo, a| {
-            let nb = a.len() / k;
-            let a_rows = ArrayView2::from_shape((nb, k), a).map_err(|e| FaError::InvalidState(e.to_string()))?;
-            let f_rows = match h_inv {
-                Some(h_inv) => a_rows.dot(h_inv),
-                None => a_rows.to_owned(),
-            };
-            psi.clear();
-            mean.clear();
-            for i in 0..nb {
-                // θ̄ and d̄² with the pending (deferred) moment update applied, as the next pass stores them.
-                let moments = self.pending_moments(lo + i);
-                let fa: f64 = f_rows.row(i).dot(&a_rows.row(i));
-                psi.push((moments.dsq.1 - fa).max(floor));
-                mean.push(moments.mean.1);
-            }
-            f.clear();
-            f.extend(f_rows.iter().copied());
-            visit(lo, &mean, &f, &psi)
-        })
+        self.visit_fitted_rows(rows, visit)
     }
 }
 
@@ -218,16 +194,9 @@ struct RowsOut<'a, T> {
 /// the thread pool for a large model, so the first writes to the fresh pages are spread over the threads too).
 pub fn rows_as<T: Real, G: GaussianRows + ?Sized>(model: &G) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
     let (d, k) = model.dims();
-    let zeroed = |len: usize| -> Result<Vec<T>> {
-        let mut v = Vec::new();
-        v.try_reserve_exact(len).map_err(|_| FaError::Allocation {
-            what: "n_features",
-            len,
-        })?;
-        v.resize(len, T::default());
-        Ok(v)
-    };
-    let (mut mean, mut f, mut psi) = (zeroed(d)?, zeroed(d.saturating_mul(k))?, zeroed(d)?);
+    let size = crate::error::checked_size(d, k)?;
+    let zeroed = |len: usize| crate::scalar::try_zeros::<T>(len, "n_features");
+    let (mut mean, mut f, mut psi) = (zeroed(d)?, zeroed(size)?, zeroed(d)?);
     let parts: Vec<RowsOut<'_, T>> = mean
         .chunks_mut(QUERY_TASK_ROWS)
         .zip(

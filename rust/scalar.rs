@@ -82,3 +82,45 @@ pub(crate) fn stored<T: Real>(v: f64) -> (T, f64) {
     let s = T::from_f64(v);
     (s, s.to_f64())
 }
+
+/// `len` zeros of a storage type, or an error (never an abort) when they cannot be allocated. The memory
+/// comes zeroed from the allocator (for large sizes, fresh pages the kernel zeroes on first touch), so a
+/// caller that overwrites every value pays one pass over it, not two.
+pub(crate) fn try_zeros<T: Real>(len: usize, what: &'static str) -> crate::error::Result<Vec<T>> {
+    use std::any::TypeId;
+    let allocation_error = || crate::error::FaError::Allocation { what, len };
+    let float = TypeId::of::<T>() == TypeId::of::<f64>() || TypeId::of::<T>() == TypeId::of::<f32>();
+    if len == 0 || !float {
+        return crate::error::try_filled(len, T::default(), what);
+    }
+    let layout = std::alloc::Layout::array::<T>(len).map_err(|_| allocation_error())?;
+    // SAFETY: `layout` has a non-zero size (len > 0 and T is f32 or f64, checked above); the pointer is checked for null; it
+    // was allocated by the global allocator with T's layout for exactly `len` values, which is what
+    // `Vec::from_raw_parts` requires; all-zero bits are the value 0.0 of both storage types, so every one
+    // of the `len` values is initialised.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<T>();
+        if ptr.is_null() {
+            return Err(allocation_error());
+        }
+        Ok(Vec::from_raw_parts(ptr, len, len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::try_zeros;
+
+    #[test]
+    fn try_zeros_gives_len_zeros_and_refuses_impossible_sizes() {
+        for len in [0usize, 1, 3, 1 << 20] {
+            assert!(try_zeros::<f64>(len, "x")
+                .expect("zeros")
+                .iter()
+                .all(|v| v.to_bits() == 0));
+            let v = try_zeros::<f32>(len, "x").expect("zeros");
+            assert_eq!((v.len(), v.iter().all(|v| v.to_bits() == 0)), (len, true));
+        }
+        assert!(try_zeros::<f64>(usize::MAX / 4, "x").is_err());
+    }
+}
