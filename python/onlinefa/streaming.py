@@ -135,6 +135,16 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
     _own_settings: tuple[str, ...] = ()
     _settings: dict[str, Any]
 
+    def _construct(self, core_class: Any, own: dict[str, Any], own_settings: dict[str, Any], args: _CommonArgs,
+                   schedule: str, tau0: float, kappa: float, rho: float, scaling: str) -> None:
+        """Build the engine from the shared arguments and the algorithm's own (``own``, recorded as
+        ``own_settings``): the one constructor body of both streaming classes."""
+        self._n_features = args["n_features"]
+        self._n_components = args["n_components"]
+        self._core = core_class(**args, **own, **schedule_args(schedule, tau0, kappa, rho),
+                                scaling=_check_scaling(scaling))
+        self._settings = _settings(own_settings, schedule, tau0, kappa, rho, scaling, args["noise_floor"])
+
     def update(self, X: ArrayLike) -> "_StreamingModel":
         """Apply one sample or a batch of samples, in row order.
 
@@ -402,13 +412,8 @@ class OnlineEM(_StreamingModel):
         scaling: Scaling = "data",
     ) -> None:
         args = _common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
-        self._n_features = args["n_features"]
-        self._n_components = args["n_components"]
-        self._core = _engine.OnlineEMCore(
-            **args, whiten=bool(whiten), **schedule_args(schedule, tau0, kappa, rho),
-            scaling=_check_scaling(scaling),
-        )
-        self._settings = _settings({"whiten": bool(whiten)}, schedule, tau0, kappa, rho, scaling, args["noise_floor"])
+        own = {"whiten": bool(whiten)}
+        self._construct(_engine.OnlineEMCore, own, own, args, schedule, tau0, kappa, rho, scaling)
 
     @classmethod
     def algorithm2(
@@ -554,13 +559,8 @@ class OnlineSGA(_StreamingModel):
         scaling: Scaling = "data",
     ) -> None:
         args = _common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
-        self._n_features = args["n_features"]
-        self._n_components = args["n_components"]
-        self._core = _engine.OnlineSGACore(
-            **args, lr=check_positive_float(lr, "lr"), **schedule_args(schedule, tau0, kappa, rho),
-            scaling=_check_scaling(scaling),
-        )
-        self._settings = _settings({"lr": float(lr)}, schedule, tau0, kappa, rho, scaling, args["noise_floor"])
+        own = {"lr": check_positive_float(lr, "lr")}
+        self._construct(_engine.OnlineSGACore, own, {"lr": float(lr)}, args, schedule, tau0, kappa, rho, scaling)
 
     @classmethod
     def algorithm1(

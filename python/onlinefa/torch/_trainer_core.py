@@ -120,3 +120,59 @@ class TrainerPosterior:
             raise RuntimeError("no posterior yet: train with the callback first")
         parameters = [p for p in module.parameters() if p.requires_grad]
         return bayesian_model_average(module, posterior, loader, parameters=parameters, **options)
+
+
+#: The parameters of both trainer callbacks, for their docstrings.
+CALLBACK_PARAMETERS = """
+    Parameters
+    ----------
+    posterior : object, optional
+        Anything :class:`~onlinefa.torch.SnapshotCollector` feeds (``OnlineEM``, ``OnlineSGA``, ``SWAG``,
+        ...). Default: ``onlinefa.OnlineEM(D, n_components, seed=seed, dtype=dtype)``, built when training
+        starts (D = the number of trainable parameters).
+    n_components : int, default=20
+        K of the default posterior (SWAG's rank).
+    every_n_steps : int, optional
+        Collect after every ``every_n_steps``-th optimiser step (counted over the whole run). Default: once at
+        the end of each training epoch.
+    start_epoch : int, default=0
+        First epoch (0-based) collected.
+    swa_lr : float, optional
+        From ``start_epoch`` on, set every parameter group's learning rate to this constant before each step
+        (SWAG's constant-rate phase; it overrides learning-rate schedulers there).
+    dtype : {"float32", "float64"}, default="float32"
+        State dtype of the default posterior and precision of the snapshots.
+    seed : int, default=0
+        Seed of the default posterior's initial loadings.
+    asynchronous : bool, default=False
+        Fit snapshots on a worker thread while training goes on (the posterior is complete whenever it is
+        read, saved or used).
+"""
+
+
+class PosteriorCallbackBase:
+    """The front both trainer callbacks share: construction, the posterior, the BMA."""
+
+    def __init__(self, posterior: object | None = None, *, n_components: int = 20, every_n_steps: int | None = None,
+                 start_epoch: int = 0, swa_lr: float | None = None, dtype: str = "float32", seed: int = 0,
+                 asynchronous: bool = False) -> None:
+        self._core = TrainerPosterior(posterior, n_components=n_components, seed=seed, dtype=dtype,
+                                      every_n_steps=every_n_steps, start_epoch=start_epoch, swa_lr=swa_lr,
+                                      asynchronous=asynchronous)
+
+    @property
+    def posterior(self) -> object:
+        """The fitted posterior (None before training starts)."""
+        return self._core.posterior
+
+    @property
+    def n_snapshots(self) -> int:
+        """Snapshots collected by this callback (a resumed run counts from the resume)."""
+        return self._core.n_snapshots
+
+    def bayesian_model_average(self, module: torch.nn.Module, loader: Iterable[object], **options: Any
+                               ) -> torch.Tensor:
+        """Predictions of ``module`` averaged over posterior draws (:func:`onlinefa.torch.bayesian_model_average`,
+        whose keyword arguments ``options`` are passed on)."""
+        return self._core.bayesian_model_average(module, loader, **options)
+

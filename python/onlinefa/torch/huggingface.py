@@ -21,14 +21,13 @@ import math
 import os
 import tempfile
 import warnings
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ._trainer_core import TrainerPosterior
+from ._trainer_core import CALLBACK_PARAMETERS, PosteriorCallbackBase
 
 __all__ = ["POSTERIOR_FILE", "PosteriorCallback"]
 
@@ -36,51 +35,11 @@ __all__ = ["POSTERIOR_FILE", "PosteriorCallback"]
 POSTERIOR_FILE = "onlinefa_posterior.pkl"
 
 
-class PosteriorCallback(TrainerCallback):
-    """Collect snapshots of the trainable parameters into a posterior during ``Trainer.train``.
+class PosteriorCallback(PosteriorCallbackBase, TrainerCallback):
+    """Collect snapshots of the trainable parameters into a posterior during ``Trainer.train``."""
 
-    Parameters
-    ----------
-    posterior : object, optional
-        Anything :class:`~onlinefa.torch.SnapshotCollector` feeds (``OnlineEM``, ``OnlineSGA``, ``SWAG``,
-        ...). Default: ``onlinefa.OnlineEM(D, n_components, seed=seed, dtype=dtype)``, built when training
-        starts (D = the number of trainable parameters).
-    n_components : int, default=20
-        K of the default posterior (SWAG's rank).
-    every_n_steps : int, optional
-        Collect after every ``every_n_steps``-th optimiser step (``state.global_step``). Default: once at the
-        end of each epoch.
-    start_epoch : int, default=0
-        First epoch (0-based) collected.
-    swa_lr : float, optional
-        From ``start_epoch`` on, set every parameter group's learning rate to this constant before each
-        step (SWAG's constant-rate phase; it overrides the trainer's scheduler there).
-    dtype : {"float32", "float64"}, default="float32"
-        State dtype of the default posterior and precision of the snapshots.
-    seed : int, default=0
-        Seed of the default posterior's initial loadings.
-    asynchronous : bool, default=False
-        Fit snapshots on a worker thread while training goes on (the posterior is complete whenever it is
-        read, saved or used).
-    """
-
-    def __init__(self, posterior: object | None = None, *, n_components: int = 20, every_n_steps: int | None = None,
-                 start_epoch: int = 0, swa_lr: float | None = None, dtype: str = "float32", seed: int = 0,
-                 asynchronous: bool = False) -> None:
-        self._core = TrainerPosterior(posterior, n_components=n_components, seed=seed, dtype=dtype,
-                                      every_n_steps=every_n_steps, start_epoch=start_epoch, swa_lr=swa_lr,
-                                      asynchronous=asynchronous)
-        self._loaded = False
-
-    @property
-    def posterior(self) -> object:
-        """The fitted posterior (None before training starts)."""
-        return self._core.posterior
-
-    @property
-    def n_snapshots(self) -> int:
-        """Snapshots collected by this callback (a resumed run counts from the resume)."""
-        return self._core.n_snapshots
+    #: Whether :meth:`load_checkpoint` restored a posterior (then no checkpoint is looked up at the start).
+    _loaded = False
 
     def load_checkpoint(self, checkpoint_dir: str | os.PathLike[str]) -> None:
         """Continue from the posterior saved in a checkpoint folder of the trainer (before ``trainer.train``).
@@ -151,12 +110,9 @@ class PosteriorCallback(TrainerCallback):
                      **kwargs: Any) -> None:
         self._core.close()
 
-    def bayesian_model_average(self, module: torch.nn.Module, loader: Iterable[object], **options: Any
-                               ) -> torch.Tensor:
-        """Predictions of ``module`` averaged over posterior draws (:func:`onlinefa.torch.bayesian_model_average`,
-        whose keyword arguments ``options`` are passed on)."""
-        return self._core.bayesian_model_average(module, loader, **options)
 
+
+PosteriorCallback.__doc__ = f"{PosteriorCallback.__doc__}\n{CALLBACK_PARAMETERS}"
 
 def _current_epoch(state: TrainerState) -> int:
     """The 0-based epoch a step or an epoch end belongs to (``state.epoch`` is in (e, e + 1] there)."""
