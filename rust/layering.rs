@@ -4,8 +4,9 @@
 //! linear-algebra layer and the shared foundations (scalars, scaling, schedules, state maps and their
 //! checks, initialisation, noise, queries, errors, fork handling) must not depend on the VB-FA or
 //! group-FA packages: those build on the lower layers, never the other way round. The engine (`engine/`)
-//! names no model: the models call the engine, never the reverse. Every listed path must exist, so a
-//! renamed file cannot drop out of the check unnoticed.
+//! names no model, and neither does the checkpoint layer (`state.rs`, `state_checks.rs`): the models call
+//! them, never the reverse. Every listed path must exist, so a renamed file cannot drop out of the check
+//! unnoticed.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,8 +14,8 @@ use std::path::{Path, PathBuf};
 /// Files and folders (relative to `rust/`) of the layers below VB-FA.
 const LOWER_LAYERS: [&str; 18] = [
     "config_checks.rs",
-    "online_em.rs",
-    "online_sga.rs",
+    "online_em",
+    "online_sga",
     "vifa",
     "minibatch",
     "engine",
@@ -97,6 +98,12 @@ fn streaming_and_linear_algebra_do_not_use_vbfa_or_gfa() {
 fn the_engine_names_no_model() {
     let found = violations(&["engine"], &MODELS);
     assert!(found.is_empty(), "the engine names a model: {found:?}");
+}
+
+#[test]
+fn the_state_layer_names_no_model() {
+    let found = violations(&["state.rs", "state_checks.rs"], &MODELS);
+    assert!(found.is_empty(), "the checkpoint layer names a model: {found:?}");
 }
 
 #[test]

@@ -18,8 +18,6 @@
 use ndarray::ArrayView2;
 
 use crate::error::{FaError, Result};
-use crate::online_em::{OnlineEm, Source};
-use crate::online_sga::OnlineSga;
 use crate::scalar::Real;
 
 /// Largest sample count a state may hold: t + 1 and 1/t stay exact in f64 (2⁵³).
@@ -120,39 +118,6 @@ pub fn positive_definite(key: &str, m: ArrayView2<f64>) -> Result<()> {
         Ok(_) => Ok(()),
         Err(_) => Err(bad(key, "must be positive definite")),
     }
-}
-
-/// Every value of a restored online EM state that Algorithm 2 relies on (see the module docs).
-pub fn online_em<T: Real>(em: &OnlineEm<T>) -> Result<()> {
-    sample_count("n_seen", em.n_seen)?;
-    within("mean", &em.mean, -T::MAX_INPUT, T::MAX_INPUT)?;
-    within("d_last", &em.d_last, -2.0 * T::MAX_INPUT, 2.0 * T::MAX_INPUT)?;
-    within("dsq_bar", &em.dsq_bar, 0.0, f64::MAX)?;
-    bounded_symmetric("b_bar", em.b_bar.view())?;
-    bounded_symmetric("sigma", em.sigma.view())?;
-    positive_diagonal("sigma", em.sigma.view())?;
-    if let Source::Stats(h_inv) = &em.source {
-        bounded_symmetric("h_inv", h_inv.view())?;
-        positive_diagonal("h_inv", h_inv.view())?;
-    }
-    if let Some(pending) = &em.pending {
-        step_size("pending_rho", pending.rho)?;
-    }
-    Ok(())
-}
-
-/// Every value of a restored online SGA state that Algorithm 1 relies on (see the module docs).
-pub fn online_sga<T: Real>(sga: &OnlineSga<T>) -> Result<()> {
-    sample_count("n_seen", sga.n_seen)?;
-    within("mean", &sga.mean, -T::MAX_INPUT, T::MAX_INPUT)?;
-    within("d_last", &sga.d_last, -2.0 * T::MAX_INPUT, 2.0 * T::MAX_INPUT)?;
-    within("psi", &sga.psi, 0.0, T::MAX_STATE)?;
-    within("loadings", &sga.f, -T::MAX_STATE, T::MAX_STATE)?;
-    if let Some(pending) = &sga.pending {
-        bounded_symmetric("pending_p", pending.p.view())?;
-        positive_diagonal("pending_p", pending.p.view())?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
