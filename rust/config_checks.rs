@@ -6,8 +6,8 @@ use ndarray::ArrayView2;
 use crate::error::{invalid, FaError, Result};
 use crate::scalar::Real;
 
-/// Check (D, K) and the common hyper-parameters.
-pub(crate) fn validate_dims(n_features: usize, n_components: usize, noise_floor: f64) -> Result<()> {
+/// Check 1 <= K < D: the rank of a factor model of D features fitted by online EM, SGA or mini-batch EM.
+pub(crate) fn check_components(n_features: usize, n_components: usize) -> Result<()> {
     if n_components < 1 {
         return Err(invalid("n_components", format!("must be >= 1, got {n_components}")));
     }
@@ -17,6 +17,12 @@ pub(crate) fn validate_dims(n_features: usize, n_components: usize, noise_floor:
             format!("must be < n_features = {n_features}, got {n_components}"),
         ));
     }
+    Ok(())
+}
+
+/// Check (D, K) and the common hyper-parameters.
+pub(crate) fn validate_dims(n_features: usize, n_components: usize, noise_floor: f64) -> Result<()> {
+    check_components(n_features, n_components)?;
     if !(noise_floor.is_finite() && noise_floor > 0.0) {
         return Err(invalid(
             "noise_floor",

@@ -70,12 +70,7 @@ impl MiniBatchEm {
     /// moments are known) and, optionally, the data set's exact moments (then θ̄ stays fixed).
     pub fn new(init: ArrayView2<f64>, config: MiniBatchConfig, moments: Option<Moments>) -> Result<Self> {
         let (d, k) = init.dim();
-        if k == 0 || k >= d {
-            return Err(invalid(
-                "n_components",
-                format!("must satisfy 1 <= K < n_features = {d}, got {k}"),
-            ));
-        }
+        crate::config_checks::check_components(d, k)?;
         config.schedule.validate()?;
         if !(config.noise_floor > 0.0 && config.noise_floor < 1.0) {
             return Err(invalid(

@@ -116,10 +116,7 @@ pub(crate) fn initial_loadings(
     match init {
         Some(a) => owned_copy(&a),
         None => {
-            if n_components < 1 || n_components >= n_features {
-                // Leave the message to the core's validation (same wording for both paths).
-                return Ok(Array2::zeros((0, 0)));
-            }
+            crate::config_checks::check_components(n_features, n_components)?;
             orthonormal_loadings(n_features, n_components, seed.unwrap_or_else(entropy_seed)).map_err(PyErr::from)
         }
     }
