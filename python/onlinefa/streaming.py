@@ -311,7 +311,8 @@ class OnlineEM(_StreamingModel):
     Streams samples θ_t and keeps running averages θ̄, Ā = mean(d mᵀ), B̄ = mean(m mᵀ), d̄² = mean(d²),
     with d_t = θ_t − θ̄_t (the mean *after* including θ_t) and m_t the latent posterior mean (4.23).
     After warm-up, F = Ā H̄⁻¹ and ψ = d̄² − rowsum(F ⊙ Ā) with H̄ = Σ + B̄; they are derived on demand,
-    so the state is D·K + 4·D numbers. Each update reads and writes that state once.
+    so the state is D·K + 4·D numbers (plus the D×K initial loadings until the warm-up ends). Each update
+    reads and writes that state once.
 
     The defaults are the configuration that is accurate on real data at any scale: whitening (a
     parameter-expanded EM step), equal weights ρ_t = 1/t for every statistic, the exact running mean
