@@ -106,15 +106,17 @@ def test_every_n_steps_and_the_swa_learning_rate(tmp_path: Path) -> None:
     assert lrs == {0: {0.05}, 1: {0.01}, 2: {0.01}, 3: {0.01}}
 
 
-def test_a_resumed_run_ends_with_the_posterior_of_an_uninterrupted_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_resumed_run_ends_with_the_posterior_of_an_uninterrupted_one(tmp_path: Path, asynchronous: bool) -> None:
+    """With ``asynchronous=True`` the snapshots are fitted on a worker: the checkpoint must still hold all of them."""
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_epochs=1)
-    whole = PosteriorCallback(n_components=3, start_epoch=1, dtype="float64")
+    whole = PosteriorCallback(n_components=3, start_epoch=1, dtype="float64", asynchronous=asynchronous)
     fit([whole, checkpoints], 6, tmp_path / "whole")
     saved = sorted((tmp_path / "ckpt").glob("epoch=2-*.ckpt"))
     assert len(saved) == 1
     stored = torch.load(saved[0], weights_only=True)  # the posterior is plain tensors in the checkpoint
     assert any("posterior" in state for state in stored["callbacks"].values())
-    resumed = PosteriorCallback(n_components=3, start_epoch=1, dtype="float64")
+    resumed = PosteriorCallback(n_components=3, start_epoch=1, dtype="float64", asynchronous=asynchronous)
     fit([resumed], 6, tmp_path / "resumed", ckpt_path=str(saved[0]))
     assert resumed.n_snapshots == 3 and resumed.posterior.n_seen == whole.posterior.n_seen == 5
     left, right = engine_state(resumed.posterior), engine_state(whole.posterior)
