@@ -230,7 +230,7 @@ def test_predict_group_is_the_posterior_predictive() -> None:
     g = onlinefa.GFA(6, labels, random_state=0).fit(train)
     mean, var = g.predict_group(test, 1, return_var=True)
     # Transcription: q(h) from groups 0 and 2 only, then the predictive moments.
-    e = g._engine
+    e = g._core
     assert e is not None
     f, fc, c, cv = e.loading_mean(), e.loading_cov(), e.bias_mean(), e.bias_var()
     psi = g.noise_variance_

@@ -75,7 +75,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
 
 def test_restored_engine_continues_like_the_original() -> None:
     est = fitted(max_iter=5)
-    engine = est._engine
+    engine = est._core
     restored = _core.GFACore.from_state(engine.get_state())
     for e in (engine, restored):
         for _ in range(3):
@@ -114,7 +114,7 @@ def test_inconsistent_checkpoints_are_refused(tmp_path: Path, key: str, value: A
 
 
 def test_bad_engine_state_leaves_nothing_half_built() -> None:
-    state = fitted()._engine.get_state()
+    state = fitted()._core.get_state()
     del state["c_mean"]
     with pytest.raises(ValueError, match="c_mean"):
         _core.GFACore.from_state(state)

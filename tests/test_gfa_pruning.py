@@ -99,7 +99,7 @@ def test_bad_bound_pruning_is_rejected_and_the_fit_kept() -> None:
 
 def test_drop_components_removes_exactly_those_factors() -> None:
     x = data(0)
-    engine = onlinefa.GFA(6, groups=list(SIZES), drop_factors=False, random_state=0, max_iter=5).fit(x)._engine
+    engine = onlinefa.GFA(6, groups=list(SIZES), drop_factors=False, random_state=0, max_iter=5).fit(x)._core
     copy = _core.GFACore.from_state(engine.get_state())
     f = engine.loading_mean()
     assert copy.drop_components([1, 4]) == [1, 4]

@@ -131,7 +131,7 @@ def test_online_resume_is_identical_to_never_stopping(params: dict[str, Any], ho
         uninterrupted.partial_fit(batch)
         resumed.partial_fit(batch)
     assert online_answers(resumed, X) == online_answers(uninterrupted, X)
-    assert_same_state(resumed._engine.get_state(), uninterrupted._engine.get_state())
+    assert_same_state(resumed._core.get_state(), uninterrupted._core.get_state())
 
 
 @pytest.mark.parametrize("how", HOW)
@@ -282,8 +282,8 @@ def test_stored_hyper_parameters_must_describe_the_stored_model(
 
 def test_engine_states_are_not_interchangeable() -> None:
     X = factor_rows(40)
-    batch_state = VBFA(2, max_iter=3, random_state=0).fit(X)._engine.get_state()
-    online_state = OnlineVBFA(2, random_state=0).fit(X)._engine.get_state()
+    batch_state = VBFA(2, max_iter=3, random_state=0).fit(X)._core.get_state()
+    online_state = OnlineVBFA(2, random_state=0).fit(X)._core.get_state()
     with pytest.raises(ValueError, match="VBFA"):
         _core.OnlineVBFACore.from_state(batch_state)
     with pytest.raises(ValueError, match="OnlineVBFA"):

@@ -33,7 +33,7 @@ class GFAPersistMixin(ClassTaggedPickle):
     """
 
     _core_class: Any
-    _state_attribute = "_engine"
+    _state_attribute = "_core"
 
     def _adopt(self, engine: Any) -> None:  # pragma: no cover - provided by subclasses
         raise NotImplementedError
@@ -41,7 +41,7 @@ class GFAPersistMixin(ClassTaggedPickle):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())
         engine = state.pop(self._state_attribute, None)
-        state.pop("_engine", None)
+        state.pop("_core", None)
         if engine is not None:
             state["_engine_state"] = engine.get_state()
         return state

@@ -281,7 +281,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
             if not trial.elbo() > engine.elbo():
                 break
             engine = trial
-        self._engine = engine
+        self._core = engine
         self.group_index_ = index
         self.group_labels_ = labels
         self.n_features_in_ = x.shape[1]
@@ -345,7 +345,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
         return core_readable(np.ascontiguousarray(arr))
 
     def _adopt(self, engine: _core.GFACore) -> None:
-        self._engine = engine
+        self._core = engine
         self._refresh(engine)
 
     def _refresh(self, engine: _core.GFACore) -> None:
@@ -367,7 +367,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
 
     # -- queries --------------------------------------------------------------------------------------
     def _fitted(self) -> _core.GFACore:
-        engine: _core.GFACore | None = self.__dict__.get("_engine")
+        engine: _core.GFACore | None = self.__dict__.get("_core")
         if engine is None:
             raise NotFittedError(
                 f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with appropriate "
@@ -377,7 +377,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
 
     def __sklearn_is_fitted__(self) -> bool:
         """Whether :meth:`fit` has succeeded (scikit-learn protocol)."""
-        return self.__dict__.get("_engine") is not None
+        return self.__dict__.get("_core") is not None
 
     def _query(self, X: ArrayLike, n_features: int | None = None) -> FloatArray:
         self._fitted()

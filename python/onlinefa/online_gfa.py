@@ -257,7 +257,7 @@ class OnlineGFA(GFA):
     def _snapshot(self, online: _core.OnlineGFACore) -> None:
         engine = online.snapshot()
         assert engine is not None
-        self._engine = engine
+        self._core = engine
         self._refresh(engine)
         self.n_samples_seen_ = online.n_seen
         self.n_batches_seen_ = online.n_batches

@@ -173,7 +173,7 @@ class _VBFAEstimator(EstimatorBase):
     translation: TranslationName
     init_noise_ratio: float
     random_state: int | np.random.RandomState | np.random.Generator | None
-    _engine: Any
+    _core: Any
 
     def _check_common_params(self) -> dict[str, Any]:
         """The core's keyword arguments shared by both engines, validated (ValueError/TypeError)."""
@@ -204,7 +204,7 @@ class _VBFAEstimator(EstimatorBase):
 
     def __sklearn_is_fitted__(self) -> bool:
         """Whether :meth:`fit` (or a first ``partial_fit``) has succeeded (scikit-learn protocol)."""
-        return self.__dict__.get("_engine") is not None
+        return self.__dict__.get("_core") is not None
 
     def _check_is_fitted(self) -> None:
         if not self.__sklearn_is_fitted__():
@@ -225,7 +225,7 @@ class _VBFAEstimator(EstimatorBase):
         """
         base = getattr(super(), "__getstate__", None)
         state = dict(base() if base is not None else self.__dict__)
-        engine = state.pop("_engine", None)
+        engine = state.pop("_core", None)
         for name in _DERIVED_ATTRIBUTES:
             state.pop(name, None)
         if engine is not None:
@@ -252,7 +252,7 @@ class _VBFAEstimator(EstimatorBase):
 
     def _checkpoint_state(self) -> dict[str, Any]:
         state = param_entries(self.get_params())
-        engine = self.__dict__.get("_engine")
+        engine = self.__dict__.get("_core")
         if engine is not None:
             state.update({f"engine.{key}": value for key, value in engine.get_state().items()})
         return state
@@ -619,7 +619,7 @@ class VBFA(_VBFAEstimator):
     def _fitted_engine(self) -> _core.VBFACore:
         """The engine, or NotFittedError before :meth:`fit`/:meth:`initialize`."""
         self._check_is_fitted()
-        engine: _core.VBFACore = self._engine
+        engine: _core.VBFACore = self._core
         return engine
 
     def _install(self, engine: Any) -> None:
@@ -636,7 +636,7 @@ class VBFA(_VBFAEstimator):
             "fit_time_": seconds,
             "converged_": engine.converged,
         }
-        self.__dict__.update(fitted, n_features_in_=int(mean.shape[0]), _engine=engine)
+        self.__dict__.update(fitted, n_features_in_=int(mean.shape[0]), _core=engine)
 
 
 class OnlineVBFA(_VBFAEstimator):
@@ -749,15 +749,15 @@ class OnlineVBFA(_VBFAEstimator):
         onlinefa.NumericalBreakdownError
             The update broke down numerically; the model is left exactly as it was.
         """
-        engine: _core.OnlineVBFACore | None = self.__dict__.get("_engine")
+        engine: _core.OnlineVBFACore | None = self.__dict__.get("_core")
         if engine is None:
             x = self._data(X)
             fresh = self._new_engine(x.shape[1])
             fresh.partial_fit(x)
             with _FIRST_ENGINE_LOCK:
-                engine = self.__dict__.get("_engine")
+                engine = self.__dict__.get("_core")
                 if engine is None:
-                    self._engine = fresh
+                    self._core = fresh
                     return self
         # Another thread installed its engine first (or this is a later batch): apply to that one.
         engine.partial_fit(self._data(X, engine.n_features))
@@ -787,7 +787,7 @@ class OnlineVBFA(_VBFAEstimator):
         fresh = self._new_engine(x.shape[1])
         for start in range(0, x.shape[0], batch_size):
             fresh.partial_fit(x[start : start + batch_size])
-        self._engine = fresh
+        self._core = fresh
         return self
 
     def transform(self, X: ArrayLike) -> FloatArray:
@@ -887,7 +887,7 @@ class OnlineVBFA(_VBFAEstimator):
 
     def _install(self, engine: Any) -> None:
         """Make ``engine`` (an ``OnlineVBFACore``) the fitted model (every fitted attribute is read from it)."""
-        self._engine = engine
+        self._core = engine
 
     def _engine_settings(self) -> dict[str, Any]:
         schedule = _check_choice(self.schedule, "schedule", ("harmonic", "power", "constant"))
@@ -903,5 +903,5 @@ class OnlineVBFA(_VBFAEstimator):
     def _fitted_engine(self) -> _core.OnlineVBFACore:
         """The engine, or NotFittedError before the first successful :meth:`partial_fit`/:meth:`fit`."""
         self._check_is_fitted()
-        engine: _core.OnlineVBFACore = self._engine
+        engine: _core.OnlineVBFACore = self._core
         return engine
