@@ -1,15 +1,15 @@
 """OnlineSGA on both engine kernels against the NumPy transcription of thesis Algorithm 1.
 
 After warm-up an OnlineSGA pass runs the row-SIMD kernel for K ≤ 16 and the register-tiled wide kernel for
-K > 16. The parity tests of tests/test_online_parity.py use K ≤ 5 and D ≤ 40 (one partial block); here:
+K > 16. The parity tests of tests/streaming/test_online_parity.py use K ≤ 5 and D ≤ 40 (one partial block); here:
 
 * K ∈ {17, 24, 50} (the wide kernel), D = 3K + 7 (not a multiple of any tile or sub-block size);
 * K ∈ {10, 16} on D = 600 (the row kernel over several blocks of 256 rows and a partial group of 4 rows);
 * float32 state (both kernels) against the float64 reference on float32-representable data and init,
-  within the float32 bounds of tests/test_properties.py (``FLOAT32_RTOL``).
+  within the float32 bounds of tests/streaming/test_properties.py (``FLOAT32_RTOL``).
 
 ``OnlineSGA.algorithm1`` against ``reference.ReferenceOnlineSGA`` with ``PARITY_RTOL = 1e-10`` (norm-wise
-relative) as in tests/test_online_parity.py, justified per configuration by
+relative) as in tests/streaming/test_online_parity.py, justified per configuration by
 :func:`test_configurations_are_well_conditioned` (two valid K×K inverses in the reference agree to
 ``REFERENCE_SELF_RTOL``; measured ≤ 4.4e-16). Measured against the reference: float64 ≤ 6.9e-16 (any state
 array, any point); float32 state ≤ 1.4e-7 (mean, loadings and noise variances alike).

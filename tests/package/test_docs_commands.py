@@ -28,7 +28,7 @@ import onlinefa
 from onlinefa import _cli_demo, experiments
 from onlinefa.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES = {"bash", "sh", "console", "shell", ""}
 
@@ -68,7 +68,7 @@ def inline_commands(path: Path) -> list[str]:
 SKIPPED_BLOCKS: dict[tuple[str, str], str] = {
     ("swag.md", "train(net, opt, epochs=100)"): (
         "recipe skeleton: `net`, `train`, `steps_per_epoch` and `test_loader` stand for the reader's own "
-        "training code; tests/test_swag_recipe.py runs this block as written with small stand-ins for them "
+        "training code; tests/torch/test_swag_recipe.py runs this block as written with small stand-ins for them "
         "(loaders of 1-7 batches)"
     ),
     ("usage.md", "import jax, jax.numpy as jnp"): "JAX is not a dependency of onlinefa or of any of its extras",
@@ -77,15 +77,15 @@ SKIPPED_BLOCKS: dict[tuple[str, str], str] = {
     ),
     ("distributed.md", "fully_shard(model"): (
         "needs a process group of several ranks (torchrun, NCCL or gloo) and the reader's FSDP model and loader; "
-        "tests/test_distributed_torch.py runs this recipe on spawned gloo ranks"
+        "tests/distributed/test_distributed_torch.py runs this recipe on spawned gloo ranks"
     ),
     ("distributed.md", "shard_range(n_params"): (
-        "needs a process group of several ranks (`dist.get_rank()`); tests/test_distributed_torch.py runs "
+        "needs a process group of several ranks (`dist.get_rank()`); tests/distributed/test_distributed_torch.py runs "
         "shard_range with DDP on spawned gloo ranks"
     ),
     ("usage.md", "net = ...  "): (
         "schematic training loop: `net = ...`, `loader`, `opt` and `loss_fn` are the reader's; the zero-copy "
-        "`np.from_dlpack` input it shows is tested in tests/test_input_layouts.py"
+        "`np.from_dlpack` input it shows is tested in tests/streaming/test_input_layouts.py"
     ),
 }
 
@@ -106,7 +106,7 @@ SKIPPED_COMMANDS: dict[str, str] = {
 #: ``onlinefa`` sub-commands that take minutes: parsed by the real parser, handler not called.
 PARSED_ONLY = {
     "experiment": "the experiments take minutes to hours; each has its own test at a small size",
-    "demo": "about 30 s at D = 1000; tests/test_cli_demo.py runs it at D = 60",
+    "demo": "about 30 s at D = 1000; tests/cli/test_cli_demo.py runs it at D = 60",
 }
 
 #: Inline spans that are templates (placeholders in capitals or [optional] parts), not commands.
@@ -369,7 +369,7 @@ def test_every_block_has_a_rule() -> None:
 
 
 def package_modules() -> list[str]:
-    """The modules of onlinefa with ``>>>`` examples, outside ``onlinefa.torch`` (tests/test_torch.py runs
+    """The modules of onlinefa with ``>>>`` examples, outside ``onlinefa.torch`` (tests/torch/test_torch.py runs
     those); found from the source files, without importing."""
     package = Path(onlinefa.__file__).parent
     names = []

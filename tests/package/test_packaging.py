@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onlinefa._core
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_loaded_core_is_the_only_abi3_extension() -> None:

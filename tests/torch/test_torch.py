@@ -34,7 +34,7 @@ from onlinefa.torch import (  # noqa: E402
     vifa_step,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _net(seed: int = 0, dtype: Any = None, n_out: int = 3) -> Any:

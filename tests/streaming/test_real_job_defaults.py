@@ -107,7 +107,7 @@ def test_queries_before_warmup_ends_raise_not_fitted_or_answer_the_first_fit(nam
     queries = (lambda: model.loadings, lambda: model.noise_variance, lambda: model.sample(2),
                lambda: model.log_prob(X), lambda: model.transform(X), model.snapshot)
     for query in queries:
-        if name == "em":  # the first fit from the K + 2 weight-scale samples (tests/test_short_streams.py)
+        if name == "em":  # the first fit from the K + 2 weight-scale samples (tests/streaming/test_short_streams.py)
             answer = query()
             for part in answer if isinstance(answer, tuple) else (answer,):
                 assert np.isfinite(part).all()

@@ -39,7 +39,7 @@ D, K = 23, 2
 LAYOUTS = {2: [0, 10, D], 3: [0, 7, 15, D]}
 #: Collective timeout of the workers: a dead peer is noticed after this.
 COLLECTIVE_TIMEOUT = 5.0
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def stream(n: int, seed: int = 0) -> np.ndarray:

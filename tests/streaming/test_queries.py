@@ -87,7 +87,7 @@ def test_queries_before_a_first_fit_raise_not_fitted() -> None:
             query()
 
 
-MEMORY_CHILD = Path(__file__).resolve().parents[1] / "benches" / "query_memory.py"
+MEMORY_CHILD = Path(__file__).resolve().parents[2] / "benches" / "query_memory.py"
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists() or not MEMORY_CHILD.exists(), reason="Linux /proc")

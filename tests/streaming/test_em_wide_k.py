@@ -7,9 +7,9 @@ points are the end of warm-up, the two updates after it, mid-stream and the end)
 * plain: ``OnlineEM.algorithm2`` against ``reference.ReferenceOnlineEM`` (thesis Algorithm 2);
 * whitened: ``OnlineEM(whiten=True, scaling="unit")`` against ``test_whitening.WhitenedReferenceEM``;
 * float32 state against the float64 reference on float32-representable data and init, within the float32
-  bound documented and measured in tests/test_properties.py (``FLOAT32_RTOL``).
+  bound documented and measured in tests/streaming/test_properties.py (``FLOAT32_RTOL``).
 
-Tolerances are those of tests/test_online_parity.py and tests/test_whitening.py: ``PARITY_RTOL = 1e-10``
+Tolerances are those of tests/streaming/test_online_parity.py and tests/streaming/test_whitening.py: ``PARITY_RTOL = 1e-10``
 (norm-wise relative), justified per configuration by :func:`test_wide_configurations_are_well_conditioned`,
 which runs each reference with two valid K×K inverses and requires agreement to ``REFERENCE_SELF_RTOL``
 (measured here: ≤ 5e-14). Measured against the references: float64 ≤ 7e-14 (any state array, any point);
@@ -44,7 +44,7 @@ N_AFTER_WARMUP = 30
 
 
 def config(n_components: int) -> tuple[int, int, int]:
-    """(D, n_warmup, T): D not a multiple of any tile size, warm-up >= K (see tests/test_online_parity.py)."""
+    """(D, n_warmup, T): D not a multiple of any tile size, warm-up >= K (see tests/streaming/test_online_parity.py)."""
     n_features = 3 * n_components + 7
     n_warmup = n_components + 5
     return n_features, n_warmup, n_warmup + N_AFTER_WARMUP
@@ -58,7 +58,7 @@ def points(n_warmup: int, n_samples: int) -> list[int]:
 def stream_and_init(
     n_components: int, whiten: bool, fa_stream: StreamFactory, explicit_init: InitFactory
 ) -> tuple[FloatArray, FloatArray]:
-    """The stream (weak factors when whitening, see tests/test_whitening.py) and an orthonormal init."""
+    """The stream (weak factors when whitening, see tests/streaming/test_whitening.py) and an orthonormal init."""
     n_features, _, n_samples = config(n_components)
     make = weak_factor_stream if whiten else fa_stream
     return make(n_features, n_components, n_samples, 7 * n_features), explicit_init(

@@ -57,7 +57,7 @@ def test_default_width_is_the_width_of_ordered_iterates() -> None:
 
 def test_warmup_is_k_plus_two_and_a_short_stream_still_gets_a_posterior() -> None:
     # SWAG's schedule: one snapshot per epoch for 20 epochs. K = 20 warms up for K + 2 = 22 snapshots, and
-    # answers meanwhile with the first fit from the 20 snapshots (rank <= 19; tests/test_short_streams.py).
+    # answers meanwhile with the first fit from the 20 snapshots (rank <= 19; tests/streaming/test_short_streams.py).
     x = ordered_iterates(n_features=120, n_samples=20)
     model = onlinefa.OnlineEM(120, 20, seed=0).update(x)
     assert model.n_warmup == 22 and not model.is_fitted

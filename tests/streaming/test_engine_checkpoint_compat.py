@@ -15,7 +15,7 @@ import pytest
 
 import onlinefa
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def stream() -> np.ndarray:

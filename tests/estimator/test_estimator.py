@@ -39,7 +39,7 @@ CHECKED_ESTIMATORS = [
     OnlineFactorAnalysis(1, algorithm="sga", lr=1e-2, n_warmup=5, random_state=0),
     OnlineFactorAnalysis(1, n_warmup=5, dtype="float32", random_state=0),
     # tol=0: exactly max_iter passes, without the ConvergenceWarning that 2-3 passes over the checks' tiny
-    # random data sets would raise (tests/test_default_fit.py tests the warning).
+    # random data sets would raise (tests/estimator/test_default_fit.py tests the warning).
     OnlineFactorAnalysis(2, batch_size=8, max_iter=3, tol=0, random_state=0),
     OnlineFactorAnalysis(1, max_iter=2, tol=0, n_warmup=5, random_state=0),
 ]

@@ -201,7 +201,7 @@ def test_warmup_keeps_loadings_and_noise_fixed(
 ) -> None:
     """Thesis algorithms: during warm-up F is exactly the init and ψ exactly 1 (the start the updates use);
     SGA refuses the fitted parameters, EM answers with the first fit from the samples so far once it has
-    two (tests/test_short_streams.py); the first step after the warm-up moves both."""
+    two (tests/streaming/test_short_streams.py); the first step after the warm-up moves both."""
     n_features, n_components, n_warmup = 9, 3, 12
     stream = fa_stream(n_features, n_components, n_warmup + 1, 3)
     init = explicit_init(n_features, n_components, 4)

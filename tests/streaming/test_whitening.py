@@ -12,7 +12,7 @@ References used here, all independent of the Rust core:
 The NumPy transcriptions are of the unit-scale algorithm (F₀ = Q, ψ₀ = 1, running mean on the schedule), so
 OnlineEM is built with ``scaling="unit"`` wherever it is compared with them.
 
-Tolerances follow tests/test_online_parity.py: ``PARITY_RTOL = 1e-10`` (norm-wise relative) between two
+Tolerances follow tests/streaming/test_online_parity.py: ``PARITY_RTOL = 1e-10`` (norm-wise relative) between two
 float64 implementations of the same recursion, justified per configuration by
 :func:`test_whitened_configurations_are_well_conditioned`, which runs the reference with two different valid
 K×K inverses and requires agreement to ``REFERENCE_SELF_RTOL = 1e-12``. Single-step identities are checked to
@@ -179,7 +179,7 @@ def assert_snaps_close(got: list[dict[str, FloatArray]], expected: list[dict[str
             assert error <= rtol, f"{name} at snapshot {index}: relative error {error:.3e} > {rtol:.0e}"
 
 
-# (D, K, n_warmup, T): warm-up >= K (see tests/test_online_parity.py for why shorter warm-ups are ill-posed).
+# (D, K, n_warmup, T): warm-up >= K (see tests/streaming/test_online_parity.py for why shorter warm-ups are ill-posed).
 CONFIGS = [(12, 2, 5, 250), (20, 3, 10, 300), (40, 5, 20, 300)]
 
 

@@ -17,7 +17,7 @@ from test_docs_commands import fenced_blocks
 
 torch = pytest.importorskip("torch")
 
-SWAG_PAGE = Path(__file__).resolve().parent.parent / "docs" / "swag.md"
+SWAG_PAGE = Path(__file__).resolve().parents[2] / "docs" / "swag.md"
 #: A string only the recipe block contains.
 RECIPE_MARKER = "train(net, opt, epochs=100)"
 N_CLASSES = 3
