@@ -194,6 +194,23 @@ def check_finite_samples(x: NDArray[Any]) -> NDArray[Any]:
     return x
 
 
+def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of the strings ``choices`` (ValueError naming them otherwise)."""
+    if not (isinstance(value, str) and value in choices):
+        named = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}" if len(choices) > 1 else repr(choices[0])
+        raise ValueError(f"{name} must be {named}, got {value!r}")
+    return value
+
+
+def check_dims(n_features: object, n_components: object) -> tuple[int, int]:
+    """(D, K) as ints with D >= 2 and 1 <= K < D, the rank rule of online EM, SGA and mini-batch EM."""
+    d = check_int(n_features, "n_features", 2)
+    k = check_int(n_components, "n_components", 1)
+    if k >= d:
+        raise ValueError(f"n_components must be < n_features = {d}, got {k}")
+    return d, k
+
+
 def check_positive_float(value: object, name: str) -> float:
     """Return ``value`` as a finite float > 0 (ValueError otherwise, TypeError if not a number)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):

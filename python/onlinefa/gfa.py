@@ -30,7 +30,7 @@ from ._gaussian import dense_covariance
 from ._gfa_persist import GFAPersistMixin
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .estimator import MAX_QUERY_MAGNITUDE
-from ._validation import check_bool, check_int, check_positive_float, core_readable
+from ._validation import check_bool, check_choice, check_int, check_positive_float, core_readable
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -323,9 +323,7 @@ class GFA(GFAPersistMixin, EstimatorBase):
         return self.fit(X, **fit_params).transform(X)
 
     def _noise_name(self) -> str:
-        if not isinstance(self.noise, str) or self.noise not in ("group", "feature"):
-            raise ValueError(f"noise must be 'group' or 'feature', got {self.noise!r}")
-        return self.noise
+        return check_choice(self.noise, "noise", ("group", "feature"))
 
     @staticmethod
     def _data(X: ArrayLike, observed: ArrayLike | None) -> FloatArray:

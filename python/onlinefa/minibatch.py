@@ -28,6 +28,8 @@ from .errors import NotFittedError
 from .streaming import DEFAULT_NOISE_FLOOR, schedule_args
 from ._validation import (
     as_sample_matrix,
+    check_choice,
+    check_dims,
     check_init,
     check_int,
     check_positive_float,
@@ -122,10 +124,7 @@ class MiniBatchEM(CheckpointMixin, FactorGaussianMixin):
         mean: ArrayLike | None = None,
         variance: ArrayLike | None = None,
     ) -> None:
-        d = check_int(n_features, "n_features", 2)
-        k = check_int(n_components, "n_components", 1)
-        if k >= d:
-            raise ValueError(f"n_components must be < n_features = {d}, got {k}")
+        d, k = check_dims(n_features, n_components)
         self._n_features, self._n_components = d, k
         self._batch_size = check_int(batch_size, "batch_size", 1)
         moments = _moment_args(mean, variance, d)
@@ -783,8 +782,7 @@ def _rows_readable_in_place(arr: Any) -> bool:
 
 
 def _shuffle_mode(shuffle: str, arr: Any) -> str:
-    if shuffle not in ("auto", "rows", "blocks", "none"):
-        raise ValueError(f"shuffle must be 'auto', 'rows', 'blocks' or 'none', got {shuffle!r}")
+    check_choice(shuffle, "shuffle", ("auto", "rows", "blocks", "none"))
     if shuffle == "auto":
         return "blocks" if isinstance(arr, (np.memmap, NpyRows)) else "rows"
     return shuffle

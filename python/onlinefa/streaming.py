@@ -18,6 +18,8 @@ from ._persist import CheckpointMixin
 from .errors import NotFittedError
 from ._validation import (
     as_sample_matrix,
+    check_choice,
+    check_dims,
     check_dtype,
     check_init,
     check_int,
@@ -62,9 +64,7 @@ def resolve_warmup(n_warmup: object, n_components: int) -> int:
 
 
 def _check_scaling(scaling: object) -> str:
-    if scaling not in ("data", "unit"):
-        raise ValueError(f"scaling must be 'data' or 'unit', got {scaling!r}")
-    return str(scaling)
+    return check_choice(scaling, "scaling", ("data", "unit"))
 
 
 class _ScheduleArgs(TypedDict):
@@ -85,8 +85,7 @@ class _CommonArgs(TypedDict):
 
 
 def schedule_args(schedule: str, tau0: float, kappa: float, rho: float) -> _ScheduleArgs:
-    if schedule not in ("harmonic", "power", "constant"):
-        raise ValueError(f"schedule must be 'harmonic', 'power' or 'constant', got {schedule!r}")
+    check_choice(schedule, "schedule", ("harmonic", "power", "constant"))
     return {"schedule": schedule, "tau0": float(tau0), "kappa": float(kappa), "rho": float(rho)}
 
 
@@ -106,10 +105,7 @@ def _common_args(
     n_features: object, n_components: object, n_warmup: object, init: ArrayLike | None,
     seed: object, noise_floor: object, dtype: object,
 ) -> _CommonArgs:
-    d = check_int(n_features, "n_features", 2)
-    k = check_int(n_components, "n_components", 1)
-    if k >= d:
-        raise ValueError(f"n_components must be < n_features = {d}, got {k}")
+    d, k = check_dims(n_features, n_components)
     return {
         "n_features": d,
         "n_components": k,
