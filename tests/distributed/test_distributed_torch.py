@@ -96,6 +96,7 @@ def equivalence_worker(rank: int, world: int, tmp: str) -> None:
     _finish()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_models_over_gloo_equal_the_single_process_models(world: int, tmp_path: Path) -> None:
     _run(equivalence_worker, world, tmp_path)
@@ -183,6 +184,7 @@ def fsdp_worker(rank: int, world: int, tmp: str) -> None:
     _finish()
 
 
+@pytest.mark.slow
 def test_fsdp2_shards_feed_the_posterior_without_a_gather(tmp_path: Path) -> None:
     world = 2
     _run(fsdp_worker, world, tmp_path)

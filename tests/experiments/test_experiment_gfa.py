@@ -13,6 +13,7 @@ from onlinefa.cli import main
 from onlinefa.experiments.gfa import PATTERN, SIZES, TAUS, pattern_recovered, synthetic
 
 
+@pytest.mark.slow
 def test_quick_run_writes_tables_and_heat_map(tmp_path: Path) -> None:
     assert main(["experiment", "gfa", "--quick", "--out", str(tmp_path)]) == 0
     table = (tmp_path / "gfa.md").read_text()

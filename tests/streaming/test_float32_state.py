@@ -20,7 +20,7 @@ def stream() -> tuple[np.ndarray, np.ndarray]:
     return x, loadings @ loadings.T + np.diag(psi)
 
 
-@pytest.mark.parametrize("n_components", [3, 20])
+@pytest.mark.parametrize("n_components", [3, pytest.param(20, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("cls", [onlinefa.OnlineEM, onlinefa.OnlineSGA])
 def test_float32_tracks_float64_over_1e5_samples(
     cls: type[onlinefa.OnlineEM] | type[onlinefa.OnlineSGA],
@@ -48,7 +48,7 @@ def test_float32_tracks_float64_over_1e5_samples(
     np.testing.assert_allclose(m32.mean, m64.mean, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("n_components", [3, 20])
+@pytest.mark.parametrize("n_components", [3, pytest.param(20, marks=pytest.mark.slow)])
 def test_float32_em_with_equal_weights_stays_far_below_the_statistical_error(
     n_components: int, stream: tuple[np.ndarray, np.ndarray]
 ) -> None:
