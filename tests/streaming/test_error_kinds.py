@@ -3,8 +3,10 @@ ValueError), an allocation failure a MemoryError, invalid input a ValueError."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -45,3 +47,17 @@ def test_allocation_failure_is_a_memory_error() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.startswith("memory: cannot allocate"), result.stderr[-500:]
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: onlinefa.OnlineEM(5, 2, scaling="raw"), "scaling must be 'data' or 'unit', got 'raw'"),
+    (lambda: onlinefa.OnlineSGA(5, 2, schedule="cosine"),
+     "schedule must be 'harmonic', 'power' or 'constant', got 'cosine'"),
+    (lambda: onlinefa.OnlineEM(5, 5), "n_components must be < n_features = 5, got 5"),
+    (lambda: onlinefa.MiniBatchEM(5, 7), "n_components must be < n_features = 5, got 7"),
+    (lambda: onlinefa.GFA(2, groups=[3, 2], noise="row").fit(np.ones((6, 5))),
+     "noise must be 'group' or 'feature', got 'row'"),
+])
+def test_named_choices_and_ranks_are_refused_with_the_allowed_values(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
