@@ -116,21 +116,24 @@ def test_snapshot_cost_is_reported_in_optimiser_steps_and_warns_once() -> None:
     net = _net()
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     d = sum(p.numel() for p in net.parameters())
-    posterior = _Slow(onlinefa.OnlineEM(d, 2, seed=0), seconds=0.03)  # far more than a step of this net
+    # a 0.1 s update is far more than a step of this 113-parameter net on any machine; only lower bounds of
+    # sleeps and the definition of the ratio are asserted, never how fast this machine steps
+    posterior = _Slow(onlinefa.OnlineEM(d, 2, seed=0), seconds=0.1)
     collector = SnapshotCollector(posterior, net, every=1).attach(opt)
     with pytest.warns(SlowCollectionWarning, match="asynchronous=True") as caught:
         _train(net, opt, 6)
     assert len(caught) == 1
-    assert collector.snapshot_cost_in_steps > 10 and collector.step_seconds < 0.03
+    assert collector.seconds_per_snapshot >= 0.1 and collector.snapshot_cost_in_steps > 1
+    assert collector.snapshot_cost_in_steps == pytest.approx(collector.seconds_per_snapshot / collector.step_seconds)
     collector.close()
     # the same slow posterior behind the asynchronous collector costs the loop only the copy of θ while a
-    # buffer is free (three snapshots, four buffers: nobody waits)
-    posterior = _Slow(onlinefa.OnlineEM(d, 2, seed=0), seconds=0.03)
+    # buffer is free (three snapshots, four buffers: nobody waits for a 0.1 s update)
+    posterior = _Slow(onlinefa.OnlineEM(d, 2, seed=0), seconds=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SlowCollectionWarning)
         with SnapshotCollector(posterior, net, every=4, asynchronous=True, n_buffers=4).attach(opt) as quick:
             _train(net, opt, 12)
-    assert quick.seconds_per_snapshot < 0.03 and len(posterior.seen) == 3
+    assert quick.seconds_per_snapshot < 0.1 and len(posterior.seen) == 3
 
 
 def test_bad_options_are_refused() -> None:
