@@ -1,7 +1,7 @@
 """Checkpoint files: a documented, versioned, portable ``.npz`` format, written atomically.
 
 Every model (``OnlineEM``, ``OnlineSGA``, ``VIFA``, ``MiniBatchEM``, ``OnlineFactorAnalysis``, ``VBFA``,
-``OnlineVBFA``) checkpoints through the two functions of this module: the model turns itself into a
+``OnlineVBFA``, ``GFA``, ``OnlineGFA``) checkpoints through the two functions of this module: the model turns itself into a
 *state* — a flat ``dict`` mapping names to
 NumPy arrays and Python scalars, everything needed to continue bit-identically — and
 :func:`save_state` / :func:`load_state` move that dict to and from disk.
@@ -26,6 +26,27 @@ member             stored as                   meaning
 
 Scalar entries are 0-d arrays: ``"int"`` as int64 (uint64 above 2⁶³ − 1), ``"float"`` as float64,
 ``"bool"`` as bool, ``"str"`` as unicode. ``"array"`` entries keep their dtype (bool, integer or float).
+
+The state of a streaming model (``OnlineEM``, ``OnlineSGA``, ``VIFA``, ``MiniBatchEM``) is its engine's
+state map. The estimators' states hold these entries:
+
+=========================  =========================================================================
+entry                      meaning
+=========================  =========================================================================
+``param.<name>``           hyper-parameter ``<name>`` when it is None, a bool, int, float or str
+``param.<name>.json``      any other hyper-parameter (e.g. GFA's ``groups`` as a sequence of labels or
+                           of group sizes) as JSON text; NumPy arrays and scalars become lists and
+                           numbers, so a tuple or an array reads back as a list
+``engine.<key>``           ``VBFA``, ``OnlineVBFA``, ``GFA``, ``OnlineGFA``: entry ``<key>`` of the
+                           engine's state map (fitted estimators only)
+``group_labels``           ``GFA``, ``OnlineGFA``: the group labels as a JSON list (fitted only)
+``model.class``,           ``OnlineFactorAnalysis``: the class of its streaming model and that
+``model.<key>``            model's state map (fitted only)
+=========================  =========================================================================
+
+GFA checkpoints written before this layout held all hyper-parameters as one JSON object in the entry
+``params``; ``GFA.load`` and ``OnlineGFA.load`` still read them (a hyper-parameter missing from such a file
+takes its constructor default, as it did then).
 
 The digest is SHA-256 over, in order: ``b"onlinefa-checkpoint\\0"``, the format version and class as
 ``"<version>\\0<class>\\0"``, then for every entry in sorted name order

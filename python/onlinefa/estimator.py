@@ -21,7 +21,7 @@ from .streaming import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
 from ._gaussian import latent_mean
 from .minibatch import MINIBATCH_KAPPA, MINIBATCH_TAU0, MiniBatchEM, data_moments, fit_passes
 from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float
-from ._persist import param_entries, prefixed
+from ._persist import checkpoint_params, param_entries
 from ._registry import STREAMING_METHODS, inner_class, streaming_class
 from ._sklearn_base import ConvergenceWarning, EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .rotation import canonical_loadings, canonical_rotation
@@ -712,11 +712,10 @@ class OnlineFactorAnalysis(EstimatorBase):
         from .checkpoint import load_state
 
         state = load_state(path, _CHECKPOINT_KIND, adopt=True)  # arrays move into the engine, not copied
-        params = prefixed(state, "param.")
-        if set(params) | set(_LEGACY_PARAMS) == set(cls._get_param_names()):
-            params = {**_LEGACY_PARAMS, **params}
-        if set(params) != set(cls._get_param_names()):
-            raise ValueError(f"{os.fspath(path)!r}: the stored hyper-parameters do not match {cls.__name__}")
+        try:
+            params = checkpoint_params(state, cls._get_param_names(), cls.__name__, _LEGACY_PARAMS)
+        except ValueError as err:
+            raise ValueError(f"{os.fspath(path)!r}: {err}") from err
         estimator = cls(**params)
         if "model.class" in state:
             estimator._model = _restore_model(state, os.fspath(path))

@@ -19,15 +19,16 @@ imported when this module is first imported, never by ``import onlinefa`` itself
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
 from ._gaussian import dense_covariance
-from ._gfa_persist import GFAPersistMixin
+from ._persist import EstimatorPersistMixin, to_json
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from .estimator import MAX_QUERY_MAGNITUDE
 from ._validation import check_bool, check_choice, check_int, check_positive_float, core_readable
@@ -109,7 +110,7 @@ def resolve_groups(groups: object, n_features: int) -> tuple[NDArray[np.int64], 
     )
 
 
-class GFA(GFAPersistMixin, EstimatorBase):
+class GFA(EstimatorPersistMixin, EstimatorBase):
     """Group factor analysis by variational Bayes with group × factor ARD.
 
     Parameters
@@ -221,7 +222,8 @@ class GFA(GFAPersistMixin, EstimatorBase):
         self.init_noise_ratio = init_noise_ratio
         self.random_state = random_state
 
-    _core_class: Any = _core.GFACore
+    _core_class: ClassVar[Any] = _core.GFACore
+    _reads_json_params = True  # checkpoints of the first layout: the hyper-parameters as one JSON entry
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()  # type: ignore[misc]
@@ -345,6 +347,17 @@ class GFA(GFAPersistMixin, EstimatorBase):
     def _adopt(self, engine: _core.GFACore) -> None:
         self._core = engine
         self._refresh(engine)
+
+    def _fitted_entries(self) -> dict[str, Any]:
+        return {"group_labels": to_json(self.__dict__["group_labels_"])}
+
+    def _check_restored(self, engine_state: dict[str, Any], state: dict[str, Any]) -> None:
+        """Check the stored group labels against the engine's groups; set the group attributes."""
+        index = np.asarray(engine_state["groups"]).astype(np.int64)
+        labels = json.loads(state["group_labels"])
+        if not isinstance(labels, list) or len(labels) != int(index.max()) + 1:
+            raise ValueError("the group labels do not match the groups of the model")
+        self.__dict__.update(group_index_=index, group_labels_=labels, n_features_in_=int(index.size))
 
     def _refresh(self, engine: _core.GFACore) -> None:
         elbo, ks, seconds = engine.history()

@@ -118,7 +118,8 @@ class OnlineGFA(GFA):
         self.random_state = random_state
 
     _core_class = _core.OnlineGFACore
-    _state_attribute = "_online"
+    _engine_attribute = "_online"
+    _transient_attributes = ("_core", "_lock")  # the query snapshot (rebuilt by _adopt) and the model's lock
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
@@ -207,10 +208,8 @@ class OnlineGFA(GFA):
         return lock
 
     def __getstate__(self) -> dict[str, Any]:
-        with self._model_lock():
-            state = dict(super().__getstate__())
-        state.pop("_lock", None)
-        return state
+        with self._model_lock():  # the state after a whole call (the lock itself is left out)
+            return super().__getstate__()
 
     def fit(self, X: ArrayLike, y: object = None, **fit_params: Any) -> Self:
         """Forget everything and make one pass over ``X`` in mini-batches of ``batch_size`` rows.

@@ -16,7 +16,6 @@ scikit-learn.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -29,7 +28,7 @@ from numpy.typing import ArrayLike, NDArray
 from ._forklock import ForkSafeLock
 from ._gaussian import dense_covariance
 from . import _core
-from ._persist import param_entries, prefixed
+from ._persist import EstimatorPersistMixin
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
 from ._validation import MAX_ABS_VALUE, check_bool, check_int, check_positive_float, core_readable
 
@@ -160,7 +159,7 @@ class VBFAPosterior:
     noise_rate: FloatArray
 
 
-class _VBFAEstimator(EstimatorBase):
+class _VBFAEstimator(EstimatorPersistMixin, EstimatorBase):
     """What both VB-FA estimators share: hyper-parameter checks at fit time, the fitted-Gaussian queries
     (plug-in posterior means F̄, c̄, ψ = 1/⟨τ⟩), and scikit-learn's protocols."""
 
@@ -213,109 +212,10 @@ class _VBFAEstimator(EstimatorBase):
                 "arguments before using this estimator."
             )
 
-    # -- pickling and checkpoints ----------------------------------------------------------------------
-    def _install(self, engine: Any) -> None:  # pragma: no cover - provided by subclasses
-        """Make ``engine`` the fitted model (and set any attribute derived from it)."""
-        raise NotImplementedError
+    # -- pickling and checkpoints (EstimatorPersistMixin) ----------------------------------------------
+    _transient_attributes = _DERIVED_ATTRIBUTES
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle/deepcopy state: the hyper-parameters and the engine's exact state map (no derived copies).
-
-        Unpickling runs code; never unpickle a model from an untrusted source (use :meth:`save`/:meth:`load`).
-        """
-        base = getattr(super(), "__getstate__", None)
-        state = dict(base() if base is not None else self.__dict__)
-        engine = state.pop("_core", None)
-        for name in _DERIVED_ATTRIBUTES:
-            state.pop(name, None)
-        if engine is not None:
-            state["_engine_state"] = engine.get_state()
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`__getstate__`; the engine state is validated by the core (ValueError)."""
-        self._check_pickle_class(state)
-        state = dict(state)
-        engine_state = state.pop("_engine_state", None)
-        engine = None if engine_state is None else self._engine_class().from_state(engine_state)
-        base = getattr(super(), "__setstate__", None)
-        if base is not None:
-            base(state)
-        else:
-            self.__dict__.update(state)
-        if engine is not None:
-            self._install(engine)
-
-    @classmethod
-    def _engine_class(cls) -> Any:
-        raise NotImplementedError  # pragma: no cover - provided by subclasses
-
-    def _checkpoint_state(self) -> dict[str, Any]:
-        state = param_entries(self.get_params())
-        engine = self.__dict__.get("_core")
-        if engine is not None:
-            state.update({f"engine.{key}": value for key, value in engine.get_state().items()})
-        return state
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write an exact checkpoint (hyper-parameters and the whole variational posterior), atomically.
-
-        See :mod:`onlinefa.checkpoint` for the file format; :meth:`load` (or :func:`onlinefa.load`) then
-        restores a model whose queries and further updates are bit-identical.
-
-        Parameters
-        ----------
-        path : str or path-like
-            Destination file, used as given.
-
-        Raises
-        ------
-        TypeError
-            A hyper-parameter the portable format cannot store (a RandomState or Generator object).
-        """
-        from .checkpoint import save_state
-
-        save_state(path, type(self).__name__, self._checkpoint_state())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Self:
-        """Read a checkpoint written by :meth:`save`.
-
-        Parameters
-        ----------
-        path : str or path-like
-            Checkpoint file.
-
-        Returns
-        -------
-        VBFA or OnlineVBFA
-            The estimator, fitted exactly as saved (or unfitted if it was).
-
-        Raises
-        ------
-        ValueError
-            The file is truncated, corrupted, of an unknown format version, holds another model, or holds
-            a value the algorithm cannot continue from (a negative precision, a wrong shape, NaN, ...);
-            the message names the file.
-        """
-        from .checkpoint import load_state
-
-        shown = os.fspath(path)
-        state = load_state(path, cls.__name__)
-        params, engine_state = prefixed(state, "param."), prefixed(state, "engine.")
-        try:
-            if set(params) != set(cls._get_param_names()):
-                raise ValueError(f"the stored hyper-parameters do not match {cls.__name__}")
-            estimator = cls(**params)
-            if engine_state:
-                engine = cls._engine_class().from_state(engine_state)
-                estimator._check_engine_settings(engine_state)
-                estimator._install(engine)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{shown!r} is not a valid {cls.__name__} checkpoint: {err}") from err
-        return estimator
-
-    def _check_engine_settings(self, engine_state: dict[str, Any]) -> None:
+    def _check_restored(self, engine_state: dict[str, Any], state: dict[str, Any]) -> None:
         """ValueError unless the stored hyper-parameters are valid and describe the stored engine."""
         options = self._check_common_params()
         n_features = int(engine_state["n_features"])
@@ -505,7 +405,7 @@ class VBFA(_VBFAEstimator):
         tol = _check_tol(self.tol)
         engine = self._new_engine(X)
         engine.fit(max_iter, tol)
-        self._install(engine)
+        self._adopt(engine)
         return self
 
     def initialize(self, X: ArrayLike) -> Self:
@@ -523,7 +423,7 @@ class VBFA(_VBFAEstimator):
         -------
         self
         """
-        self._install(self._new_engine(X))
+        self._adopt(self._new_engine(X))
         return self
 
     def apply(self, step: StepName) -> Self:
@@ -542,7 +442,7 @@ class VBFA(_VBFAEstimator):
         _check_choice(step, "step", _STEPS)
         engine = self._fitted_engine()
         engine.apply(step)
-        self._install(engine)
+        self._adopt(engine)
         return self
 
     def lower_bound(self) -> float:
@@ -612,9 +512,7 @@ class VBFA(_VBFAEstimator):
         x = self._data(X)
         return _core.VBFACore(x, self._resolved_n_components(x.shape[1]), **options)
 
-    @classmethod
-    def _engine_class(cls) -> type[_core.VBFACore]:
-        return _core.VBFACore
+    _core_class = _core.VBFACore
 
     def _fitted_engine(self) -> _core.VBFACore:
         """The engine, or NotFittedError before :meth:`fit`/:meth:`initialize`."""
@@ -622,7 +520,7 @@ class VBFA(_VBFAEstimator):
         engine: _core.VBFACore = self._core
         return engine
 
-    def _install(self, engine: Any) -> None:
+    def _adopt(self, engine: Any) -> None:
         """Make ``engine`` (a ``VBFACore``) the fitted model and copy the fitted attributes from it."""
         elbo, seconds = engine.history()
         mean = engine.bias_mean()
@@ -881,11 +779,9 @@ class OnlineVBFA(_VBFAEstimator):
             n_effective=n_effective,
         )
 
-    @classmethod
-    def _engine_class(cls) -> type[_core.OnlineVBFACore]:
-        return _core.OnlineVBFACore
+    _core_class = _core.OnlineVBFACore
 
-    def _install(self, engine: Any) -> None:
+    def _adopt(self, engine: Any) -> None:
         """Make ``engine`` (an ``OnlineVBFACore``) the fitted model (every fitted attribute is read from it)."""
         self._core = engine
 
