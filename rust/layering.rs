@@ -12,7 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// Files and folders (relative to `rust/`) of the layers below VB-FA.
-const LOWER_LAYERS: [&str; 18] = [
+const LOWER_LAYERS: [&str; 19] = [
     "config_checks.rs",
     "online_em",
     "online_sga",
@@ -20,6 +20,7 @@ const LOWER_LAYERS: [&str; 18] = [
     "minibatch",
     "engine",
     "linalg.rs",
+    "m_step.rs",
     "linalg",
     "query.rs",
     "scalar.rs",
@@ -125,4 +126,121 @@ fn the_check_sees_a_forbidden_import() {
         .iter()
         .any(|f| fs::read_to_string(f).is_ok_and(|t| t.contains("crate::vbfa")));
     assert!(found, "gfa/ should import from crate::vbfa");
+}
+
+/// Folders whose files must not import each other in a cycle (the folder's `mod.rs` excepted: it declares
+/// the files, and they may use what it defines).
+const ACYCLIC_FOLDERS: [&str; 9] = [
+    "engine",
+    "online_em",
+    "online_sga",
+    "vifa",
+    "minibatch",
+    "vbfa",
+    "gfa",
+    "linalg",
+    "python",
+];
+
+/// The sibling files (by module name) that `text`, a file of folder `folder`, imports from: every
+/// `super::name` or `crate::folder::name` outside comments, up to the file's first `#[cfg(test)]` (an inner
+/// test module's `super::` is the file itself).
+fn sibling_imports(text: &str, folder: &str, siblings: &[String]) -> Vec<String> {
+    let crate_prefix = format!("crate::{folder}::");
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let code = line.trim_start();
+        if code.starts_with("#[cfg(test)]") {
+            break;
+        }
+        if code.starts_with("//") {
+            continue;
+        }
+        for prefix in ["super::", crate_prefix.as_str()] {
+            for (at, _) in code.match_indices(prefix) {
+                let rest = &code[at + prefix.len()..];
+                let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                if siblings.contains(&name) && !found.contains(&name) {
+                    found.push(name);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Import cycles among the files of `folder` (relative to `rust/`), each as "a -> b -> ... -> a".
+fn import_cycles(folder: &str) -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("rust").join(folder);
+    let mut names: Vec<String> = fs::read_dir(&dir)
+        .expect("listed folder exists")
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            let stem = p.file_stem()?.to_str()?.to_string();
+            (p.extension().is_some_and(|x| x == "rs") && stem != "mod").then_some(stem)
+        })
+        .collect();
+    names.sort();
+    assert!(
+        !names.is_empty(),
+        "rust/{folder} holds no Rust file: update the folder list"
+    );
+    let edges: Vec<Vec<String>> = names
+        .iter()
+        .map(|n| {
+            let text = fs::read_to_string(dir.join(format!("{n}.rs"))).expect("readable source file");
+            let mut found = sibling_imports(&text, folder, &names);
+            found.retain(|m| m != n); // a macro naming its own module is no cycle
+            found
+        })
+        .collect();
+    let index = |n: &str| names.iter().position(|m| m == n).expect("a sibling");
+    let mut cycles = Vec::new();
+    // A depth-first search from every file; a path that returns to its start is a cycle (reported once, from
+    // its alphabetically first file).
+    for start in 0..names.len() {
+        let mut stack = vec![(start, vec![start])];
+        while let Some((at, path)) = stack.pop() {
+            for next in edges[at].iter().map(|n| index(n)) {
+                if next == start {
+                    let mut names_on: Vec<&str> = path.iter().map(|&i| names[i].as_str()).collect();
+                    names_on.push(&names[start]);
+                    cycles.push(names_on.join(" -> "));
+                } else if next > start && !path.contains(&next) {
+                    let mut longer = path.clone();
+                    longer.push(next);
+                    stack.push((next, longer));
+                }
+            }
+        }
+    }
+    cycles
+}
+
+#[test]
+fn no_folder_has_an_import_cycle() {
+    let cycles: Vec<String> = ACYCLIC_FOLDERS
+        .iter()
+        .flat_map(|folder| import_cycles(folder).into_iter().map(move |c| format!("{folder}: {c}")))
+        .collect();
+    assert!(cycles.is_empty(), "import cycles: {cycles:#?}");
+}
+
+#[test]
+fn the_cycle_check_sees_a_cycle() {
+    // The scan must be able to fail: two files naming each other form a cycle.
+    let siblings = vec!["a".to_string(), "b".to_string()];
+    assert_eq!(
+        sibling_imports("use super::b::X;\n// super::a\n", "f", &siblings),
+        vec!["b"]
+    );
+    assert_eq!(
+        sibling_imports("#[cfg(test)]\nuse super::b;\n", "f", &siblings),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        sibling_imports("let y = crate::f::a::g();\n", "f", &siblings),
+        vec!["a"]
+    );
 }

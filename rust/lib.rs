@@ -14,6 +14,7 @@ pub mod init;
 #[cfg(test)]
 mod layering;
 pub mod linalg;
+mod m_step;
 pub mod minibatch;
 pub mod noise;
 pub mod online_em;

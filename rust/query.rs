@@ -14,9 +14,8 @@ use std::ops::Range;
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
-use rayon::prelude::*;
 
-use crate::engine::use_parallel;
+use crate::engine::{run_tasks, task_ranges, use_parallel};
 use crate::error::{FaError, Result};
 use crate::linalg::SpdFactor;
 use crate::online_em::{OnlineEm, Source};
@@ -50,15 +49,9 @@ pub const QUERY_TASK_ROWS: usize = 16 * 1024;
 /// `task` on each range of [`QUERY_TASK_ROWS`] rows of 0..`d`, on the thread pool when the state is large
 /// (`d`·`k` elements), and the results in range order (the first error, in range order, if any).
 pub(crate) fn per_task<R: Send>(d: usize, k: usize, task: impl Fn(Range<usize>) -> Result<R> + Sync) -> Result<Vec<R>> {
-    let ranges: Vec<Range<usize>> = (0..d)
-        .step_by(QUERY_TASK_ROWS)
-        .map(|lo| lo..(lo + QUERY_TASK_ROWS).min(d))
-        .collect();
-    if ranges.len() > 1 && use_parallel(d, k) {
-        ranges.into_par_iter().map(&task).collect()
-    } else {
-        ranges.into_iter().map(&task).collect()
-    }
+    run_tasks(task_ranges(d, QUERY_TASK_ROWS), use_parallel(d, k), task)
+        .into_iter()
+        .collect()
 }
 
 fn widen<T: Real>(values: &[T], out: &mut Vec<f64>) {
@@ -228,11 +221,9 @@ pub fn rows_as<T: Real, G: GaussianRows + ?Sized>(model: &G) -> Result<(Vec<T>, 
             Ok(())
         })
     };
-    if parts.len() > 1 && use_parallel(d, k) {
-        parts.into_par_iter().try_for_each(fill)?;
-    } else {
-        parts.into_iter().try_for_each(fill)?;
-    }
+    run_tasks(parts, use_parallel(d, k), fill)
+        .into_iter()
+        .collect::<Result<()>>()?;
     Ok((mean, f, psi))
 }
 
@@ -488,11 +479,7 @@ pub fn draw_in_place<G: GaussianRows + ?Sized, T: Real>(
             Ok(())
         })
     };
-    if parts.len() > 1 && use_parallel(d, k) {
-        parts.into_par_iter().try_for_each(draw_part)
-    } else {
-        parts.into_iter().try_for_each(draw_part)
-    }
+    run_tasks(parts, use_parallel(d, k), draw_part).into_iter().collect()
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ pub(crate) mod sga_wide;
 pub(crate) mod tiled;
 
 pub use model::{StepSums, StreamingModel};
-pub(crate) use partition::{use_parallel, validate_batch, BLOCK_ROWS, TASK_ROWS};
+pub(crate) use partition::{run_tasks, task_ranges, use_parallel, validate_batch, BLOCK_ROWS, TASK_ROWS};
 
 use crate::scalar::{stored, Real};
 

@@ -4,6 +4,8 @@
 //! and the per-task partial sums are added in task order, so results are bit-identical for any thread count.
 //! Also here: input validation, done before any row is touched.
 
+use std::ops::Range;
+
 use ndarray::{s, ArrayView1, ArrayView2, Axis};
 use rayon::prelude::*;
 
@@ -30,6 +32,24 @@ pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
 /// pool, so they do not start it.
 pub(crate) fn use_parallel(d: usize, k: usize) -> bool {
     d.saturating_mul(k.max(1)) >= PARALLEL_MIN_ELEMENTS && crate::fork::parallel_allowed()
+}
+
+/// The fixed ranges of at most `task_rows` rows covering 0..`n_rows`, in order (whatever the thread count).
+pub(crate) fn task_ranges(n_rows: usize, task_rows: usize) -> Vec<Range<usize>> {
+    (0..n_rows)
+        .step_by(task_rows)
+        .map(|lo| lo..(lo + task_rows).min(n_rows))
+        .collect()
+}
+
+/// `kernel` on every task, on rayon when `parallel` (and there is more than one task), with the results in task
+/// order: a caller that combines them in that order gets the same bits on any number of threads.
+pub(crate) fn run_tasks<W: Send, R: Send>(tasks: Vec<W>, parallel: bool, kernel: impl Fn(W) -> R + Sync) -> Vec<R> {
+    if parallel && tasks.len() > 1 {
+        tasks.into_par_iter().map(&kernel).collect()
+    } else {
+        tasks.into_iter().map(&kernel).collect()
+    }
 }
 
 /// Scratch of one `update` call: a partial sum per task (allocated once per call, not per sample, and reused by

@@ -23,8 +23,8 @@ use ndarray::{s, Array1, Array2, ArrayView1, ArrayView2, Axis, Zip};
 
 use crate::engine::isa::Isa;
 use crate::error::{invalid, FaError, Result};
-use crate::linalg::Rotation;
 use crate::linalg::SpdFactor;
+use crate::m_step::{loadings_map, LoadingsMap};
 use crate::scalar::Real;
 use crate::schedule::StepSize;
 
@@ -309,17 +309,16 @@ impl MiniBatchEm {
     /// 1998) R Rᵀ = H̄, Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ and F = Ā, the same Gaussian in the basis where H̄ = I;
     /// then ψ = max(d̄² − rowsum(F ⊙ Ā), floor) (4.35 with F H̄ = Ā).
     fn finish_mstep(&mut self, h_bar: &Array2<f64>) -> Result<()> {
-        let h_factor = SpdFactor::new_jittered(h_bar.view(), "H̄ = Σ + B̄")?;
-        if self.config.whiten {
-            let rotation = Rotation::whitening(h_factor.lower().view())?;
-            self.a_bar = self.a_bar.dot(&rotation.cross_moment_map());
-            self.b_bar = rotation.latent_moment(self.b_bar.view());
-            if let Some(average) = &mut self.average {
-                average.rotate(&rotation);
+        match loadings_map(h_bar.view(), self.config.whiten)? {
+            LoadingsMap::Whiten(rotation) => {
+                self.a_bar = self.a_bar.dot(&rotation.cross_moment_map());
+                self.b_bar = rotation.latent_moment(self.b_bar.view());
+                if let Some(average) = &mut self.average {
+                    average.rotate(&rotation);
+                }
+                self.loadings = self.a_bar.clone();
             }
-            self.loadings = self.a_bar.clone();
-        } else {
-            self.loadings = self.a_bar.dot(&h_factor.inverse());
+            LoadingsMap::Inverse(h_inv) => self.loadings = self.a_bar.dot(&h_inv),
         }
         let floor = self.floor();
         let mut psi = self.dsq.clone();

@@ -21,8 +21,8 @@ use crate::engine::tiled::Tiled;
 use crate::engine::{advance, Advanced};
 pub use crate::engine::{StepSums, StreamingModel};
 use crate::error::{checked_size, try_filled, FaError, Result};
-use crate::linalg::Rotation;
 use crate::linalg::SpdFactor;
+use crate::m_step::{loadings_map, LoadingsMap};
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
@@ -355,24 +355,24 @@ impl<T: Real> OnlineEm<T> {
     /// pending step applies to Ā, if any. Nothing is stored when H̄ cannot be factorised.
     fn m_step(&mut self, sigma: Array2<f64>, b_bar: Array2<f64>) -> Result<Option<Array2<f64>>> {
         let h_bar = &sigma + &b_bar;
-        let h_factor = SpdFactor::new_jittered(h_bar.view(), "H̄ = Σ + B̄")?;
-        if !self.config.whiten {
-            self.source = Source::Stats(h_factor.inverse());
-            self.sigma = sigma;
-            self.b_bar = b_bar;
-            return Ok(None);
-        }
-        // Whitening (PX-EM): R Rᵀ = H̄, new latents h' = R⁻¹ h. Every statistic moves to the new
-        // basis: Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ, Σ ← R⁻¹ Σ R⁻ᵀ, so H̄ ← I (B̄ = I − Σ in the new basis).
-        // F Āᵀ and F H̄ Fᵀ are unchanged, so ψ is too; afterwards F = Ā. Rotating B̄ (rather than
-        // resetting it to I − Σ_old) keeps each row's averaged moment matrix of (d, m) PSD, hence ψ ≥ 0.
-        // Row-major W = R⁻ᵀ: the fused kernel and `block_times` read it as a flat slice, so the update
+        // Under whitening every statistic moves to the basis where H̄ = I (see `crate::m_step`); rotating B̄
+        // (rather than resetting it to I − Σ_old) keeps each row's averaged moment matrix of (d, m) PSD, hence
+        // ψ ≥ 0. Row-major W = R⁻ᵀ: the fused kernel and `block_times` read it as a flat slice, so the update
         // pass, the queries and a restored checkpoint (always row-major) round identically.
-        let rotation = Rotation::whitening(h_factor.lower().view())?;
-        self.sigma = rotation.latent_moment(sigma.view());
-        self.b_bar = rotation.latent_moment(b_bar.view());
-        self.source = Source::Whitened;
-        Ok(Some(rotation.cross_moment_map()))
+        match loadings_map(h_bar.view(), self.config.whiten)? {
+            LoadingsMap::Inverse(h_inv) => {
+                self.source = Source::Stats(h_inv);
+                self.sigma = sigma;
+                self.b_bar = b_bar;
+                Ok(None)
+            }
+            LoadingsMap::Whiten(rotation) => {
+                self.sigma = rotation.latent_moment(sigma.view());
+                self.b_bar = rotation.latent_moment(b_bar.view());
+                self.source = Source::Whitened;
+                Ok(Some(rotation.cross_moment_map()))
+            }
+        }
     }
 
     /// The model as it would be had its warm-up ended with the last sample: the first M-step (lines 11

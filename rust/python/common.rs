@@ -1,15 +1,13 @@
 //! What every engine class shares: the error conversion, the model lock, borrowed NumPy inputs, the
-//! state-map conversion, the f32/f64 dispatch and the streaming queries.
+//! f32/f64 dispatch and the streaming queries.
 
-use super::state_arrays::StateArray;
 use ndarray::{Array, Array2, ArrayView, Dimension};
 use numpy::{
-    Element, IntoPyArray, PyArray, PyArray1, PyArray2, PyArrayDyn, PyArrayMethods, PyReadonlyArray, PyReadonlyArray2,
+    Element, IntoPyArray, PyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray, PyReadonlyArray2,
     PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use crate::error::FaError;
 // The engines' locks: a mutex that, in a child process forked while another thread held it, fails at once
@@ -18,7 +16,6 @@ use crate::fork::{LockFailure, Mutex, MutexGuard};
 use crate::init::{entropy_seed, orthonormal_loadings};
 use crate::query::GaussianRows;
 use crate::schedule::StepSize;
-use crate::state::{Adoptable, StateMap, StateValue};
 
 pyo3::create_exception!(
     onlinefa._core,
@@ -131,74 +128,6 @@ pub(crate) fn step_size(kind: &str, tau0: f64, kappa: f64, rho: f64) -> PyResult
             "schedule must be 'harmonic', 'power' or 'constant', got {other:?}"
         ))),
     }
-}
-
-/// Convert a checkpoint map to a dict of NumPy arrays and Python scalars.
-pub(crate) fn state_to_dict<'py>(py: Python<'py>, state: StateMap) -> PyResult<Bound<'py, PyDict>> {
-    let dict = PyDict::new(py);
-    for (key, value) in state {
-        match value {
-            StateValue::F32(shape, data) => dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?,
-            StateValue::F64(shape, data) => dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?,
-            StateValue::Int(v) => dict.set_item(key, v)?,
-            StateValue::Float(v) => dict.set_item(key, v)?,
-            StateValue::Bool(v) => dict.set_item(key, v)?,
-            StateValue::Text(v) => dict.set_item(key, v)?,
-            StateValue::Adopted(_) => {
-                return Err(PyValueError::new_err(format!("state entry `{key}` was not read out")));
-            }
-        }
-    }
-    Ok(dict)
-}
-
-/// The items of `a` in C order, reusing its buffer when it is laid out so (one copy of a state entry, not two).
-pub(crate) fn into_vec<T: Clone, D: Dimension>(a: Array<T, D>) -> Vec<T> {
-    if a.is_standard_layout() {
-        let len = a.len();
-        let (data, offset) = a.into_raw_vec_and_offset();
-        if offset.unwrap_or(0) == 0 && data.len() == len {
-            return data;
-        }
-        return data[offset.unwrap_or(0)..][..len].to_vec();
-    }
-    a.iter().cloned().collect()
-}
-
-/// Convert a dict written by `state_to_dict` (or read back from a checkpoint file) into a map.
-pub(crate) fn dict_to_state(dict: &Bound<'_, PyDict>) -> PyResult<StateMap> {
-    let mut state = StateMap::new();
-    for (key, value) in dict.iter() {
-        let key: String = key.extract()?;
-        let entry = if value.is_instance_of::<PyBool>() {
-            StateValue::Bool(value.extract()?)
-        } else if value.is_instance_of::<PyInt>() {
-            StateValue::Int(value.extract()?)
-        } else if value.is_instance_of::<PyFloat>() {
-            StateValue::Float(value.extract()?)
-        } else if value.is_instance_of::<PyString>() {
-            StateValue::Text(value.extract()?)
-        } else if let Ok(a) = value.cast::<StateArray>() {
-            StateValue::Adopted(Adoptable::new(a.get().take(&key)?))
-        } else if let Ok(a) = value.cast::<PyArrayDyn<f64>>() {
-            // One copy, which the model then adopts (moves) instead of copying it again.
-            StateValue::Adopted(Adoptable::new(StateValue::F64(
-                a.shape().to_vec(),
-                into_vec(owned_copy(a)?),
-            )))
-        } else if let Ok(a) = value.cast::<PyArrayDyn<f32>>() {
-            StateValue::Adopted(Adoptable::new(StateValue::F32(
-                a.shape().to_vec(),
-                into_vec(owned_copy(a)?),
-            )))
-        } else {
-            return Err(PyValueError::new_err(format!(
-                "invalid state: entry `{key}` must be a float32/float64 array or a Python scalar"
-            )));
-        };
-        state.insert(key, entry);
-    }
-    Ok(state)
 }
 
 /// A model with f32 or f64 state.

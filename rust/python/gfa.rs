@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::common::*;
+use super::state_arrays::{dict_to_state, state_to_dict};
 use crate::fork::Mutex;
 use crate::init::entropy_seed;
 use crate::state::Checkpoint;

@@ -1,14 +1,16 @@
-//! Checkpoint arrays read straight into the engines' memory.
+//! The state-map conversion between the engines and Python (dicts of NumPy arrays and scalars), and
+//! checkpoint arrays read straight into the engines' memory.
 
 use ndarray::{Array, Dimension};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::common::*;
 use crate::fork::Mutex;
 use crate::scalar::Real;
-use crate::state::StateValue;
+use crate::state::{Adoptable, StateMap, StateValue};
 
 // ---- checkpoint arrays read straight into the engines' memory ----
 // `onlinefa.checkpoint` streams each float array of a checkpoint into a `StateArray`; an engine's
@@ -152,4 +154,72 @@ pub(crate) fn into_dim<D: Dimension>(a: ndarray::ArrayD<f64>, key: &str) -> PyRe
             "invalid state: entry `{key}` has the wrong number of dimensions"
         ))
     })
+}
+
+/// Convert a checkpoint map to a dict of NumPy arrays and Python scalars.
+pub(crate) fn state_to_dict<'py>(py: Python<'py>, state: StateMap) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (key, value) in state {
+        match value {
+            StateValue::F32(shape, data) => dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?,
+            StateValue::F64(shape, data) => dict.set_item(key, PyArray1::from_vec(py, data).reshape(shape)?)?,
+            StateValue::Int(v) => dict.set_item(key, v)?,
+            StateValue::Float(v) => dict.set_item(key, v)?,
+            StateValue::Bool(v) => dict.set_item(key, v)?,
+            StateValue::Text(v) => dict.set_item(key, v)?,
+            StateValue::Adopted(_) => {
+                return Err(PyValueError::new_err(format!("state entry `{key}` was not read out")));
+            }
+        }
+    }
+    Ok(dict)
+}
+
+/// The items of `a` in C order, reusing its buffer when it is laid out so (one copy of a state entry, not two).
+pub(crate) fn into_vec<T: Clone, D: Dimension>(a: Array<T, D>) -> Vec<T> {
+    if a.is_standard_layout() {
+        let len = a.len();
+        let (data, offset) = a.into_raw_vec_and_offset();
+        if offset.unwrap_or(0) == 0 && data.len() == len {
+            return data;
+        }
+        return data[offset.unwrap_or(0)..][..len].to_vec();
+    }
+    a.iter().cloned().collect()
+}
+
+/// Convert a dict written by `state_to_dict` (or read back from a checkpoint file) into a map.
+pub(crate) fn dict_to_state(dict: &Bound<'_, PyDict>) -> PyResult<StateMap> {
+    let mut state = StateMap::new();
+    for (key, value) in dict.iter() {
+        let key: String = key.extract()?;
+        let entry = if value.is_instance_of::<PyBool>() {
+            StateValue::Bool(value.extract()?)
+        } else if value.is_instance_of::<PyInt>() {
+            StateValue::Int(value.extract()?)
+        } else if value.is_instance_of::<PyFloat>() {
+            StateValue::Float(value.extract()?)
+        } else if value.is_instance_of::<PyString>() {
+            StateValue::Text(value.extract()?)
+        } else if let Ok(a) = value.cast::<StateArray>() {
+            StateValue::Adopted(Adoptable::new(a.get().take(&key)?))
+        } else if let Ok(a) = value.cast::<PyArrayDyn<f64>>() {
+            // One copy, which the model then adopts (moves) instead of copying it again.
+            StateValue::Adopted(Adoptable::new(StateValue::F64(
+                a.shape().to_vec(),
+                into_vec(owned_copy(a)?),
+            )))
+        } else if let Ok(a) = value.cast::<PyArrayDyn<f32>>() {
+            StateValue::Adopted(Adoptable::new(StateValue::F32(
+                a.shape().to_vec(),
+                into_vec(owned_copy(a)?),
+            )))
+        } else {
+            return Err(PyValueError::new_err(format!(
+                "invalid state: entry `{key}` must be a float32/float64 array or a Python scalar"
+            )));
+        };
+        state.insert(key, entry);
+    }
+    Ok(state)
 }

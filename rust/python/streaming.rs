@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::common::*;
+use super::state_arrays::{dict_to_state, state_to_dict};
 use crate::engine::StreamingModel;
 use crate::error::FaError;
 use crate::fork::Mutex;

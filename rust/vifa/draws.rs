@@ -1,20 +1,24 @@
 //! Training draws θ = F h + c + ψ^{1/2} ⊙ z (4.50) with counter-based noise: draw j's h and z are
 //! regenerated from (seed, j, row) alone, so the state keeps no noise and results do not depend on how
 //! rows are split between threads or processes.
+//!
+//! For K ≤ `fused::MAX_K` a block of a draw (Algorithm 3, lines 5–7) runs vectorised across rows like the step
+//! kernels (W rows at once, F as K lane-arrays), in f64 arithmetic whatever the storage type (the draw is
+//! returned in f64 and equals the scalar loop bit for bit).
+//!
+//! Shapes: c, ψ^{1/2}, z and the output θ hold nb values, F is nb×K row-major, h holds K values. Per row
+//! θ = (Σ_j f_j h_j, j ascending) + c + ψ^{1/2} z: the same operations in the same order as the scalar loop
+//! of `Vifa::theta`, on every code path.
 
 use ndarray::{Array1, Array2};
 
-use super::fused::Kernel;
-use super::sample_kernel::{run_theta_block, SampleRows};
-use super::step::run_tasks;
-use super::{Vifa, BLOCK_ROWS, TASK_ROWS};
-use crate::engine::use_parallel;
+use super::fused::{code_paths, dispatch, for_k, Kernel};
+use super::lanes;
+use super::{fill_noise, latent_draw, Vifa, BLOCK_ROWS, TASK_ROWS};
+use crate::engine::isa::Isa;
+use crate::engine::{run_tasks, use_parallel};
 use crate::error::{FaError, Result};
-use crate::noise;
 use crate::scalar::Real;
-
-/// Salt that separates the draw key from the key of the seeded initial loadings (`init.rs`).
-pub(super) const DRAW_SALT: u64 = 0x5649_4641_5f64_7261;
 
 impl<T: Real> Vifa<T> {
     /// The first pending draw's index.
@@ -107,17 +111,57 @@ impl<T: Real> Vifa<T> {
     }
 }
 
-/// The key of the training draws of `seed` (counter-based noise, `crate::noise`).
-pub(super) fn draw_key(seed: u64) -> u64 {
-    seed ^ DRAW_SALT
+/// One block's rows of the state (c, F, ψ^{1/2}).
+pub(super) struct SampleRows<'a, T> {
+    pub(super) c: &'a [T],
+    pub(super) f: &'a [T],
+    pub(super) sqrt_psi: &'a [f64],
 }
 
-/// h of draw `draw` (K standard normals).
-pub(super) fn latent_draw(seed: u64, draw: u64, k: usize) -> Array1<f64> {
-    noise::latent_draw(draw_key(seed), draw, k)
+#[inline(always)]
+fn theta_block<T: Real, const K: usize, const W: usize>(
+    rows: &SampleRows<'_, T>,
+    h: &[f64],
+    z: &[f64],
+    out: &mut [f64],
+) {
+    let nb = out.len();
+    let mut hk = [0.0; K];
+    hk.copy_from_slice(&h[..K]);
+    let mut r0 = 0;
+    while r0 < nb {
+        let n = (nb - r0).min(W);
+        let f = lanes::load_rows::<T, K, W>(rows.f, r0, n);
+        let c: [T; W] = lanes::load_values(rows.c, r0, n);
+        let sp: [f64; W] = lanes::load_values(rows.sqrt_psi, r0, n);
+        let zl: [f64; W] = lanes::load_values(z, r0, n);
+        let mut fh = [-0.0; W];
+        for j in 0..K {
+            for l in 0..W {
+                fh[l] += f[j][l].to_f64() * hk[j];
+            }
+        }
+        let mut t = [0.0; W];
+        for l in 0..W {
+            t[l] = fh[l] + c[l].to_f64() + sp[l] * zl[l];
+        }
+        lanes::store_values(out, &t, r0, n);
+        r0 += W;
+    }
 }
 
-/// z of draw `draw` for the global features starting at `row0`, `out.len()` values.
-pub(super) fn fill_noise(seed: u64, draw: u64, row0: usize, out: &mut [f64]) {
-    noise::fill_noise(draw_key(seed), draw, row0, out)
+code_paths!(theta_block, theta_portable, theta_avx2, theta_avx512,
+    (rows: &SampleRows<'_, T>, h: &[f64], z: &[f64], out: &mut [f64]) -> ());
+
+/// θ of a block (K = `h.len()` ≤ `MAX_K`) on the path `isa`, written to `out` (nb values). Each lane does
+/// the same f64 operations whatever W is, so every path gives the same bits.
+pub(super) fn run_theta_block<T: Real>(isa: Isa, rows: &SampleRows<'_, T>, h: &[f64], z: &[f64], out: &mut [f64]) {
+    dispatch!(
+        isa,
+        h.len(),
+        theta_portable,
+        theta_avx2,
+        theta_avx512,
+        (rows, h, z, out)
+    )
 }

@@ -4,7 +4,7 @@
 
 use ndarray::s;
 
-use super::draws::fill_noise;
+use super::fill_noise;
 use super::fused::{run_gram_block, run_norms_block, run_update_block, StepConsts};
 use super::gradient::GradCtx;
 use super::lanes::Draws;

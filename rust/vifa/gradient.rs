@@ -3,7 +3,7 @@
 
 use ndarray::{s, Array2, ArrayView2};
 
-use super::draws::fill_noise;
+use super::fill_noise;
 use super::params::Params;
 use super::products::Products;
 use super::{Vifa, BLOCK_ROWS};

@@ -28,10 +28,13 @@
 //! the K×K matrix B = Fᵀ Ψ⁻¹ F (line 11), is accumulated from the rows the pass has just written, ready
 //! for the next step. Nothing D×D is ever formed.
 //!
-//! Layout: `config` (hyper-parameters, optimiser, learning rates), `params` (c, F, β and Adam's moments),
-//! `draws` (sampling with counter-based noise), `gradient` (the block gradient kernels), `products` (their K×K products), `update` (the SGD
-//! and Adam rules and clipping), `step` (the step split into local gradient norms, local step and finish
-//! for models sharded across processes), `checkpoint` (the saved state).
+//! Layout, each file using only those before it (the layering test checks that no two files import each
+//! other in a cycle): `config` (hyper-parameters, optimiser, learning rates), `params` (c, F, β and Adam's
+//! moments), `products` (the K×K products of the gradients), `lanes` (the per-row arithmetic across W rows),
+//! `gradient` (the blocked gradient kernels), `update` (the SGD and Adam rules and clipping), `fused` (the
+//! vectorised code paths for K ≤ 16), `fused_tasks` (a task's pass through them), `draws` (sampling), `step` (the
+//! step split into local gradient norms, local step and finish for models sharded across processes),
+//! `checkpoint` (the saved state). The draws' noise keys live here; tasks run on the engine's partition.
 
 mod checkpoint;
 mod config;
@@ -44,7 +47,6 @@ mod kernel_tests;
 mod lanes;
 mod params;
 mod products;
-mod sample_kernel;
 mod step;
 #[cfg(test)]
 mod tests;
@@ -54,6 +56,7 @@ use ndarray::{Array1, Array2};
 
 use crate::engine::{BLOCK_ROWS, TASK_ROWS};
 use crate::error::{invalid, FaError, Result};
+use crate::noise;
 use crate::scalar::Real;
 
 pub(crate) use config::validate_vifa_dims;
@@ -248,4 +251,22 @@ impl<T: Real> Vifa<T> {
     pub fn row_offset(&self) -> usize {
         self.row_offset
     }
+}
+
+/// Salt that separates the draw key from the key of the seeded initial loadings (`init.rs`).
+const DRAW_SALT: u64 = 0x5649_4641_5f64_7261;
+
+/// The key of the training draws of `seed` (counter-based noise, `crate::noise`).
+fn draw_key(seed: u64) -> u64 {
+    seed ^ DRAW_SALT
+}
+
+/// h of draw `draw` (K standard normals).
+fn latent_draw(seed: u64, draw: u64, k: usize) -> Array1<f64> {
+    noise::latent_draw(draw_key(seed), draw, k)
+}
+
+/// z of draw `draw` for the global features starting at `row0`, `out.len()` values.
+fn fill_noise(seed: u64, draw: u64, row0: usize, out: &mut [f64]) {
+    noise::fill_noise(draw_key(seed), draw, row0, out)
 }

@@ -4,7 +4,6 @@
 //! ((I + B)⁻¹ from the whole B).
 
 use ndarray::{Array2, ArrayView2};
-use rayon::prelude::*;
 
 use super::fused::{Kernel, StepConsts};
 use super::fused_tasks;
@@ -13,7 +12,7 @@ use super::params::RowsMut;
 use super::products::mirror_upper;
 use super::update::{clip_scales, update_task, StepTask, UpdateRule};
 use super::{Vifa, BLOCK_ROWS, DIVERGED, TASK_ROWS};
-use crate::engine::{use_parallel, validate_batch};
+use crate::engine::{run_tasks, task_ranges, use_parallel, validate_batch};
 use crate::error::{invalid, FaError, Result};
 use crate::linalg::SpdFactor;
 use crate::scalar::Real;
@@ -23,8 +22,9 @@ impl<T: Real> Vifa<T> {
     /// model has bit-identical (I + B)⁻¹).
     pub(super) fn recompute_m_inv(&self) -> Result<Array2<f64>> {
         let (d, k) = (self.n_features, self.n_components);
-        let tasks: Vec<(usize, usize)> = (0..d.div_ceil(TASK_ROWS))
-            .map(|t| (t * TASK_ROWS, ((t + 1) * TASK_ROWS).min(d)))
+        let tasks: Vec<(usize, usize)> = task_ranges(d, TASK_ROWS)
+            .into_iter()
+            .map(|r| (r.start, r.end))
             .collect();
         let kernel = self.kernel;
         let partials = run_tasks(tasks, use_parallel(d, k), |(lo, hi)| {
@@ -146,8 +146,9 @@ impl<T: Real> Vifa<T> {
     /// ‖∇_c‖², ‖∇_F‖², ‖∇_β‖² of the averaged negative-ELBO gradient (a read-only pass).
     pub(super) fn gradient_norms<X: Real>(&self, ctx: &GradCtx<X>) -> [f64; 3] {
         let (d, k) = (self.n_features, self.n_components);
-        let tasks: Vec<(usize, usize)> = (0..d.div_ceil(TASK_ROWS))
-            .map(|t| (t * TASK_ROWS, ((t + 1) * TASK_ROWS).min(d)))
+        let tasks: Vec<(usize, usize)> = task_ranges(d, TASK_ROWS)
+            .into_iter()
+            .map(|r| (r.start, r.end))
             .collect();
         let (kernel, h, m_inv) = (self.kernel, flat(ctx.h), flat(ctx.m_inv));
         let partials = run_tasks(tasks, use_parallel(d, k), |(lo, hi)| {
@@ -224,19 +225,6 @@ fn square(k: usize, v: Vec<f64>) -> Array2<f64> {
 /// The values of a small matrix, row-major.
 fn flat(m: ArrayView2<f64>) -> Vec<f64> {
     m.iter().copied().collect()
-}
-
-/// Run `kernel` on every task (on rayon if `parallel`) and return the results in task order.
-pub(super) fn run_tasks<W: Send, R: Send>(
-    tasks: Vec<W>,
-    parallel: bool,
-    kernel: impl Fn(W) -> R + Sync + Send,
-) -> Vec<R> {
-    if parallel {
-        tasks.into_par_iter().map(kernel).collect()
-    } else {
-        tasks.into_iter().map(kernel).collect()
-    }
 }
 
 /// (I + B)⁻¹ with B the sum of the per-task partial Gram matrices, added in task order.
