@@ -104,6 +104,7 @@ impl<T: StateReal> Checkpoint for OnlineEm<T> {
             source,
             pending,
             scale_sq,
+            isa: Isa::detect(),
         };
         super::checks::check_state(&em)?;
         Ok(em)

@@ -98,6 +98,8 @@ pub struct OnlineEm<T: Real> {
     pub(crate) pending: Option<Pending>,
     /// σ̂² = (1/D) Σ_d d̄²_d after the last pass (the data's scale, used by `Scaling::Data`).
     pub(crate) scale_sq: f64,
+    /// The code path of the row kernels (detected once for this CPU; never saved).
+    pub(crate) isa: Isa,
 }
 
 /// Everything a pass needs besides the rows.
@@ -142,6 +144,7 @@ impl<T: Real> OnlineEm<T> {
             source: Source::Initial(init),
             pending: None,
             scale_sq: 0.0,
+            isa: Isa::detect(),
         })
     }
 
@@ -188,7 +191,7 @@ impl<T: Real> OnlineEm<T> {
         let floor = self.floor();
         let kernel = isa.and_then(|isa| EmRowKernel::select(self.n_components, isa));
         let fast = kernel.and_then(|kernel| self.kernel_consts(rho, mean_rho, floor).map(|c| (c, kernel)));
-        let wide = isa.and_then(|_| self.wide_consts(rho, mean_rho, floor, Isa::detect()));
+        let wide = isa.and_then(|isa| self.wide_consts(rho, mean_rho, floor, isa));
         self.pass_with(x, rho, mean_rho, scratch, sums, fast, wide)
     }
 
@@ -701,7 +704,7 @@ impl<T: Real> Pass for OnlineEm<T> {
         let mut scratch = Scratch::new(self.n_features, self.n_components);
         let mut sums = StepSums::zeros(self.n_components);
         let mean_rho = self.config.scaling.mean_rho(rho, t);
-        self.pass_on(x, rho, mean_rho, &mut scratch, &mut sums, Some(Isa::detect()));
+        self.pass_on(x, rho, mean_rho, &mut scratch, &mut sums, Some(self.isa));
         sums
     }
 
@@ -743,7 +746,7 @@ impl<T: Real> Driven for OnlineEm<T> {
         let t = self.n_seen + 1;
         let rho = self.config.step_size.rho(t);
         let mean_rho = self.config.scaling.mean_rho(rho, t);
-        let isa = kernels.then(Isa::detect);
+        let isa = kernels.then_some(self.isa);
         self.pass_on(x, rho, mean_rho, scratch, sums, isa);
         self.finish_step(t, rho, mean_rho, sums, self.n_features)
     }
