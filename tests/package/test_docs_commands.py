@@ -17,7 +17,6 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,32 +27,11 @@ import onlinefa
 from onlinefa import _cli_demo, experiments
 from onlinefa.cli import main
 
+from doc_blocks import Block, fenced_blocks
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES = {"bash", "sh", "console", "shell", ""}
-
-
-@dataclass(frozen=True)
-class Block:
-    path: Path
-    line: int
-    language: str
-    code: str
-
-    def lookup(self, table: dict[tuple[str, str], Any]) -> Any:
-        """The entry of ``table`` for this block: keys are (file name, a string only this block contains)."""
-        for (name, marker), value in table.items():
-            if name == self.path.name and marker in self.code:
-                return value
-        return None
-
-
-def fenced_blocks(path: Path) -> list[Block]:
-    text = path.read_text(encoding="utf-8")
-    return [
-        Block(path, text[: match.start()].count("\n") + 1, match.group(1), match.group(2))
-        for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, flags=re.M | re.S)
-    ]
 
 
 def inline_commands(path: Path) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from test_docs_commands import fenced_blocks
+from doc_blocks import fenced_blocks
 
 torch = pytest.importorskip("torch")
 
