@@ -1,0 +1,171 @@
+"""onlinefa.torch.OnlineEM against the Rust core: the same model in float64 (1e-10 relative over 1,000 samples, in
+every configuration), float32 within the Rust float32 state's own error, checkpoints in both directions, atomic
+failure and the warm-up's first fit."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import onlinefa  # noqa: E402
+from onlinefa import NotFittedError, NumericalBreakdownError  # noqa: E402
+from onlinefa.torch import OnlineEM as TorchOnlineEM  # noqa: E402
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "no whitening": {"whiten": False},
+    "power schedule": {"schedule": "power", "kappa": 0.8, "tau0": 3.0},
+    "constant schedule": {"schedule": "constant", "rho": 0.02},
+    "unit scaling": {"scaling": "unit", "n_warmup": 20},
+    "Algorithm 2": {"whiten": False, "scaling": "unit", "n_warmup": 100},
+}
+
+
+def stream(n: int, d: int, seed: int, scale: float = 1e-2) -> np.ndarray:
+    """Correlated rows on a network-weight scale around a non-zero mean."""
+    rng = np.random.default_rng(seed)
+    mixing = rng.standard_normal((d, d)) / np.sqrt(d)
+    return (rng.standard_normal((n, d)) @ mixing + rng.standard_normal(d)) * scale
+
+
+def covariance(loadings: np.ndarray, psi: np.ndarray) -> np.ndarray:
+    return np.asarray(loadings @ loadings.T + np.diag(psi))
+
+
+def relative(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def gaussian(model: Any) -> tuple[np.ndarray, np.ndarray]:
+    mean, loadings, psi = model.snapshot()
+    as_numpy = [np.asarray(v.cpu().numpy() if isinstance(v, torch.Tensor) else v) for v in (mean, loadings, psi)]
+    return as_numpy[0], covariance(as_numpy[1], as_numpy[2])
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_float64_equals_the_rust_core_over_a_thousand_samples(config: str) -> None:
+    d, k = 40, 4
+    X = stream(1000, d, 0)
+    rust = onlinefa.OnlineEM(d, k, seed=7, **CONFIGS[config])
+    ours = TorchOnlineEM(d, k, seed=7, **CONFIGS[config])
+    for chunk in np.array_split(X, 7):  # several calls, of one row and of many
+        rust.update(chunk)
+        ours.update(torch.as_tensor(chunk))
+    assert ours.n_seen == rust.n_seen == 1000 and ours.is_fitted
+    (mean_r, cov_r), (mean_t, cov_t) = gaussian(rust), gaussian(ours)
+    assert relative(mean_t, mean_r) < 1e-10 and relative(cov_t, cov_r) < 1e-10
+
+
+def test_more_than_sixteen_factors_equal_the_rust_wide_path() -> None:
+    d, k = 60, 20
+    X = stream(300, d, 1)
+    rust = onlinefa.OnlineEM(d, k, seed=1).update(X)
+    ours = TorchOnlineEM(d, k, seed=1).update(torch.as_tensor(X))
+    assert relative(gaussian(ours)[1], gaussian(rust)[1]) < 1e-10
+
+
+def test_the_warm_up_answers_with_the_same_first_fit() -> None:
+    d, k = 30, 3
+    X = stream(8, d, 2)
+    rust = onlinefa.OnlineEM(d, k, seed=0, n_warmup=50)
+    ours = TorchOnlineEM(d, k, seed=0, n_warmup=50)
+    ours.update(torch.as_tensor(X[:1]))
+    with pytest.raises(NotFittedError, match="two samples"):
+        ours.snapshot()
+    rust.update(X)
+    ours.update(torch.as_tensor(X[1:]))
+    assert not ours.is_fitted
+    assert relative(gaussian(ours)[1], gaussian(rust)[1]) < 1e-10
+
+
+def test_float32_state_is_as_close_as_the_rust_float32_state() -> None:
+    d, k = 40, 4
+    X = stream(1000, d, 3)
+    exact = gaussian(onlinefa.OnlineEM(d, k, seed=2).update(X))[1]
+    rust32 = gaussian(onlinefa.OnlineEM(d, k, seed=2, dtype="float32").update(X))[1]
+    ours32 = TorchOnlineEM(d, k, seed=2, dtype=torch.float32).update(torch.as_tensor(X))
+    assert ours32.dtype == torch.float32 and ours32._engine.a_bar.dtype == torch.float32
+    # float32 storage rounds each stored value to 6e-8: both stay within a few thousand ulps of float64
+    assert relative(gaussian(ours32)[1], exact) <= max(2 * relative(rust32, exact), 1e-5)
+
+
+@pytest.mark.parametrize("direction", ["torch to rust", "rust to torch"])
+def test_checkpoints_move_between_the_two_and_updates_continue_alike(direction: str, tmp_path: Any) -> None:
+    d, k = 30, 3
+    X = stream(400, d, 4)
+    path = tmp_path / "posterior.npz"
+    if direction == "torch to rust":
+        source: Any = TorchOnlineEM(d, k, seed=5).update(torch.as_tensor(X[:200]))
+        source.save(path)
+        restored: Any = onlinefa.load(path)
+        assert isinstance(restored, onlinefa.OnlineEM)
+        source.update(torch.as_tensor(X[200:]))
+        restored.update(X[200:])
+    else:
+        source = onlinefa.OnlineEM(d, k, seed=5).update(X[:200])
+        source.save(path)
+        restored = TorchOnlineEM.load(path)
+        source.update(X[200:])
+        restored.update(torch.as_tensor(X[200:]))
+    assert restored.n_seen == source.n_seen == 400
+    assert relative(gaussian(restored)[1], gaussian(source)[1]) < 1e-10
+    # the state maps hold the same entries, so either class reads the other's
+    assert set(TorchOnlineEM.from_numpy(onlinefa.OnlineEM(d, k, seed=0)).get_state()) == set(
+        onlinefa.OnlineEM(d, k, seed=0).__getstate__()["state"])
+
+
+def engine_tensors(model: TorchOnlineEM) -> dict[str, Any]:
+    return {key: value.copy() if isinstance(value, np.ndarray) else value for key, value in model.get_state().items()}
+
+
+def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert set(a) == set(b)
+    for key, value in a.items():
+        assert np.array_equal(value, b[key]) if isinstance(value, np.ndarray) else value == b[key], key
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "huge", "shape"])
+def test_a_bad_batch_is_refused_before_any_row(bad: str) -> None:
+    d, k = 30, 3
+    X = stream(50, d, 6)
+    model = TorchOnlineEM(d, k, seed=0).update(torch.as_tensor(X[:20]))
+    before = engine_tensors(model)
+    batch = torch.as_tensor(X[20:30]).clone()
+    if bad == "shape":
+        batch = batch[:, :-1]
+    else:
+        batch[5, 3] = {"nan": float("nan"), "inf": float("inf"), "huge": 1e120}[bad]
+    with pytest.raises(ValueError, match="row 5|shape"):
+        model.update(batch)
+    assert_same_state(engine_tensors(model), before)
+
+
+def test_a_numerical_breakdown_leaves_a_small_model_as_before_the_batch() -> None:
+    d, k = 30, 3
+    X = stream(60, d, 7)
+    model = TorchOnlineEM(d, k, seed=0).update(torch.as_tensor(X[:30]))
+    model._engine.b_bar.fill_(float("nan"))  # the next M-step cannot factorise H̄
+    before = copy.deepcopy(model._engine)
+    with pytest.raises(NumericalBreakdownError, match="not positive definite"):
+        model.update(torch.as_tensor(X[30:40]))
+    restored = model._engine
+    assert restored.n_seen == before.n_seen == 30 and restored.pending is not None
+    assert torch.equal(restored.a_bar, before.a_bar) and torch.equal(restored.mean, before.mean)
+
+
+def test_draws_have_the_fitted_covariance() -> None:
+    d, k = 12, 2
+    model = TorchOnlineEM(d, k, seed=0).update(torch.as_tensor(stream(500, d, 8, scale=1.0)))
+    mean, loadings, psi = model.snapshot()
+    draws = model.sample(40_000, generator=torch.Generator().manual_seed(0))
+    assert draws.shape == (40_000, d) and draws.device == model.device
+    target = covariance(loadings.numpy(), psi.numpy())
+    empirical = np.cov(draws.numpy().T)
+    # 40,000 draws: each covariance entry has a standard error of at most ~sqrt(2/40000)·max var ≈ 0.007·max
+    assert relative(empirical, target) < 0.05
+    assert np.abs(draws.numpy().mean(axis=0) - mean.numpy()).max() < 0.05 * np.sqrt(np.diag(target)).max()
