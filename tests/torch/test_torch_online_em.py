@@ -169,3 +169,30 @@ def test_draws_have_the_fitted_covariance() -> None:
     # 40,000 draws: each covariance entry has a standard error of at most ~sqrt(2/40000)·max var ≈ 0.007·max
     assert relative(empirical, target) < 0.05
     assert np.abs(draws.numpy().mean(axis=0) - mean.numpy()).max() < 0.05 * np.sqrt(np.diag(target)).max()
+
+
+@pytest.mark.filterwarnings("ignore::onlinefa.errors.SlowCollectionWarning")  # a tiny net steps faster
+def test_the_collector_and_the_sampler_take_the_device_model_as_they_are() -> None:
+    from onlinefa.torch import SnapshotCollector, sample_parameters
+
+    def trained(posterior: Any) -> Any:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        with SnapshotCollector(posterior, net, every=1).attach(opt):
+            for _ in range(40):
+                x = torch.randn(16, 4, generator=g, dtype=torch.float64)
+                opt.zero_grad()
+                net(x).pow(2).mean().backward()
+                opt.step()
+        return posterior
+
+    d = 4 * 8 + 8 + 8 + 1
+    rust = trained(onlinefa.OnlineEM(d, 3, seed=0))
+    ours = trained(TorchOnlineEM(d, 3, seed=0))
+    assert ours.n_seen == rust.n_seen == 40
+    assert relative(gaussian(ours)[1], gaussian(rust)[1]) < 1e-10
+    draws_ours = torch.stack(list(sample_parameters(ours, 5, seed=3)))
+    draws_rust = torch.stack(list(sample_parameters(rust, 5, seed=3)))
+    assert torch.allclose(draws_ours, draws_rust, rtol=1e-9, atol=1e-12)

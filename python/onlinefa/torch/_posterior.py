@@ -24,10 +24,16 @@ class GaussianParameters(NamedTuple):
     noise_variance: FloatArray
 
 
+def _host(values: object) -> FloatArray:
+    """A float64 NumPy copy of an array or of a tensor on any device."""
+    detach = getattr(values, "detach", None)
+    if callable(detach):
+        values = detach().cpu().numpy()
+    return np.array(values, dtype=np.float64)
+
+
 def _checked(mean: object, loadings: object, noise_variance: object, source: str) -> GaussianParameters:
-    c = np.array(mean, dtype=np.float64)
-    f = np.array(loadings, dtype=np.float64)
-    psi = np.array(noise_variance, dtype=np.float64)
+    c, f, psi = _host(mean), _host(loadings), _host(noise_variance)
     if c.ndim != 1 or f.ndim != 2 or f.shape[0] != c.shape[0] or psi.shape != c.shape:
         raise ValueError(
             f"{source}: inconsistent shapes mean {c.shape}, loadings {f.shape}, noise_variance {psi.shape}"
@@ -44,7 +50,7 @@ def gaussian_parameters(model: object) -> GaussianParameters:
 
     Parameters
     ----------
-    model : OnlineEM, OnlineSGA, VIFA, VBFA, OnlineVBFA, OnlineFactorAnalysis, SWAG
+    model : OnlineEM, OnlineSGA, VIFA, VBFA, OnlineVBFA, OnlineFactorAnalysis, SWAG, onlinefa.torch.OnlineEM
         A model with ``snapshot()`` returning (mean, loadings, noise_variance) consistently, or the
         properties ``mean``, ``loadings`` (D×K), ``noise_variance``, or the fitted estimator attributes
         ``mean_``, ``components_`` (K×D), ``noise_variance_``.
