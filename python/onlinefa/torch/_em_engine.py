@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import NumericalBreakdownError
+from . import _em_triton
 
 #: Largest |x| accepted, and the lower bound of the relative floor, per state dtype (as the Rust core).
 MAX_INPUT = {torch.float64: 1e100, torch.float32: 1e18}
@@ -170,6 +171,13 @@ class EMEngine:
         t = self.n_seen + 1
         rho = self.settings.step_size(t)
         mean_rho = self.settings.mean_step(rho, t)
+        if self.init_loadings is None and _em_triton.available(self.device, self.settings.n_components):
+            # the same pass fused into one read and one write of the state (Triton)
+            s_sum, u_sum, dsq_sum, moments = _em_triton.fused_pass(self, x, rho, mean_rho)
+            self.pending = None
+            self._finish(t, rho, s_sum, u_sum, dsq_sum)
+            self.mean, self.dsq_bar, self.d_last = moments
+            return
         # 1. the pending step (the same model as before: its loadings and noise are unchanged by it)
         self.a_bar = self.applied_a_bar()
         self.pending = None
