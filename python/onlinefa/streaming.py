@@ -63,7 +63,8 @@ def resolve_warmup(n_warmup: object, n_components: int) -> int:
     return check_int(n_warmup, "n_warmup", 0)
 
 
-def _check_scaling(scaling: object) -> str:
+def check_scaling(scaling: object) -> str:
+    """The validated ``scaling`` argument: "data" or "unit" (ValueError otherwise)."""
     return check_choice(scaling, "scaling", ("data", "unit"))
 
 
@@ -101,7 +102,7 @@ def _settings(own: dict[str, Any], schedule: str, tau0: float, kappa: float, rho
     return {**own, **schedule_settings, "scaling": scaling, "noise_floor": float(noise_floor)}
 
 
-def _common_args(
+def common_args(
     n_features: object, n_components: object, n_warmup: object, init: ArrayLike | None,
     seed: object, noise_floor: object, dtype: object,
 ) -> _CommonArgs:
@@ -138,7 +139,7 @@ class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
         self._n_features = args["n_features"]
         self._n_components = args["n_components"]
         self._core = core_class(**args, **own, **schedule_args(schedule, tau0, kappa, rho),
-                                scaling=_check_scaling(scaling))
+                                scaling=check_scaling(scaling))
         self._settings = _settings(own_settings, schedule, tau0, kappa, rho, scaling, args["noise_floor"])
 
     def update(self, X: ArrayLike) -> "_StreamingModel":
@@ -408,7 +409,7 @@ class OnlineEM(_StreamingModel):
         rho: float = 0.01,
         scaling: Scaling = "data",
     ) -> None:
-        args = _common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
+        args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
         own = {"whiten": bool(whiten)}
         self._construct(_engine.OnlineEMCore, own, own, args, schedule, tau0, kappa, rho, scaling)
 
@@ -555,7 +556,7 @@ class OnlineSGA(_StreamingModel):
         rho: float = 0.01,
         scaling: Scaling = "data",
     ) -> None:
-        args = _common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
+        args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
         own = {"lr": check_positive_float(lr, "lr")}
         self._construct(_engine.OnlineSGACore, own, {"lr": float(lr)}, args, schedule, tau0, kappa, rho, scaling)
 

@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np, torch, onlinefa
-    from onlinefa.torch import OnlineEM, _em_triton
+    from onlinefa.torch import OnlineEM, _em_engine
 
     config = json.loads(sys.argv[1])
     dtype = config.pop("dtype")
@@ -29,13 +29,13 @@ SCRIPT = textwrap.dedent("""
     X = (rng.standard_normal((40, d)) @ rng.standard_normal((d, d)) / np.sqrt(d) + rng.standard_normal(d)) * 1e-2
     fused = OnlineEM(d, k, seed=3, dtype=dtype, **config)
     calls = []
-    original = _em_triton.fused_pass
+    original = _em_engine.fused_pass
     def counted(*args):
         calls.append(1)
         return original(*args)
-    _em_triton.fused_pass = counted
+    _em_engine.fused_pass = counted
     fused.update(torch.as_tensor(X))
-    _em_triton.available = lambda device, k: False
+    _em_engine.fused_available = lambda device, k: False
     plain = OnlineEM(d, k, seed=3, dtype=dtype, **config).update(torch.as_tensor(X))
     rust = onlinefa.OnlineEM(d, k, seed=3, dtype="float64", **config).update(X)
     def cov(m):

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from ..errors import NumericalBreakdownError
-from . import _em_triton
+from ._em_triton import available as fused_available
+from ._em_triton import fused_pass
 
 #: Largest |x| accepted, and the lower bound of the relative floor, per state dtype (as the Rust core).
 MAX_INPUT = {torch.float64: 1e100, torch.float32: 1e18}
@@ -171,9 +172,9 @@ class EMEngine:
         t = self.n_seen + 1
         rho = self.settings.step_size(t)
         mean_rho = self.settings.mean_step(rho, t)
-        if self.init_loadings is None and _em_triton.available(self.device, self.settings.n_components):
+        if self.init_loadings is None and fused_available(self.device, self.settings.n_components):
             # the same pass fused into one read and one write of the state (Triton)
-            s_sum, u_sum, dsq_sum, moments = _em_triton.fused_pass(self, x, rho, mean_rho)
+            s_sum, u_sum, dsq_sum, moments = fused_pass(self, x, rho, mean_rho)
             self.pending = None
             self._finish(t, rho, s_sum, u_sum, dsq_sum)
             self.mean, self.dsq_bar, self.d_last = moments

@@ -12,7 +12,7 @@ import torch
 from .. import _core
 from ..errors import NotFittedError
 from ..streaming import OnlineEM as NumpyOnlineEM
-from ..streaming import DEFAULT_NOISE_FLOOR, _common_args, _check_scaling, schedule_args
+from ..streaming import DEFAULT_NOISE_FLOOR, common_args, check_scaling, schedule_args
 from ._em_engine import MAX_INPUT, EMEngine, Settings
 
 #: Up to this many state values (D·K) a failed batch restores the model to its state before the batch (a
@@ -73,7 +73,7 @@ class OnlineEM:
         device: str | torch.device = "cpu",
     ) -> None:
         state_dtype = _state_dtype(dtype)
-        args = _common_args(n_features, n_components, n_warmup, init, seed, noise_floor, "float64")
+        args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, "float64")
         sched = schedule_args(schedule, tau0, kappa, rho)
         d, k = args["n_features"], args["n_components"]
         init_loadings = args["init"]
@@ -82,7 +82,7 @@ class OnlineEM:
             seed_value = int(np.random.default_rng().integers(2**63)) if seed_value is None else seed_value
             init_loadings = _core.orthonormal_init(d, k, seed_value)
         settings = Settings(d, k, args["n_warmup"], args["noise_floor"], bool(whiten), sched["schedule"],
-                            sched["tau0"], sched["kappa"], sched["rho"], _check_scaling(scaling))
+                            sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling))
         self._engine = EMEngine(settings, torch.as_tensor(init_loadings), state_dtype, torch.device(device))
 
     # -- updates ------------------------------------------------------------------------------------------
