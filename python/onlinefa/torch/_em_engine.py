@@ -150,7 +150,8 @@ class EMEngine:
         p = self.pending
         if p is not None:
             m = p.m.to(a.device)
-            a = a + p.rho * (torch.outer(self.d_last.to(torch.float64), m) - a)
+            # (1 − ρ) a + ρ d mᵀ, one pass
+            a = torch.addr(a, self.d_last.to(torch.float64), m, beta=1.0 - p.rho, alpha=p.rho)
             if p.transform is not None:
                 a = a @ p.transform.to(a.device)
         return a.to(self.dtype)
@@ -163,7 +164,7 @@ class EMEngine:
             return f, torch.full((f.shape[0],), sigma * sigma, dtype=torch.float64, device=f.device)
         a = a_bar.to(torch.float64)
         f = a if self.h_inv is None else a @ self.h_inv.to(a.device)
-        psi = torch.clamp(self.dsq_bar.to(torch.float64) - (f * a).sum(dim=1), min=self.floor())
+        psi = torch.clamp(self.dsq_bar.to(torch.float64) - torch.linalg.vecdot(f, a), min=self.floor())
         return f, psi
 
     # -- one sample --------------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ class EMEngine:
         dsq0 = self.dsq_bar.to(torch.float64)
         new_dsq = (dsq0 + rho * (d_exact * d_exact - dsq0)).to(self.dtype)
         # 4. the E-step sums (K×K and K, the only cross-row quantities)
-        y = f / psi[:, None]
+        y = f * psi.reciprocal()[:, None]
         s_sum = _cpu64(y.T @ f)
         u_sum = _cpu64(y.T @ d)
         dsq_sum = float(new_dsq.to(torch.float64).sum())
