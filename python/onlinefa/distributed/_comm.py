@@ -42,7 +42,8 @@ class Communicator:
     group : torch.distributed.ProcessGroup, optional
         Without ``allreduce``: the torch process group (default: the world group, which must be initialised
         with :func:`torch.distributed.init_process_group`). The sum is an ``all_gather`` followed by a sum
-        in rank order, so every rank gets the same bits. Collectives time out after the group's
+        in rank order, so every rank gets the same bits (on an NCCL group the numbers go through the rank's
+        current CUDA device). Collectives time out after the group's
         ``timeout``; pass a short one to ``init_process_group`` if a dead peer must be noticed quickly.
     rank, world_size : int, optional
         This process's index and the number of processes (required with ``allreduce``).
@@ -108,12 +109,16 @@ def _torch_ordered_sum(values: FloatArray, group: Any, world_size: int) -> Float
     import torch
     import torch.distributed as dist
 
+    # NCCL gathers device tensors only: the few numbers travel through this rank's current GPU there
+    on_gpu = dist.get_backend(group) == "nccl"
     local = torch.from_numpy(values)
+    if on_gpu:
+        local = local.to(torch.device("cuda", torch.cuda.current_device()))
     parts = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(parts, local, group=group)
-    total = parts[0].numpy().copy()
+    total = parts[0].cpu().numpy().copy()
     for part in parts[1:]:
-        total += part.numpy()
+        total += part.cpu().numpy()
     return total
 
 

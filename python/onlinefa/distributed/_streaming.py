@@ -19,10 +19,11 @@ from ._shared import ShardedGaussianMixin, local_matrix
 FloatArray = NDArray[np.float64]
 
 
-def _construct(comm: Communicator, local_class: type[OnlineEM] | type[OnlineSGA], n_features: int, n_components: int,
-               init: ArrayLike | None, seed: int | None, options: dict[str, Any],
-               ) -> tuple[ShardLayout, OnlineEM | OnlineSGA]:
-    """Agree on the layout and options, draw this rank's initial rows, build the local model."""
+def construct_local(comm: Communicator, local_class: Any, n_features: int, n_components: int,
+                    init: ArrayLike | None, seed: int | None, options: dict[str, Any],
+                    ) -> tuple[ShardLayout, Any]:
+    """Agree on the layout and options, draw this rank's initial rows, build the local model
+    (``local_class(n_local, K, init=rows, **options)``)."""
     failure: BaseException | None = None
     n_local, k, init_rows = 0, 0, None
     try:
@@ -62,7 +63,7 @@ class _ShardedStreaming(ShardedGaussianMixin):
                  seed: int | None = None, **options: Any) -> None:
         self._comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
         self._n_components = int(n_components)
-        self._layout, self._local = _construct(
+        self._layout, self._local = construct_local(
             self._comm, self._local_class, n_features, n_components, init, seed, options
         )
 

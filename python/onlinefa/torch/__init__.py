@@ -14,7 +14,8 @@ Needs PyTorch (the optional extra ``torch``: ``pip install ".[torch]"`` in the s
   ELBO alongside VIFA (empirical Bayes).
 - :func:`to_torch`: any model's Gaussian as ``torch.distributions.LowRankMultivariateNormal``.
 - :class:`OnlineEM`: the default online EM posterior with its state in torch tensors on any device (the Rust
-  core's update and checkpoints; for state on an accelerator).
+  core's update and checkpoints; for state on an accelerator); :class:`ShardedOnlineEM` splits its rows
+  across processes.
 - :class:`SWAG`: the SWAG baseline of Maddox et al. (NumPy-based, in :mod:`onlinefa.torch.swag`).
 
 See the "PyTorch workflow" section of docs/usage.md for an end-to-end example.
@@ -30,6 +31,7 @@ from ._collect import SnapshotCollector
 from ._distributions import to_torch
 from ._noise import GaussianNoise, vifa_regression_step
 from ._online_em import OnlineEM
+from ._sharded import ShardedOnlineEM
 from ._params import ParameterVector
 from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
 from ._sampling import sample_parameters
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from .swag import SWAG
 
 __all__ = [
-    "GaussianNoise", "GaussianParameters", "MultiSWAG", "OnlineEM", "ParameterVector", "SWAG", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
+    "GaussianNoise", "GaussianParameters", "MultiSWAG", "OnlineEM", "ParameterVector", "SWAG", "ShardedOnlineEM", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
     "gaussian_parameters", "refresh_batch_norm", "sample_parameters", "to_torch", "vifa_regression_step",
     "vifa_step",
 ]  # fmt: skip

@@ -127,6 +127,8 @@ class EMEngine:
         self.h_inv: torch.Tensor | None = None  # H̄⁻¹ (source "stats"); both None: whitened basis
         self.pending: Pending | None = None
         self.scale_sq = 0.0
+        #: The sample's (θ̄, d̄², d) between local_sums and apply_sums.
+        self._moments: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     # -- the model -------------------------------------------------------------------------------------
     @property
@@ -170,16 +172,21 @@ class EMEngine:
     # -- one sample --------------------------------------------------------------------------------------
     def step(self, x: torch.Tensor) -> None:
         """Apply one sample (D values on the state's device, already validated)."""
+        s_sum, u_sum, dsq_sum = self.local_sums(x)
+        self.apply_sums(s_sum, u_sum, dsq_sum, self.settings.n_features)
+
+    def local_sums(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """First half of a step: apply the pending step to Ā (the same model) and return this engine's rows'
+        share of the cross-row sums for sample ``x``, (S, u, Σ d̄²) with S, u float64 on the CPU; the sample's
+        moments wait for :meth:`apply_sums`. Rows split across processes add their sums (the sharded model)."""
         t = self.n_seen + 1
         rho = self.settings.step_size(t)
         mean_rho = self.settings.mean_step(rho, t)
         if self.init_loadings is None and fused_available(self.device, self.settings.n_components):
             # the same pass fused into one read and one write of the state (Triton)
-            s_sum, u_sum, dsq_sum, moments = fused_pass(self, x, rho, mean_rho)
+            s_sum, u_sum, dsq_sum, self._moments = fused_pass(self, x, rho, mean_rho)
             self.pending = None
-            self._finish(t, rho, s_sum, u_sum, dsq_sum)
-            self.mean, self.dsq_bar, self.d_last = moments
-            return
+            return s_sum, u_sum, dsq_sum
         # 1. the pending step (the same model as before: its loadings and noise are unchanged by it)
         self.a_bar = self.applied_a_bar()
         self.pending = None
@@ -194,13 +201,20 @@ class EMEngine:
         new_dsq = (dsq0 + rho * (d_exact * d_exact - dsq0)).to(self.dtype)
         # 4. the E-step sums (K×K and K, the only cross-row quantities)
         y = f * psi.reciprocal()[:, None]
-        s_sum = _cpu64(y.T @ f)
-        u_sum = _cpu64(y.T @ d)
-        dsq_sum = float(new_dsq.to(torch.float64).sum())
-        self._finish(t, rho, s_sum, u_sum, dsq_sum)
-        self.mean, self.dsq_bar, self.d_last = new_mean, new_dsq, d.to(self.dtype)
+        self._moments = (new_mean, new_dsq, d.to(self.dtype))
+        return _cpu64(y.T @ f), _cpu64(y.T @ d), float(new_dsq.to(torch.float64).sum())
 
-    def _finish(self, t: int, rho: float, s_sum: torch.Tensor, u_sum: torch.Tensor, dsq_sum: float) -> None:
+    def apply_sums(self, s_sum: torch.Tensor, u_sum: torch.Tensor, dsq_sum: float, n_total: int) -> None:
+        """Second half of a step: the K×K step from the sums over all ``n_total`` rows, then the sample's moments
+        are adopted. Nothing changes if the K×K step fails."""
+        t = self.n_seen + 1
+        moments, self._moments = self._moments, None
+        if moments is None:
+            raise RuntimeError("apply_sums needs the local_sums of the same sample first")
+        self._finish(t, self.settings.step_size(t), s_sum, u_sum, dsq_sum / n_total)
+        self.mean, self.dsq_bar, self.d_last = moments
+
+    def _finish(self, t: int, rho: float, s_sum: torch.Tensor, u_sum: torch.Tensor, scale_sq: float) -> None:
         """The K×K part (lines 8–11, 13); nothing is stored unless it succeeds."""
         k = self.settings.n_components
         lower = _spd_factor(_eye64(k) + s_sum, "I + Fᵀ Ψ⁻¹ F")
@@ -219,7 +233,7 @@ class EMEngine:
             self.b_bar, self.sigma, transform = b_bar, sigma, None
         self.pending = Pending(rho, m, transform)
         self.n_seen = t
-        self.scale_sq = dsq_sum / self.settings.n_features
+        self.scale_sq = scale_sq
 
     def m_step(self, sigma: torch.Tensor, b_bar: torch.Tensor) -> torch.Tensor | None:
         """H̄ = Σ + B̄; F = Ā H̄⁻¹ (lazily, through ``h_inv``) or the whitening rotation; returns W for Ā."""

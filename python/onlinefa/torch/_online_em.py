@@ -95,6 +95,22 @@ class OnlineEM:
         values as it was before the batch, and a larger one as it was before the failing row.
         """
         engine = self._engine
+        batch = self._checked_batch(X)
+        size = engine.settings.n_features * engine.settings.n_components
+        backup = copy.deepcopy(engine) if size <= SNAPSHOT_MAX_ELEMENTS else None
+        try:
+            for row in batch:
+                engine.step(row)
+        except Exception:
+            if backup is not None:
+                self._engine = backup
+            raise
+        return self
+
+    def _checked_batch(self, X: Any) -> torch.Tensor:
+        """``X`` as an (n, D) floating tensor on the model's device; ValueError for a wrong shape, NaN, infinity
+        or a value beyond the state dtype's range (naming the first bad row)."""
+        engine = self._engine
         batch = torch.as_tensor(X).to(device=engine.device)
         if batch.ndim == 1:
             batch = batch[None, :]
@@ -112,15 +128,7 @@ class OnlineEM:
                 f"a value with |x| > {MAX_INPUT[engine.dtype]:e} (the largest accepted with "
                 f"{str(engine.dtype).removeprefix('torch.')} state)")
             raise ValueError(f"row {row} of X holds {kind}; nothing was applied")
-        backup = copy.deepcopy(engine) if d * engine.settings.n_components <= SNAPSHOT_MAX_ELEMENTS else None
-        try:
-            for row in batch:
-                engine.step(row)
-        except Exception:
-            if backup is not None:
-                self._engine = backup
-            raise
-        return self
+        return batch
 
     # -- the fitted Gaussian ------------------------------------------------------------------------------
     @property

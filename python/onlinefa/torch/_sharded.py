@@ -1,0 +1,103 @@
+"""``onlinefa.torch.ShardedOnlineEM``: the device OnlineEM with its D rows split across processes."""
+
+from __future__ import annotations
+
+import copy
+from functools import partialmethod
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike
+
+from ..distributed._comm import AllReduce, Communicator, exchange
+from ..distributed._layout import ShardLayout
+from ..distributed._streaming import construct_local
+from ..errors import NumericalBreakdownError
+from ._online_em import SNAPSHOT_MAX_ELEMENTS, OnlineEM
+
+
+class ShardedOnlineEM:
+    """:class:`onlinefa.torch.OnlineEM` with its D rows split across processes, each shard on its own device
+    (e.g. ``device=f"cuda:{rank}"``): exact, one collective of K² + K + 1 numbers per sample.
+
+    The parameters are those of :class:`onlinefa.distributed.ShardedOnlineEM` (``n_features`` is this rank's
+    number of rows; ``group`` or ``allreduce`` with ``rank``/``world_size``; ``seed`` draws the single-process
+    model's initial loadings across ranks; every other option of :class:`onlinefa.torch.OnlineEM` must be the
+    same on every rank), plus ``device``, which may differ between ranks. Every rank raises when any rank's
+    input or step fails, and keeps the same state.
+    """
+
+    def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
+                 rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
+                 seed: int | None = None, device: str | torch.device = "cpu", **options: Any) -> None:
+        self._comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
+        self._k = int(n_components)
+        # the device is this rank's own: it is left out of the options every rank must agree on
+        on_device = type("OnlineEM", (OnlineEM,), {"__init__": partialmethod(OnlineEM.__init__, device=device)})
+        self._layout, local = construct_local(self._comm, on_device, n_features, n_components, init, seed, options)
+        self._local: OnlineEM = local
+
+    @property
+    def layout(self) -> ShardLayout:
+        """Row ranges of every rank."""
+        return self._layout
+
+    @property
+    def local_model(self) -> OnlineEM:
+        """This rank's rows as an :class:`onlinefa.torch.OnlineEM` (its K×K state is the whole model's)."""
+        local: OnlineEM = self._local
+        return local
+
+    @property
+    def n_seen(self) -> int:
+        """Samples applied so far (the same on every rank)."""
+        return self._local.n_seen
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's rows of the fitted Gaussian (c, F, ψ) on its device (see :meth:`OnlineEM.snapshot`)."""
+        return self._local.snapshot()
+
+    def update(self, X: Any) -> "ShardedOnlineEM":
+        """Apply one sample or a batch, given this rank's features of each (a tensor on any device; collective).
+
+        Every rank passes the same number of samples. Invalid input on any rank raises on every rank before
+        any sample is applied; a numerical breakdown raises on every rank, and a model of at most
+        ``SNAPSHOT_MAX_ELEMENTS`` values per shard is then as it was before the call.
+        """
+        local, k = self._local, self._k
+        failure: BaseException | None = None
+        batch: torch.Tensor | None = None
+        try:
+            batch = local._checked_batch(X)
+        except Exception as err:
+            failure = err
+        n_rows = 0 if batch is None else batch.shape[0]
+        keep = max(self._layout.sizes) * k <= SNAPSHOT_MAX_ELEMENTS  # the same choice on every rank
+        backup = copy.deepcopy(local._engine) if keep else None
+        try:
+            for i in range(max(n_rows, 1)):
+                sums = None
+                if failure is None and batch is not None and i < n_rows:
+                    try:
+                        s, u, dsq = local._engine.local_sums(batch[i])
+                        sums = np.concatenate([s.numpy().ravel(), u.numpy(), [dsq]])
+                        if not np.all(np.isfinite(sums)):
+                            raise NumericalBreakdownError(f"the E-step sums of sample {i} over this rank's rows "
+                                                          "are not finite")
+                    except Exception as err:
+                        failure = err
+                total, rows = exchange(self._comm, failure, sums, k * k + k + 1, rows=n_rows, what="update")
+                if np.any(rows != rows[0]):
+                    raise ValueError(f"rank {self._comm.rank}: every rank must pass the same number of samples; "
+                                     f"got {rows.tolist()} by rank")
+                if n_rows == 0:
+                    return self
+                local._engine.apply_sums(torch.as_tensor(total[: k * k].reshape(k, k)),
+                                         torch.as_tensor(total[k * k: k * k + k]), float(total[-1]),
+                                         self._layout.n_features_total)
+        except BaseException:
+            if backup is not None:
+                local._engine = backup
+            raise
+        return self
