@@ -1,15 +1,17 @@
 //! The block path: per-block helpers over row-major f64 buffers (rows of Ā or F, K wide) for the passes that no
 //! fused kernel runs (online EM during warm-up, where F = F₀ σ; VIFA's passes) and for the explicit-F reference
 //! the kernels are tested against. Products go through matrixmultiply's GEMM (its SIMD kernel is picked for
-//! this CPU at run time), except [`block_times`] for K ≤ 16: a fully unrolled const-K loop, chosen once per
-//! call from K.
+//! this CPU at run time), except [`block_times`]: a fully unrolled const-K loop for K ≤ 16, and for K > 16 the
+//! wide kernels' tiled product on the engine's code path (so that the block path rounds as the wide pass).
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2, Axis};
+use ndarray::{Array1, Array2, ArrayView2, Axis};
 
+use super::isa::Isa;
 use super::k_dispatch::for_k;
 use super::model::StepSums;
 use super::partition::Block;
+use super::tiled::{rows_times, Tiled, TILE_ROWS};
 use crate::scalar::Real;
 
 /// Copy stored rows (row-major, K wide) into `dst` as f64 (`dst.len() >= src.len()`).
@@ -77,9 +79,26 @@ pub(crate) fn block_times(a: &[f64], m: ArrayView2<f64>, out: &mut [f64], nb: us
         product(a, m_flat, out, nb);
         return;
     }
-    let a_blk = rows_view(a, nb, k);
-    let mut out_blk = ArrayViewMut2::from_shape((nb, k), &mut out[..nb * k]).expect("buffer holds nb rows of K");
-    general_mat_mul(1.0, &a_blk, &m, 0.0, &mut out_blk);
+    tiled_block_times(a, m, out, nb);
+}
+
+/// [`block_times`] for K > 16 through the wide kernels' tiled product on this CPU's code path, so that the block
+/// path and the queries round a row's product exactly as the wide pass does (on every code path, the portable
+/// one included). Copies the rows into and out of the product's padded layout (nbp×kp, nbp a multiple of
+/// `TILE_ROWS`).
+fn tiled_block_times(a: &[f64], m: ArrayView2<f64>, out: &mut [f64], nb: usize) {
+    let k = m.nrows();
+    let tiled = Tiled::new(k, &m.iter().copied().collect::<Vec<f64>>());
+    let (kp, nbp) = (tiled.kp, nb.div_ceil(TILE_ROWS) * TILE_ROWS);
+    let mut padded = vec![0.0; nbp * kp];
+    for (dst, src) in padded.chunks_exact_mut(kp).zip(a[..nb * k].chunks_exact(k)) {
+        dst[..k].copy_from_slice(src);
+    }
+    let mut product = vec![0.0; nbp * kp];
+    rows_times(Isa::detect(), &padded, &tiled, &mut product, nbp);
+    for (dst, src) in out[..nb * k].chunks_exact_mut(k).zip(product.chunks_exact(kp)) {
+        dst.copy_from_slice(&src[..k]);
+    }
 }
 
 /// Add this block's contribution to S = Σ f fᵀ/ψ and u = Σ f d/ψ (the E-step sums of (4.23)) from blk.f (nb×K),
