@@ -1,6 +1,6 @@
-"""onlinefa.torch.ShardedOnlineEM over gloo (2 and 3 spawned ranks, each shard a torch engine): the
-concatenated model equals the single-process Rust OnlineEM, and bad input on one rank raises on every rank and
-changes nothing."""
+"""onlinefa.torch.ShardedOnlineEM and ShardedOnlineSGA over gloo (2 and 3 spawned ranks, each shard a torch
+engine): the concatenated model equals the single-process Rust model, and bad input on one rank raises on every
+rank and changes nothing."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ from spawn_helpers import run_bounded  # noqa: E402
 
 D, K, N = 37, 3, 300
 LAYOUTS = {2: [0, 20, D], 3: [0, 5, 30, D]}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "em": {}, "plain": {"whiten": False, "schedule": "power"},
+    "sga": {"sga": True, "lr": 1e-2}, "sga_unit": {"sga": True, "scaling": "unit", "n_warmup": 20},
+}
 
 
 def stream() -> np.ndarray:
@@ -30,31 +34,35 @@ def stream() -> np.ndarray:
 
 
 def worker(rank: int, world: int, tmp: str) -> None:
-    from onlinefa.torch import ShardedOnlineEM
+    from onlinefa.torch import ShardedOnlineEM, ShardedOnlineSGA
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=20))
     lo, hi = LAYOUTS[world][rank], LAYOUTS[world][rank + 1]
     x = torch.from_numpy(stream()[:, lo:hi].copy())
     out: dict[str, Any] = {}
-    for name, options in [("em", {}), ("plain", {"whiten": False, "schedule": "power"})]:
-        model = ShardedOnlineEM(hi - lo, K, seed=5, **options)
+    for name, options in CONFIGS.items():
+        options = dict(options)
+        sharded = ShardedOnlineSGA if options.pop("sga", False) else ShardedOnlineEM
+        model = sharded(hi - lo, K, seed=5, **options)
         for i in range(0, N, 25):
             model.update(x[i: i + 25])
         mean, f, psi = model.snapshot()
         out[f"{name}_mean"], out[f"{name}_f"], out[f"{name}_psi"] = mean.numpy(), f.numpy(), psi.numpy()
-    em = ShardedOnlineEM(hi - lo, K, seed=5).update(x[:20])
-    before = em.local_model.get_state()
-    batch = x[20:25].clone()
-    if rank == world - 1:
-        batch[2, 0] = float("nan")
-    try:
-        em.update(batch)
-        out["bad_raised"] = ""
-    except ValueError as err:
-        out["bad_raised"] = str(err)
-    after = em.local_model.get_state()
-    out["bad_unchanged"] = all(np.array_equal(np.asarray(before[k]), np.asarray(after[k])) for k in before)
+    for name, sharded in (("em", ShardedOnlineEM), ("sga", ShardedOnlineSGA)):
+        model = sharded(hi - lo, K, seed=5).update(x[:20])
+        before = model.local_model.get_state()
+        batch = x[20:25].clone()
+        if rank == world - 1:
+            batch[2, 0] = float("nan")
+        try:
+            model.update(batch)
+            out[f"{name}_bad_raised"] = ""
+        except ValueError as err:
+            out[f"{name}_bad_raised"] = str(err)
+        after = model.local_model.get_state()
+        out[f"{name}_bad_unchanged"] = all(np.array_equal(np.asarray(before[k]), np.asarray(after[k]))
+                                           for k in before)
     np.savez(f"{tmp}/rank{rank}.npz", **out)
     dist.barrier()
     os._exit(0)
@@ -66,12 +74,17 @@ def test_device_shards_equal_the_single_process_model(world: int, tmp_path: Path
     run_bounded(worker, world, tmp_path)
     parts = [np.load(tmp_path / f"rank{r}.npz") for r in range(world)]
     x = stream()
-    singles = {"em": onlinefa.OnlineEM(D, K, seed=5).update(x),
-               "plain": onlinefa.OnlineEM(D, K, seed=5, whiten=False, schedule="power").update(x)}
+    singles: dict[str, Any] = {}
+    for name, options in CONFIGS.items():
+        options = dict(options)
+        single = onlinefa.OnlineSGA if options.pop("sga", False) else onlinefa.OnlineEM
+        singles[name] = single(D, K, seed=5, **options).update(x)
     for name, single in singles.items():
         for key, want in (("mean", single.mean), ("f", single.loadings), ("psi", single.noise_variance)):
             got = np.concatenate([p[f"{name}_{key}"] for p in parts])
             assert float(np.max(np.abs(got - want)) / np.max(np.abs(want))) < 1e-10, (name, key)
     for rank, part in enumerate(parts):
-        assert "row 2" in str(part["bad_raised"]) or "rank" in str(part["bad_raised"]), rank
-        assert bool(part["bad_unchanged"]), rank
+        for name in ("em", "sga"):
+            raised = str(part[f"{name}_bad_raised"])
+            assert "row 2" in raised or "rank" in raised, (rank, name)
+            assert bool(part[f"{name}_bad_unchanged"]), (rank, name)

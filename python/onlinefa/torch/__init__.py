@@ -13,9 +13,9 @@ Needs PyTorch (the optional extra ``torch``: ``pip install ".[torch]"`` in the s
 - :class:`GaussianNoise`, :func:`vifa_regression_step`: a regression noise variance σ² learned from the
   ELBO alongside VIFA (empirical Bayes).
 - :func:`to_torch`: any model's Gaussian as ``torch.distributions.LowRankMultivariateNormal``.
-- :class:`OnlineEM`: the default online EM posterior with its state in torch tensors on any device (the Rust
-  core's update and checkpoints; for state on an accelerator); :class:`ShardedOnlineEM` splits its rows
-  across processes.
+- :class:`OnlineEM`, :class:`OnlineSGA`: the streaming posteriors with their state in torch tensors on any
+  device (the Rust core's updates and checkpoints; for state on an accelerator); :class:`ShardedOnlineEM` and
+  :class:`ShardedOnlineSGA` split their rows across processes.
 - :class:`SWAG`: the SWAG baseline of Maddox et al. (NumPy-based, in :mod:`onlinefa.torch.swag`).
 
 See the "PyTorch workflow" section of docs/usage.md for an end-to-end example.
@@ -31,7 +31,8 @@ from ._collect import SnapshotCollector
 from ._distributions import to_torch
 from ._noise import GaussianNoise, vifa_regression_step
 from ._online_em import OnlineEM
-from ._sharded import ShardedOnlineEM
+from ._online_sga import OnlineSGA
+from ._sharded import ShardedOnlineEM, ShardedOnlineSGA
 from ._params import ParameterVector
 from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
 from ._sampling import sample_parameters
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
     from .swag import SWAG
 
 __all__ = [
-    "GaussianNoise", "GaussianParameters", "MultiSWAG", "OnlineEM", "ParameterVector", "SWAG", "ShardedOnlineEM", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
+    "GaussianNoise", "GaussianParameters", "MultiSWAG", "OnlineEM", "OnlineSGA", "ParameterVector", "SWAG",
+    "ShardedOnlineEM", "ShardedOnlineSGA", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
     "gaussian_parameters", "refresh_batch_norm", "sample_parameters", "to_torch", "vifa_regression_step",
     "vifa_step",
 ]  # fmt: skip

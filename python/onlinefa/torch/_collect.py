@@ -16,7 +16,7 @@ from .._core import limit_update_threads
 from .._validation import check_int
 from ..errors import SlowCollectionWarning
 from ._feeder import BackgroundFeeder
-from ._online_em import OnlineEM as DeviceOnlineEM
+from ._torch_model import TorchStreamingModel
 from ._params import ParameterVector
 
 if TYPE_CHECKING:
@@ -197,7 +197,7 @@ class SnapshotCollector:
                 feeder.release(buffer)
                 raise
             feeder.submit(buffer)
-        elif isinstance(self._posterior, DeviceOnlineEM):
+        elif isinstance(self._posterior, TorchStreamingModel):
             self._posterior.update(self._vector.gather())  # θ stays on its device: no host copy
         else:
             self._apply(self._vector.numpy())

@@ -32,22 +32,7 @@ import torch
 from ..errors import NumericalBreakdownError
 from ._em_triton import available as fused_available
 from ._em_triton import fused_pass
-
-#: Largest |x| accepted, and the lower bound of the relative floor, per state dtype (as the Rust core).
-MAX_INPUT = {torch.float64: 1e100, torch.float32: 1e18}
-MAX_STATE = {torch.float64: 1e150, torch.float32: 1e18}
-MIN_FLOOR = {torch.float64: 1e-200, torch.float32: 1e-30}
-MAX_FINITE = {torch.float64: float(np.finfo(np.float64).max), torch.float32: float(np.finfo(np.float32).max)}
-
-
-def _cpu64(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as float64 on the CPU, where the K×K algebra runs."""
-    return tensor.to(dtype=torch.float64, device="cpu")
-
-
-def _eye64(k: int) -> torch.Tensor:
-    return torch.eye(k, dtype=torch.float64)
-
+from ._kk_algebra import MAX_FINITE, MAX_INPUT, cpu64, eye64, relative_floor, spd_factor, spd_inverse, step_size
 
 @dataclass
 class Settings:
@@ -66,12 +51,7 @@ class Settings:
 
     def step_size(self, t: int) -> float:
         """ρ_t of the schedule (never below 1/t)."""
-        harmonic = 1.0 / t
-        if self.schedule == "power":
-            return max(float((t + self.tau0) ** -self.kappa), harmonic)
-        if self.schedule == "constant":
-            return max(self.rho, harmonic)
-        return harmonic
+        return step_size(self.schedule, self.tau0, self.kappa, self.rho, t)
 
     def mean_step(self, rho: float, t: int) -> float:
         """Step of the running mean: 1/t under ``scaling="data"`` (θ_SWA), ρ_t under ``"unit"``."""
@@ -87,29 +67,6 @@ class Pending:
     transform: torch.Tensor | None  # W (K×K), float64 on the CPU
 
 
-def _spd_factor(matrix: torch.Tensor, what: str) -> torch.Tensor:
-    """Lower Cholesky factor of a K×K SPD matrix; the smallest jitter 1e-14·10ʲ·max|diag| that makes it
-    factorise is added when rounding alone breaks it (as the Rust core does)."""
-    lower, info = torch.linalg.cholesky_ex(matrix)
-    if int(info) == 0:
-        return cast(torch.Tensor, lower)
-    scale = max(float(matrix.diagonal().abs().max()), np.finfo(np.float64).tiny)
-    delta = 1e-14 * scale
-    eye = _eye64(matrix.shape[0])
-    for _ in range(13):
-        lower, info = torch.linalg.cholesky_ex(matrix + delta * eye)
-        if int(info) == 0:
-            return cast(torch.Tensor, lower)
-        delta *= 10.0
-    raise NumericalBreakdownError(f"{what} is not positive definite: the model diverged; restore a checkpoint")
-
-
-def _inverse(lower: torch.Tensor) -> torch.Tensor:
-    """M⁻¹ from M's Cholesky factor, symmetrised."""
-    inv = torch.cholesky_inverse(lower)
-    return (inv + inv.T) * 0.5
-
-
 class EMEngine:
     """The state of one online EM model and its update, in torch tensors on ``device``."""
 
@@ -122,7 +79,7 @@ class EMEngine:
         self.dsq_bar = torch.zeros(d, dtype=dtype, device=device)
         self.d_last = torch.zeros(d, dtype=dtype, device=device)
         self.b_bar = torch.zeros(k, k, dtype=torch.float64)
-        self.sigma = _eye64(k)
+        self.sigma = eye64(k)
         self.init_loadings: torch.Tensor | None = init.to(dtype=dtype, device=device)  # F₀ while warm-up lasts
         self.h_inv: torch.Tensor | None = None  # H̄⁻¹ (source "stats"); both None: whitened basis
         self.pending: Pending | None = None
@@ -138,9 +95,7 @@ class EMEngine:
     def floor(self) -> float:
         """The noise floor: absolute under ``"unit"``, relative to σ̂² under ``"data"``."""
         s = self.settings
-        if s.scaling == "unit":
-            return s.noise_floor
-        return min(max(s.noise_floor * self.scale_sq, MIN_FLOOR[self.dtype]), MAX_STATE[self.dtype])
+        return relative_floor(s.scaling, s.noise_floor, self.scale_sq, self.dtype)
 
     def warmup_scale(self) -> float:
         """σ of the warm-up start F₀ σ, ψ₀ = σ² (σ̂ under ``"data"`` once it is positive, else 1)."""
@@ -202,7 +157,7 @@ class EMEngine:
         # 4. the E-step sums (K×K and K, the only cross-row quantities)
         y = f * psi.reciprocal()[:, None]
         self._moments = (new_mean, new_dsq, d.to(self.dtype))
-        return _cpu64(y.T @ f), _cpu64(y.T @ d), float(new_dsq.to(torch.float64).sum())
+        return cpu64(y.T @ f), cpu64(y.T @ d), float(new_dsq.to(torch.float64).sum())
 
     def apply_sums(self, s_sum: torch.Tensor, u_sum: torch.Tensor, dsq_sum: float, n_total: int) -> None:
         """Second half of a step: the K×K step from the sums over all ``n_total`` rows, then the sample's moments
@@ -217,8 +172,8 @@ class EMEngine:
     def _finish(self, t: int, rho: float, s_sum: torch.Tensor, u_sum: torch.Tensor, scale_sq: float) -> None:
         """The K×K part (lines 8–11, 13); nothing is stored unless it succeeds."""
         k = self.settings.n_components
-        lower = _spd_factor(_eye64(k) + s_sum, "I + Fᵀ Ψ⁻¹ F")
-        sigma = _inverse(lower)
+        lower = spd_factor(eye64(k) + s_sum, "I + Fᵀ Ψ⁻¹ F")
+        sigma = spd_inverse(lower)
         m = torch.cholesky_solve(u_sum[:, None], lower)[:, 0]
         if self.init_loadings is not None and self.settings.scaling == "data" and self.scale_sq <= 0:
             m = torch.zeros_like(m)  # no scale yet: the latent mean is not defined in the data's units
@@ -237,12 +192,12 @@ class EMEngine:
 
     def m_step(self, sigma: torch.Tensor, b_bar: torch.Tensor) -> torch.Tensor | None:
         """H̄ = Σ + B̄; F = Ā H̄⁻¹ (lazily, through ``h_inv``) or the whitening rotation; returns W for Ā."""
-        lower = _spd_factor(sigma + b_bar, "H̄ = Σ + B̄")
+        lower = spd_factor(sigma + b_bar, "H̄ = Σ + B̄")
         self.init_loadings = None
         if not self.settings.whiten:
-            self.h_inv, self.sigma, self.b_bar = _inverse(lower), sigma, b_bar
+            self.h_inv, self.sigma, self.b_bar = spd_inverse(lower), sigma, b_bar
             return None
-        r_inv = cast(torch.Tensor, torch.linalg.solve_triangular(lower, _eye64(lower.shape[0]), upper=False))
+        r_inv = cast(torch.Tensor, torch.linalg.solve_triangular(lower, eye64(lower.shape[0]), upper=False))
 
         def moment(matrix: torch.Tensor) -> torch.Tensor:
             rotated = r_inv @ matrix @ r_inv.T

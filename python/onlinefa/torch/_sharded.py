@@ -1,10 +1,11 @@
-"""``onlinefa.torch.ShardedOnlineEM``: the device OnlineEM with its D rows split across processes."""
+"""``onlinefa.torch.ShardedOnlineEM`` and ``ShardedOnlineSGA``: the device models with their D rows split across
+processes."""
 
 from __future__ import annotations
 
 import copy
 from functools import partialmethod
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -14,19 +15,18 @@ from ..distributed._comm import AllReduce, Communicator, exchange
 from ..distributed._layout import ShardLayout
 from ..distributed._streaming import construct_local
 from ..errors import NumericalBreakdownError
-from ._online_em import SNAPSHOT_MAX_ELEMENTS, OnlineEM
+from ._online_em import OnlineEM
+from ._online_sga import OnlineSGA
+from ._torch_model import SNAPSHOT_MAX_ELEMENTS, TorchStreamingModel
+
+Sharded = TypeVar("Sharded", bound="ShardedTorchModel")
 
 
-class ShardedOnlineEM:
-    """:class:`onlinefa.torch.OnlineEM` with its D rows split across processes, each shard on its own device
-    (e.g. ``device=f"cuda:{rank}"``): exact, one collective of K² + K + 1 numbers per sample.
+class ShardedTorchModel:
+    """A torch streaming model with its D rows split across processes: one collective of K² + K + 1 numbers per
+    sample (the E-step sums over every rank's rows). Subclasses set ``_local_class``."""
 
-    The parameters are those of :class:`onlinefa.distributed.ShardedOnlineEM` (``n_features`` is this rank's
-    number of rows; ``group`` or ``allreduce`` with ``rank``/``world_size``; ``seed`` draws the single-process
-    model's initial loadings across ranks; every other option of :class:`onlinefa.torch.OnlineEM` must be the
-    same on every rank), plus ``device``, which may differ between ranks. Every rank raises when any rank's
-    input or step fails, and keeps the same state.
-    """
+    _local_class: type[TorchStreamingModel]
 
     def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
                  rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
@@ -34,9 +34,10 @@ class ShardedOnlineEM:
         self._comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
         self._k = int(n_components)
         # the device is this rank's own: it is left out of the options every rank must agree on
-        on_device = type("OnlineEM", (OnlineEM,), {"__init__": partialmethod(OnlineEM.__init__, device=device)})
+        base = self._local_class
+        on_device = type(base.__name__, (base,), {"__init__": partialmethod(base.__init__, device=device)})
         self._layout, local = construct_local(self._comm, on_device, n_features, n_components, init, seed, options)
-        self._local: OnlineEM = local
+        self._local: TorchStreamingModel = local
 
     @property
     def layout(self) -> ShardLayout:
@@ -44,10 +45,9 @@ class ShardedOnlineEM:
         return self._layout
 
     @property
-    def local_model(self) -> OnlineEM:
-        """This rank's rows as an :class:`onlinefa.torch.OnlineEM` (its K×K state is the whole model's)."""
-        local: OnlineEM = self._local
-        return local
+    def local_model(self) -> TorchStreamingModel:
+        """This rank's rows as a single-process model (its K×K state is the whole model's)."""
+        return self._local
 
     @property
     def n_seen(self) -> int:
@@ -55,10 +55,10 @@ class ShardedOnlineEM:
         return self._local.n_seen
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's rows of the fitted Gaussian (c, F, ψ) on its device (see :meth:`OnlineEM.snapshot`)."""
+        """This rank's rows of the fitted Gaussian (c, F, ψ) on its device (see the local model's ``snapshot``)."""
         return self._local.snapshot()
 
-    def update(self, X: Any) -> "ShardedOnlineEM":
+    def update(self: Sharded, X: Any) -> Sharded:
         """Apply one sample or a batch, given this rank's features of each (a tensor on any device; collective).
 
         Every rank passes the same number of samples. Invalid input on any rank raises on every rank before
@@ -101,3 +101,29 @@ class ShardedOnlineEM:
                 local._engine = backup
             raise
         return self
+
+
+class ShardedOnlineEM(ShardedTorchModel):
+    """:class:`onlinefa.torch.OnlineEM` with its D rows split across processes, each shard on its own device
+    (e.g. ``device=f"cuda:{rank}"``): exact, one collective of K² + K + 1 numbers per sample.
+
+    The parameters are those of :class:`onlinefa.distributed.ShardedOnlineEM` (``n_features`` is this rank's
+    number of rows; ``group`` or ``allreduce`` with ``rank``/``world_size``; ``seed`` draws the single-process
+    model's initial loadings across ranks; every other option of :class:`onlinefa.torch.OnlineEM` must be the
+    same on every rank), plus ``device``, which may differ between ranks. Every rank raises when any rank's
+    input or step fails, and keeps the same state.
+    """
+
+    _local_class = OnlineEM
+
+
+class ShardedOnlineSGA(ShardedTorchModel):
+    """:class:`onlinefa.torch.OnlineSGA` with its D rows split across processes, each shard on its own device:
+    exact, one collective of K² + K + 1 numbers per sample.
+
+    The parameters are those of :class:`onlinefa.distributed.ShardedOnlineSGA` plus ``device``, as for
+    :class:`ShardedOnlineEM`. Every rank raises when any rank's input or step fails (a diverged step on one
+    rank's rows included), and keeps the same state.
+    """
+
+    _local_class = OnlineSGA

@@ -1,0 +1,106 @@
+"""``onlinefa.torch.OnlineSGA``: online SGA (Algorithm 1 with the library's defaults) on torch tensors."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from .. import _core
+from ..errors import NotFittedError
+from ..streaming import OnlineSGA as NumpyOnlineSGA
+from .._validation import check_positive_float
+from ..streaming import DEFAULT_NOISE_FLOOR, check_scaling, common_args, schedule_args
+from ._sga_engine import SGAEngine, SGASettings
+from ._torch_model import TorchStreamingModel, state_dtype
+
+
+class OnlineSGA(TorchStreamingModel):
+    """Online SGA factor analysis (:class:`onlinefa.OnlineSGA`) on torch tensors.
+
+    The same algorithm, arguments, defaults and checkpoints as :class:`onlinefa.OnlineSGA`, with the D-sized
+    state (θ̄, F, ψ, d) in ``dtype`` on ``device`` and the K×K algebra in float64 on the CPU. In float64 it
+    equals the Rust core to rounding (tested to 1e-10 relative over 1,000 samples). As for the NumPy class,
+    :class:`OnlineEM` is the more accurate posterior; this one serves the thesis's Algorithm 1 and comparisons.
+
+    Parameters
+    ----------
+    n_features, n_components, lr, n_warmup, init, seed, noise_floor, schedule, tau0, kappa, rho, scaling
+        As for :class:`onlinefa.OnlineSGA`.
+    dtype : {"float64", "float32"} or torch.dtype, default "float64"
+        Storage of the D-sized state.
+    device : str or torch.device, default "cpu"
+        Where the D-sized state lives (e.g. ``"cuda"``).
+
+    Examples
+    --------
+    >>> import torch, onlinefa.torch
+    >>> sga = onlinefa.torch.OnlineSGA(20, 3, seed=0).update(torch.randn(50, 20, dtype=torch.float64))
+    >>> sga.loadings.shape, sga.n_seen
+    (torch.Size([20, 3]), 50)
+    """
+
+    _core_class = _core.OnlineSGACore
+    _engine_class = SGAEngine
+    _numpy_class = NumpyOnlineSGA
+
+    def __init__(
+        self,
+        n_features: int,
+        n_components: int,
+        *,
+        lr: float = 1e-3,
+        n_warmup: int | Literal["auto"] = "auto",
+        init: Any = None,
+        seed: Any = None,
+        noise_floor: float = DEFAULT_NOISE_FLOOR,
+        dtype: Any = "float64",
+        schedule: str = "harmonic",
+        tau0: float = 0.0,
+        kappa: float = 0.9,
+        rho: float = 0.01,
+        scaling: str = "data",
+        device: str | torch.device = "cpu",
+    ) -> None:
+        args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, "float64")
+        sched = schedule_args(schedule, tau0, kappa, rho)
+        d, k = args["n_features"], args["n_components"]
+        init_loadings = args["init"]
+        if init_loadings is None:
+            seed_value = args["seed"]
+            seed_value = int(np.random.default_rng().integers(2**63)) if seed_value is None else seed_value
+            init_loadings = _core.orthonormal_init(d, k, seed_value)
+        settings = SGASettings(d, k, args["n_warmup"], args["noise_floor"], check_positive_float(lr, "lr"),
+                               sched["schedule"], sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling))
+        self._engine = SGAEngine(settings, torch.as_tensor(init_loadings), state_dtype(dtype), torch.device(device))
+
+    @classmethod
+    def algorithm1(cls, n_features: int, n_components: int, *, lr: float = 1e-3, n_warmup: int = 100,
+                   init: Any = None, seed: Any = None, noise_floor: float = DEFAULT_NOISE_FLOOR,
+                   dtype: Any = "float64", device: str | torch.device = "cpu") -> "OnlineSGA":
+        """The thesis's Algorithm 1 exactly, as :meth:`onlinefa.OnlineSGA.algorithm1`."""
+        return cls(n_features, n_components, lr=lr, n_warmup=n_warmup, init=init, seed=seed,
+                   noise_floor=noise_floor, dtype=dtype, schedule="harmonic", scaling="unit", device=device)
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The fitted Gaussian (mean c, loadings F, noise variances ψ) as float64 tensors on the device, with the
+        last sample's gradient step applied.
+
+        Raises
+        ------
+        NotFittedError
+            Until the warm-up of ``n_warmup`` samples has ended.
+        """
+        engine: SGAEngine = self._engine
+        if not engine.is_fitted:
+            raise NotFittedError(f"OnlineSGA has seen {engine.n_seen} samples; its warm-up of "
+                                 f"{engine.settings.n_warmup} must end first. Feed more samples.")
+        f, psi, _ = engine.current_rows(start=False)
+        return engine.mean.to(torch.float64), f, psi
+
+    def __repr__(self) -> str:
+        s = self._engine.settings
+        return (f"onlinefa.torch.OnlineSGA(n_features={s.n_features}, n_components={s.n_components}, lr={s.lr}, "
+                f"schedule={s.schedule!r}, scaling={s.scaling!r}, n_warmup={s.n_warmup}, "
+                f"dtype={str(self.dtype).removeprefix('torch.')!r}, device={str(self.device)!r}, n_seen={self.n_seen})")
