@@ -14,7 +14,7 @@ from .._validation import check_init, check_int, check_seed
 from ..vifa import VIFA
 from ._comm import AllReduce, Communicator, exchange
 from ..errors import ShardCommunicationError
-from ._layout import handshake, orthonormal_rows
+from ._layout import ShardLayout, handshake, orthonormal_rows
 from ._shared import ShardedGaussianMixin, as_local_gradients
 
 FloatArray = NDArray[np.float64]
@@ -61,31 +61,9 @@ class ShardedVIFA(ShardedGaussianMixin):
                  seed: int | None = None, init_mean: ArrayLike | None = None,
                  init_noise_variance: ArrayLike | None = None, **options: Any) -> None:
         comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
-        failure: BaseException | None = None
-        n_local, k, init_rows = 0, 0, None
-        try:
-            n_local = check_int(n_features, "n_features", 1)
-            k = check_int(n_components, "n_components", 1)
-            seed = check_seed(seed)
-            if n_local < k:
-                raise ValueError(f"this rank's shard has n_features = {n_local} rows; each shard needs at least K = {k}")
-            init_rows = None if init is None else check_init(init, n_local, k)
-        except Exception as err:
-            failure = err
-        settings = {"class": "VIFA", "n_components": n_components, "init": init is None, "seed": seed,
-                    "init_mean": init_mean is None, "init_noise_variance": init_noise_variance is None, **options}
-        layout, seed = handshake(comm, n_local, failure, settings, seed)
-        if init_rows is None:
-            init_rows = orthonormal_rows(comm, layout, k, seed)
-        failure, local = None, None
-        try:
-            local = VIFA(n_local, k, init=init_rows, seed=seed, init_mean=init_mean,
-                         init_noise_variance=init_noise_variance, **options)
-            local._core.row_offset = layout.row_range[0]
-        except Exception as err:
-            failure = err
-        exchange(comm, failure, None, 0, what="building the local models")
-        assert local is not None
+        layout, local = build_local_vifa(comm, n_features, n_components, init, seed, init_mean, init_noise_variance,
+                                         options)
+        k = local.n_components
         self._comm, self._layout, self._local, self._n_components = comm, layout, local, k
         self._sync_precision()
 
@@ -225,3 +203,36 @@ class ShardedVIFA(ShardedGaussianMixin):
 
     def _after_load(self) -> None:
         self._sync_precision()
+
+
+def build_local_vifa(comm: Communicator, n_features: int, n_components: int, init: ArrayLike | None,
+                     seed: int | None, init_mean: ArrayLike | None, init_noise_variance: ArrayLike | None,
+                     options: dict[str, Any]) -> tuple[ShardLayout, VIFA]:
+    """Agree on the layout and options (collective), draw this rank's rows of the single-process model's
+    initial loadings, and build this rank's :class:`onlinefa.VIFA` (noise keyed by its first global row)."""
+    failure: BaseException | None = None
+    n_local, k, init_rows = 0, 0, None
+    try:
+        n_local = check_int(n_features, "n_features", 1)
+        k = check_int(n_components, "n_components", 1)
+        seed = check_seed(seed)
+        if n_local < k:
+            raise ValueError(f"this rank's shard has n_features = {n_local} rows; each shard needs at least K = {k}")
+        init_rows = None if init is None else check_init(init, n_local, k)
+    except Exception as err:
+        failure = err
+    settings = {"class": "VIFA", "n_components": n_components, "init": init is None, "seed": seed,
+                "init_mean": init_mean is None, "init_noise_variance": init_noise_variance is None, **options}
+    layout, seed = handshake(comm, n_local, failure, settings, seed)
+    if init_rows is None:
+        init_rows = orthonormal_rows(comm, layout, k, seed)
+    failure, local = None, None
+    try:
+        local = VIFA(n_local, k, init=init_rows, seed=seed, init_mean=init_mean,
+                     init_noise_variance=init_noise_variance, **options)
+        local._core.row_offset = layout.row_range[0]
+    except Exception as err:
+        failure = err
+    exchange(comm, failure, None, 0, what="building the local models")
+    assert local is not None
+    return layout, local

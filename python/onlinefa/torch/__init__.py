@@ -9,13 +9,14 @@ Needs PyTorch (the optional extra ``torch``: ``pip install ".[torch]"`` in the s
   :class:`MultiSWAG` mixture.
 - :func:`bayesian_model_average`: predictions averaged over draws, with batch-norm refresh
   (:func:`refresh_batch_norm`).
-- :func:`vifa_step`: one VIFA training step on a module.
+- :func:`vifa_step`: one VIFA training step on a module; :class:`VIFA` keeps VIFA's state in torch tensors
+  on any device.
 - :class:`GaussianNoise`, :func:`vifa_regression_step`: a regression noise variance σ² learned from the
   ELBO alongside VIFA (empirical Bayes).
 - :func:`to_torch`: any model's Gaussian as ``torch.distributions.LowRankMultivariateNormal``.
 - :class:`OnlineEM`, :class:`OnlineSGA`: the streaming posteriors with their state in torch tensors on any
-  device (the Rust core's updates and checkpoints; for state on an accelerator); :class:`ShardedOnlineEM` and
-  :class:`ShardedOnlineSGA` split their rows across processes.
+  device (the Rust core's updates and checkpoints; for state on an accelerator); :class:`ShardedOnlineEM`,
+  :class:`ShardedOnlineSGA` and :class:`ShardedVIFA` split their rows across processes.
 - :class:`SWAG`: the SWAG baseline of Maddox et al. (NumPy-based, in :mod:`onlinefa.torch.swag`).
 
 See the "PyTorch workflow" section of docs/usage.md for an end-to-end example.
@@ -33,17 +34,19 @@ from ._noise import GaussianNoise, vifa_regression_step
 from ._online_em import OnlineEM
 from ._online_sga import OnlineSGA
 from ._sharded import ShardedOnlineEM, ShardedOnlineSGA
+from ._sharded_vifa import ShardedVIFA
 from ._params import ParameterVector
 from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
 from ._sampling import sample_parameters
 from ._vifa import vifa_step
+from ._vifa_model import VIFA
 
 if TYPE_CHECKING:
     from .swag import SWAG
 
 __all__ = [
     "GaussianNoise", "GaussianParameters", "MultiSWAG", "OnlineEM", "OnlineSGA", "ParameterVector", "SWAG",
-    "ShardedOnlineEM", "ShardedOnlineSGA", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
+    "ShardedOnlineEM", "ShardedOnlineSGA", "ShardedVIFA", "VIFA", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
     "gaussian_parameters", "refresh_batch_norm", "sample_parameters", "to_torch", "vifa_regression_step",
     "vifa_step",
 ]  # fmt: skip

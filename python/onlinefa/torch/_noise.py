@@ -11,6 +11,7 @@ import torch
 from .._validation import check_int
 from ..vifa import VIFA
 from ._vifa import vifa_step
+from ._vifa_model import VIFA as DeviceVIFA
 
 __all__ = ["GaussianNoise", "vifa_regression_step"]
 
@@ -161,7 +162,7 @@ class GaussianNoise:
 
 
 def vifa_regression_step(
-    vifa: VIFA,
+    vifa: VIFA | DeviceVIFA,
     module: torch.nn.Module,
     batch: Batch,
     *,
@@ -179,7 +180,7 @@ def vifa_regression_step(
 
     Parameters
     ----------
-    vifa : VIFA
+    vifa : VIFA or onlinefa.torch.VIFA
     module : torch.nn.Module
     batch : (x, y) tuple of torch.Tensor
         A mini-batch drawn uniformly from the N training examples.

@@ -17,7 +17,8 @@ from ._kk_algebra import MAX_INPUT
 #: Up to this many state values (D·K) a failed batch restores the model to its state before the batch (a
 #: copy is kept), as the Rust core does; larger models keep the rows before the failing one.
 SNAPSHOT_MAX_ELEMENTS = 1 << 18
-Model = TypeVar("Model", bound="TorchStreamingModel")
+Model = TypeVar("Model", bound="TorchGaussianModel")
+Streaming = TypeVar("Streaming", bound="TorchStreamingModel")
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -29,12 +30,13 @@ def state_dtype(dtype: object) -> torch.dtype:
     return _DTYPES[name]
 
 
-class TorchStreamingModel:
-    """Base of :class:`onlinefa.torch.OnlineEM` and :class:`onlinefa.torch.OnlineSGA`.
+class TorchGaussianModel:
+    """Base of the torch models (:class:`onlinefa.torch.OnlineEM`, ``OnlineSGA``, ``VIFA``): the Gaussian's
+    queries and the checkpoints of the NumPy-facing class of the same name.
 
-    Subclasses set ``_engine`` in their constructor (an ``EMEngine`` or ``SGAEngine``: ``settings``, ``n_seen``,
-    ``is_fitted``, ``dtype``, ``device``, ``step``, ``get_state``, ``from_state``) and define the class attributes
-    below and :meth:`snapshot`.
+    Subclasses set ``_engine`` in their constructor (``settings`` with ``n_features`` and ``n_components``,
+    ``dtype``, ``device``, ``get_state``, ``from_state``) and define the class attributes below and
+    :meth:`snapshot`.
     """
 
     _engine: Any
@@ -42,51 +44,6 @@ class TorchStreamingModel:
     _core_class: ClassVar[Any]
     _engine_class: ClassVar[Any]
     _numpy_class: ClassVar[Any]
-
-    # -- updates ------------------------------------------------------------------------------------------
-    def update(self: Model, X: Any) -> Model:
-        """Apply one sample (shape (D,)) or the rows of an (n, D) batch, in order.
-
-        Tensors on another device are moved to the model's. The whole batch is checked first (shape, NaN,
-        infinity, magnitude): a bad batch raises ``ValueError`` and changes nothing. A numerical breakdown
-        (:class:`onlinefa.NumericalBreakdownError`) leaves a model of at most ``SNAPSHOT_MAX_ELEMENTS`` state
-        values as it was before the batch, and a larger one as it was before the failing row.
-        """
-        engine = self._engine
-        batch = self._checked_batch(X)
-        size = engine.settings.n_features * engine.settings.n_components
-        backup = copy.deepcopy(engine) if size <= SNAPSHOT_MAX_ELEMENTS else None
-        try:
-            for row in batch:
-                engine.step(row)
-        except Exception:
-            if backup is not None:
-                self._engine = backup
-            raise
-        return self
-
-    def _checked_batch(self, X: Any) -> torch.Tensor:
-        """``X`` as an (n, D) floating tensor on the model's device; ValueError for a wrong shape, NaN, infinity
-        or a value beyond the state dtype's range (naming the first bad row)."""
-        engine = self._engine
-        batch = torch.as_tensor(X).to(device=engine.device)
-        if batch.ndim == 1:
-            batch = batch[None, :]
-        d = engine.settings.n_features
-        if batch.ndim != 2 or batch.shape[1] != d:
-            raise ValueError(f"X must have shape (n_samples, {d}) or ({d},), got {tuple(batch.shape)}")
-        if not batch.is_floating_point():
-            batch = batch.to(torch.float64)
-        finite = torch.isfinite(batch).all(dim=1)
-        too_large = (batch.abs() > MAX_INPUT[engine.dtype]).any(dim=1) & finite
-        bad = (~finite | too_large).nonzero()
-        if bad.numel():
-            row = int(bad[0, 0])
-            kind = "NaN or infinity" if not bool(finite[row]) else (
-                f"a value with |x| > {MAX_INPUT[engine.dtype]:e} (the largest accepted with "
-                f"{str(engine.dtype).removeprefix('torch.')} state)")
-            raise ValueError(f"row {row} of X holds {kind}; nothing was applied")
-        return batch
 
     # -- the model ----------------------------------------------------------------------------------------
     @property
@@ -98,21 +55,6 @@ class TorchStreamingModel:
     def n_components(self) -> int:
         """K."""
         return int(self._engine.settings.n_components)
-
-    @property
-    def n_seen(self) -> int:
-        """Samples applied so far."""
-        return int(self._engine.n_seen)
-
-    @property
-    def n_warmup(self) -> int:
-        """Warm-up length (see the class documentation)."""
-        return int(self._engine.settings.n_warmup)
-
-    @property
-    def is_fitted(self) -> bool:
-        """Whether warm-up is over."""
-        return bool(self._engine.is_fitted)
 
     @property
     def device(self) -> torch.device:
@@ -188,3 +130,68 @@ class TorchStreamingModel:
     def load(cls: type[Model], path: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> Model:
         """Read a checkpoint of the NumPy-facing class onto ``device``."""
         return cls.from_numpy(cls._numpy_class.load(path), device=device)
+
+
+class TorchStreamingModel(TorchGaussianModel):
+    """Base of :class:`onlinefa.torch.OnlineEM` and :class:`onlinefa.torch.OnlineSGA`: validated batches and
+    atomic updates; the engine also has ``n_seen``, ``is_fitted`` and ``step``."""
+
+    # -- updates ------------------------------------------------------------------------------------------
+    def update(self: Streaming, X: Any) -> Streaming:
+        """Apply one sample (shape (D,)) or the rows of an (n, D) batch, in order.
+
+        Tensors on another device are moved to the model's. The whole batch is checked first (shape, NaN,
+        infinity, magnitude): a bad batch raises ``ValueError`` and changes nothing. A numerical breakdown
+        (:class:`onlinefa.NumericalBreakdownError`) leaves a model of at most ``SNAPSHOT_MAX_ELEMENTS`` state
+        values as it was before the batch, and a larger one as it was before the failing row.
+        """
+        engine = self._engine
+        batch = self._checked_batch(X)
+        size = engine.settings.n_features * engine.settings.n_components
+        backup = copy.deepcopy(engine) if size <= SNAPSHOT_MAX_ELEMENTS else None
+        try:
+            for row in batch:
+                engine.step(row)
+        except Exception:
+            if backup is not None:
+                self._engine = backup
+            raise
+        return self
+
+    def _checked_batch(self, X: Any) -> torch.Tensor:
+        """``X`` as an (n, D) floating tensor on the model's device; ValueError for a wrong shape, NaN, infinity
+        or a value beyond the state dtype's range (naming the first bad row)."""
+        engine = self._engine
+        batch = torch.as_tensor(X).to(device=engine.device)
+        if batch.ndim == 1:
+            batch = batch[None, :]
+        d = engine.settings.n_features
+        if batch.ndim != 2 or batch.shape[1] != d:
+            raise ValueError(f"X must have shape (n_samples, {d}) or ({d},), got {tuple(batch.shape)}")
+        if not batch.is_floating_point():
+            batch = batch.to(torch.float64)
+        finite = torch.isfinite(batch).all(dim=1)
+        too_large = (batch.abs() > MAX_INPUT[engine.dtype]).any(dim=1) & finite
+        bad = (~finite | too_large).nonzero()
+        if bad.numel():
+            row = int(bad[0, 0])
+            kind = "NaN or infinity" if not bool(finite[row]) else (
+                f"a value with |x| > {MAX_INPUT[engine.dtype]:e} (the largest accepted with "
+                f"{str(engine.dtype).removeprefix('torch.')} state)")
+            raise ValueError(f"row {row} of X holds {kind}; nothing was applied")
+        return batch
+
+    @property
+    def n_seen(self) -> int:
+        """Samples applied so far."""
+        return int(self._engine.n_seen)
+
+    @property
+    def n_warmup(self) -> int:
+        """Warm-up length (see the class documentation)."""
+        return int(self._engine.settings.n_warmup)
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether warm-up is over."""
+        return bool(self._engine.is_fitted)

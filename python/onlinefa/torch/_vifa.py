@@ -7,28 +7,27 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from numpy.typing import NDArray
 
 from .._validation import check_int
 from ..vifa import VIFA
 from ._params import ParameterVector
+from ._vifa_model import VIFA as DeviceVIFA
 
 __all__ = ["vifa_step"]
 
 BatchT = TypeVar("BatchT")
 
 
-def _flat_gradient(loss: torch.Tensor, vector: ParameterVector) -> NDArray[np.float64]:
-    """∇θ loss as a float64 (D,) array (zeros for parameters the loss does not depend on)."""
+def _flat_gradient(loss: torch.Tensor, vector: ParameterVector) -> torch.Tensor:
+    """∇θ loss as a float64 (D,) tensor on the parameters' device (zeros for parameters the loss does not
+    depend on)."""
     grads = torch.autograd.grad(loss, vector.parameters, allow_unused=True)
     filled = [torch.zeros_like(p) if g is None else g for p, g in zip(vector.parameters, grads)]
-    out = np.empty(len(vector), dtype=np.float64)
-    ParameterVector(filled, dtype=torch.float64).numpy(out=out)
-    return out
+    return ParameterVector(filled, dtype=torch.float64).gather()
 
 
 def vifa_step(
-    vifa: VIFA,
+    vifa: VIFA | DeviceVIFA,
     module: torch.nn.Module,
     loss_fn: Callable[[torch.nn.Module, BatchT], torch.Tensor],
     batch: BatchT,
@@ -46,8 +45,9 @@ def vifa_step(
 
     Parameters
     ----------
-    vifa : VIFA
-        With no draw pending.
+    vifa : VIFA or onlinefa.torch.VIFA
+        With no draw pending. A :class:`onlinefa.torch.VIFA` gets its draws and gradients as tensors on the
+        parameters' device (no host copy).
     module : torch.nn.Module
     loss_fn : callable
         ``(module, batch) -> scalar tensor``, the mean NLL of the mini-batch (e.g. cross-entropy).
@@ -73,8 +73,8 @@ def vifa_step(
         Draws are already pending in ``vifa``. If ``loss_fn`` raises, the draws taken so far stay
         pending (a VIFA draw cannot be withdrawn): step them yourself or restore a checkpoint.
     """
-    if not isinstance(vifa, VIFA):
-        raise TypeError(f"vifa must be an onlinefa.VIFA, got {type(vifa).__name__}")
+    if not isinstance(vifa, (VIFA, DeviceVIFA)):
+        raise TypeError(f"vifa must be an onlinefa.VIFA or onlinefa.torch.VIFA, got {type(vifa).__name__}")
     n = check_int(n_data, "n_data", 1)
     vector = ParameterVector(module if parameters is None else parameters, dtype=torch.float64)
     if len(vector) != vifa.n_features:
@@ -82,16 +82,19 @@ def vifa_step(
     if vifa.n_pending:
         raise RuntimeError(f"{vifa.n_pending} VIFA draw(s) are already pending; call vifa.step() first")
     losses: list[float] = []
-    gradients = np.empty((vifa.n_grad_samples, len(vector)), dtype=np.float64)
-    for row in gradients:
+    rows: list[torch.Tensor] = []
+    for _ in range(vifa.n_grad_samples):
         vector.assign(vifa.sample())
         loss = loss_fn(module, batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError("loss_fn must return a scalar tensor (the mini-batch mean negative log-likelihood)")
-        row[:] = _flat_gradient(loss.reshape(()), vector)
+        rows.append(_flat_gradient(loss.reshape(()), vector))
         losses.append(float(loss.detach()))
-    gradients *= n
-    if not (np.all(np.isfinite(gradients)) and np.all(np.isfinite(losses))):
+    gradients = torch.stack(rows) * n
+    if not (bool(torch.isfinite(gradients).all()) and np.all(np.isfinite(losses))):
         raise ValueError("the loss or its gradient is not finite at the drawn parameters; no step was made (the draws stay pending)")
-    vifa.step(gradients)
+    if isinstance(vifa, DeviceVIFA):
+        vifa.step(gradients)
+    else:
+        vifa.step(gradients.cpu().numpy())
     return float(np.mean(losses))
