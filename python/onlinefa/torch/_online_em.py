@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from .. import _core
@@ -12,7 +11,7 @@ from ..errors import NotFittedError
 from ..streaming import OnlineEM as NumpyOnlineEM
 from ..streaming import DEFAULT_NOISE_FLOOR, common_args, check_scaling, schedule_args
 from ._em_engine import EMEngine, Settings
-from ._torch_model import TorchStreamingModel, state_dtype
+from ._torch_model import TorchStreamingModel, initial_loadings, state_dtype
 
 
 class OnlineEM(TorchStreamingModel):
@@ -62,14 +61,9 @@ class OnlineEM(TorchStreamingModel):
         args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, "float64")
         sched = schedule_args(schedule, tau0, kappa, rho)
         d, k = args["n_features"], args["n_components"]
-        init_loadings = args["init"]
-        if init_loadings is None:
-            seed_value = args["seed"]
-            seed_value = int(np.random.default_rng().integers(2**63)) if seed_value is None else seed_value
-            init_loadings = _core.orthonormal_init(d, k, seed_value)
         settings = Settings(d, k, args["n_warmup"], args["noise_floor"], bool(whiten), sched["schedule"],
                             sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling))
-        self._engine = EMEngine(settings, torch.as_tensor(init_loadings), state_dtype(dtype), torch.device(device))
+        self._engine = EMEngine(settings, initial_loadings(args), state_dtype(dtype), torch.device(device))
 
     # -- the fitted Gaussian ------------------------------------------------------------------------------
     _core_class = _core.OnlineEMCore

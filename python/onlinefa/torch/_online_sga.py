@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from .. import _core
@@ -13,7 +12,7 @@ from ..streaming import OnlineSGA as NumpyOnlineSGA
 from .._validation import check_positive_float
 from ..streaming import DEFAULT_NOISE_FLOOR, check_scaling, common_args, schedule_args
 from ._sga_engine import SGAEngine, SGASettings
-from ._torch_model import TorchStreamingModel, state_dtype
+from ._torch_model import TorchStreamingModel, initial_loadings, state_dtype
 
 
 class OnlineSGA(TorchStreamingModel):
@@ -66,14 +65,9 @@ class OnlineSGA(TorchStreamingModel):
         args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, "float64")
         sched = schedule_args(schedule, tau0, kappa, rho)
         d, k = args["n_features"], args["n_components"]
-        init_loadings = args["init"]
-        if init_loadings is None:
-            seed_value = args["seed"]
-            seed_value = int(np.random.default_rng().integers(2**63)) if seed_value is None else seed_value
-            init_loadings = _core.orthonormal_init(d, k, seed_value)
         settings = SGASettings(d, k, args["n_warmup"], args["noise_floor"], check_positive_float(lr, "lr"),
                                sched["schedule"], sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling))
-        self._engine = SGAEngine(settings, torch.as_tensor(init_loadings), state_dtype(dtype), torch.device(device))
+        self._engine = SGAEngine(settings, initial_loadings(args), state_dtype(dtype), torch.device(device))
 
     @classmethod
     def algorithm1(cls, n_features: int, n_components: int, *, lr: float = 1e-3, n_warmup: int = 100,

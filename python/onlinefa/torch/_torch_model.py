@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 import torch
 
+from .. import _core
 from ._kk_algebra import MAX_INPUT
 
 #: Up to this many state values (D·K) a failed batch restores the model to its state before the batch (a
@@ -20,6 +23,16 @@ SNAPSHOT_MAX_ELEMENTS = 1 << 18
 Model = TypeVar("Model", bound="TorchGaussianModel")
 Streaming = TypeVar("Streaming", bound="TorchStreamingModel")
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def initial_loadings(args: Mapping[str, Any]) -> torch.Tensor:
+    """F₀ of validated common arguments (``common_args``): ``init``, else the seeded orthonormal start of the Rust
+    core (``seed`` None: fresh entropy)."""
+    if args["init"] is not None:
+        return torch.as_tensor(args["init"])
+    seed = args["seed"]
+    seed = int(np.random.default_rng().integers(2**63)) if seed is None else seed
+    return torch.as_tensor(_core.orthonormal_init(args["n_features"], args["n_components"], seed))
 
 
 def state_dtype(dtype: object) -> torch.dtype:
