@@ -27,6 +27,18 @@ use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
 
+/// Largest K the row kernel (engine/em_kernel.rs) runs for state of type T; larger K run the wide kernel
+/// (engine/em_wide.rs). At K = 16 the f64 row kernel's K(K+1)/2 per-lane sums spill out of the registers: at
+/// D = 10⁶ on two AVX2 cores it took 57–70 ms per update where the wide kernel took 47 ms (K = 13–15: row kernel
+/// 22–27 ms, wide 43–75 ms; same run). f32 lanes keep the row kernel up to K = 16 (30 ms against 55 ms at K = 17).
+fn row_kernel_max<T: Real>() -> usize {
+    if T::SINGLE {
+        MAX_K
+    } else {
+        MAX_K - 1
+    }
+}
+
 /// Hyper-parameters of [`OnlineEm`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmConfig {
@@ -115,7 +127,7 @@ struct PassCtx<'a, T: Real> {
     k: usize,
     /// The fused row-SIMD kernel's constants and code path, when it runs this pass.
     fast: Option<(EmConsts<T>, EmRowKernel<T>)>,
-    /// The wide (K > MAX_K) kernel's constants, when it runs this pass.
+    /// The wide kernel's constants (K > `row_kernel_max`), when it runs this pass.
     wide: Option<WideConsts>,
 }
 
@@ -177,7 +189,7 @@ impl<T: Real> OnlineEm<T> {
         driver::update(self, x)
     }
 
-    /// The pass, through the fused kernel on code path `isa` (or, for K > MAX_K, the wide kernel) when it
+    /// The pass, through the fused kernel on code path `isa` (or, for K > `row_kernel_max`, the wide kernel) when it
     /// applies (None: block-by-block path); returns whether a kernel ran.
     fn pass_on<X: Real>(
         &mut self,
@@ -251,10 +263,10 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// Constants of the wide kernel (engine/em_wide.rs) for this pass, or None when another path runs (warm-up,
-    /// K <= MAX_K). L is the lower Cholesky factor of H̄⁻¹.
+    /// K <= `row_kernel_max`). L is the lower Cholesky factor of H̄⁻¹.
     fn wide_consts(&self, rho: f64, mean_rho: f64, floor: f64, isa: Isa) -> Option<WideConsts> {
         let k = self.n_components;
-        if k <= MAX_K {
+        if k <= row_kernel_max::<T>() {
             return None;
         }
         let tiled = |m: &Array2<f64>| Tiled::new(k, &m.iter().copied().collect::<Vec<f64>>());
@@ -278,10 +290,10 @@ impl<T: Real> OnlineEm<T> {
     }
 
     /// Constants of the fused kernel (engine/em_kernel.rs) for this pass, or None when the block-by-block
-    /// path runs instead (warm-up, K > MAX_K). U is the transposed Cholesky factor of H̄⁻¹ (Uᵀ U = H̄⁻¹).
+    /// path runs instead (warm-up, K > `row_kernel_max`). U is the transposed Cholesky factor of H̄⁻¹ (Uᵀ U = H̄⁻¹).
     fn kernel_consts(&self, rho: f64, mean_rho: f64, floor: f64) -> Option<EmConsts<T>> {
         let k = self.n_components;
-        if k > MAX_K {
+        if k > row_kernel_max::<T>() {
             return None;
         }
         let to_t = |m: &Array2<f64>| -> Vec<T> { m.iter().map(|&v| T::from_f64(v)).collect() };
