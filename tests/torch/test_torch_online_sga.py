@@ -14,6 +14,9 @@ torch = pytest.importorskip("torch")
 import onlinefa  # noqa: E402
 from onlinefa import NotFittedError, NumericalBreakdownError  # noqa: E402
 from onlinefa.torch import OnlineSGA as TorchOnlineSGA  # noqa: E402
+from device_parity import (  # noqa: E402
+    COLLECTED_FEATURES, assert_same_state, relative, state_map, stream, trained_by_collector,
+)
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -24,15 +27,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def stream(n: int, d: int, seed: int, scale: float = 1e-2) -> np.ndarray:
-    """Correlated rows on a network-weight scale around a non-zero mean."""
-    rng = np.random.default_rng(seed)
-    mixing = rng.standard_normal((d, d)) / np.sqrt(d)
-    return (rng.standard_normal((n, d)) @ mixing + rng.standard_normal(d)) * scale
-
-
-def relative(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def gaussian(model: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -130,32 +124,6 @@ def test_checkpoints_move_between_the_two_and_updates_continue_alike(direction: 
         TorchOnlineSGA.from_numpy(onlinefa.OnlineEM(d, k, seed=0))
 
 
-def state(model: TorchOnlineSGA) -> dict[str, Any]:
-    return {key: value.copy() if isinstance(value, np.ndarray) else value for key, value in model.get_state().items()}
-
-
-def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert set(a) == set(b)
-    for key, value in a.items():
-        assert np.array_equal(value, b[key]) if isinstance(value, np.ndarray) else value == b[key], key
-
-
-@pytest.mark.parametrize("bad", ["nan", "inf", "huge", "shape"])
-def test_a_bad_batch_is_refused_before_any_row(bad: str) -> None:
-    d, k = 30, 3
-    X = stream(50, d, 6)
-    model = TorchOnlineSGA(d, k, seed=0).update(torch.as_tensor(X[:20]))
-    before = state(model)
-    batch = torch.as_tensor(X[20:30]).clone()
-    if bad == "shape":
-        batch = batch[:, :-1]
-    else:
-        batch[5, 3] = {"nan": float("nan"), "inf": float("inf"), "huge": 1e120}[bad]
-    with pytest.raises(ValueError, match="row 5|shape"):
-        model.update(batch)
-    assert_same_state(state(model), before)
-
-
 @pytest.mark.parametrize("elements", ["small", "large"])
 def test_a_diverged_step_leaves_the_model_as_before(elements: str, monkeypatch: Any) -> None:
     """Algorithm 1 with a large rate on badly scaled data: the Rust core refuses the same sample; ours leaves a
@@ -169,7 +137,7 @@ def test_a_diverged_step_leaves_the_model_as_before(elements: str, monkeypatch: 
     ours = TorchOnlineSGA.algorithm1(d, k, seed=0, n_warmup=5, lr=0.5)
     rust.update(X[:6])
     ours.update(torch.as_tensor(X[:6]))
-    before = state(ours)
+    before = state_map(ours)
     with pytest.raises(NumericalBreakdownError):
         rust.update(X[6:])
     with pytest.raises(NumericalBreakdownError, match="diverged"):
@@ -177,7 +145,7 @@ def test_a_diverged_step_leaves_the_model_as_before(elements: str, monkeypatch: 
     failed_at = ours.n_seen  # the rows before the failing one stay applied when no backup was kept
     assert failed_at == (6 if elements == "small" else rust.n_seen)
     if elements == "small":
-        assert_same_state(state(ours), before)
+        assert_same_state(state_map(ours), before)
 
 
 def test_draws_have_the_fitted_covariance() -> None:
@@ -193,24 +161,11 @@ def test_draws_have_the_fitted_covariance() -> None:
 
 @pytest.mark.filterwarnings("ignore::onlinefa.errors.SlowCollectionWarning")  # a tiny net steps faster
 def test_the_collector_feeds_the_device_model_as_the_rust_one() -> None:
-    from onlinefa.torch import SnapshotCollector, sample_parameters
+    from onlinefa.torch import sample_parameters
 
-    def trained(posterior: Any) -> Any:
-        torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
-        opt = torch.optim.SGD(net.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(1)
-        with SnapshotCollector(posterior, net, every=1).attach(opt):
-            for _ in range(40):
-                x = torch.randn(16, 4, generator=g, dtype=torch.float64)
-                opt.zero_grad()
-                net(x).pow(2).mean().backward()
-                opt.step()
-        return posterior
-
-    d = 4 * 8 + 8 + 8 + 1
-    rust = trained(onlinefa.OnlineSGA(d, 3, seed=0))
-    ours = trained(TorchOnlineSGA(d, 3, seed=0))
+    d = COLLECTED_FEATURES
+    rust = trained_by_collector(onlinefa.OnlineSGA(d, 3, seed=0))
+    ours = trained_by_collector(TorchOnlineSGA(d, 3, seed=0))
     assert ours.n_seen == rust.n_seen == 40
     assert relative(gaussian(ours)[1], gaussian(rust)[1]) < 1e-10
     draws_ours = torch.stack(list(sample_parameters(ours, 5, seed=3)))
