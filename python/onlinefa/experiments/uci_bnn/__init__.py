@@ -105,13 +105,14 @@ def _run_split(args: argparse.Namespace, dataset: Any, split: int, train: Any, t
     fit, val = validation_split(len(train), int(_dataset_seed(args, dataset.name, split, 0).generate_state(1)[0]))
     x_mean, x_std, y_mean, y_std = standardise(X_train[fit], y_train[fit])
     stage = Stage((X_train[fit] - x_mean) / x_std, (y_train[fit] - y_mean) / y_std, (X_train[val] - x_mean) / x_std,
-                  dataset.n_hidden, budget, _dataset_seed(args, dataset.name, split, 1), fractions)
+                  dataset.n_hidden, budget, _dataset_seed(args, dataset.name, split, 1), fractions,
+                  dataset.name, float(y_std))
     y_val = (y_train[val] - y_mean) / y_std
     chosen: dict[str, tuple[Any, float, float, float]] = {}
     for method in methods:
         best: tuple[Any, float, float, float] | None = None
         tuning_seconds = 0.0
-        for config in grid.configs(method):
+        for config in grid.configs(method, dataset.name):
             result = stage.run(method, config)
             tuning_seconds += result.seconds
             noise, score = tune_noise_variance(result.draws, y_val)
@@ -122,7 +123,8 @@ def _run_split(args: argparse.Namespace, dataset: Any, split: int, train: Any, t
     # 2. refit on all training rows; the test rows are used only here.
     x_mean, x_std, y_mean, y_std = standardise(X_train, y_train)
     final = Stage((X_train - x_mean) / x_std, (y_train - y_mean) / y_std, (dataset.X[test] - x_mean) / x_std,
-                  dataset.n_hidden, budget, _dataset_seed(args, dataset.name, split, 2), fractions)
+                  dataset.n_hidden, budget, _dataset_seed(args, dataset.name, split, 2), fractions,
+                  dataset.name, float(y_std))
     for method in methods:
         config, noise, score, tuning_seconds = chosen[method]
         result = final.run(method, config)
@@ -192,8 +194,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError("too few snapshots for --rank: raise --collect-epochs or --snapshots-per-epoch")
     methods = list(args.methods)
     notes: list[str] = []
-    if "slang" in methods and load_slang() is None:
-        methods.remove("slang")
+    if load_slang() is None and {"slang", "slang_recipe"} & set(methods):
+        methods = [m for m in methods if m not in ("slang", "slang_recipe")]
         notes.append("SLANG skipped: its module (onlinefa.experiments.uci_bnn._slang) is not installed.")
         print(notes[-1])
     out = output_dir(args.out)

@@ -23,6 +23,9 @@ of the network output (S, N) in standardised target units on the rows it predict
   by S stochastic passes (Gal and Ghahramani, "Dropout as a Bayesian Approximation").
 * ``slang``: configuration (λ, ρ): ``fit_slang`` (rank 1, rate ρ) with the noise precision 1/σ²_MAP of
   the (λ, 1) MAP network's training residuals and the prior precision λ N / σ²_MAP.
+* ``slang_recipe``: configuration (ln λ, ln τ), τ in the target's original units: ``fit_slang`` with SLANG's
+  published UCI recipe (:mod:`._slang_recipe`: minibatches of 10, the data set's learning rate, bias prior
+  precision 1e-6) for ``slang_epochs`` epochs, prior precision λ and noise precision τ s_y² (standardised units).
 
 Shared work (the pre-training of a (λ, member), a collection run) is computed once per stage and its
 seconds are counted in full for each method that uses it (``fit_seconds``).
@@ -44,6 +47,7 @@ from onlinefa.torch import (
 )
 from onlinefa.torch.swag import SWAG
 
+from ._slang_recipe import RECIPE_BATCH_SIZE, RECIPE_BIAS_PRIOR_PRECISION, recipe_for
 from ._train import Data, as_tensors, batches, build_network, dropout_draws, generator, half_mse, predict, train
 
 FloatArray = NDArray[np.float64]
@@ -51,11 +55,11 @@ Config = tuple[float, float]
 
 
 #: Which grid each method is tuned on: "map" (λ, epoch fraction), "collect" (λ, η), "dropout" (λ, p),
-#: "slang" (λ, SLANG's learning rate).
+#: "slang" (λ, SLANG's learning rate), "slang_recipe" (ln λ, ln τ in SLANG's published box).
 GRID_KIND: dict[str, str] = {
     "map": "map", "ensemble": "map", "swa": "collect", "swag_diag": "collect", "swag": "collect",
     "swag_fa": "collect", "online_sga": "collect", "vifa": "collect", "vifa_eb": "collect", "multiswag_fa": "collect",
-    "mc_dropout": "dropout", "slang": "slang",
+    "mc_dropout": "dropout", "slang": "slang", "slang_recipe": "slang_recipe",
 }  # fmt: skip
 
 #: Posterior drawn from each collected model, and its sampling scale.
@@ -99,7 +103,9 @@ def load_slang() -> Callable[..., Any] | None:
 
 
 def _seed(root: np.random.SeedSequence, *key: int) -> int:
-    return int(np.random.SeedSequence(entropy=root.entropy, spawn_key=(*root.spawn_key, *key))
+    """A seed for ``key`` under ``root``; negative keys (SLANG's log-scale settings) wrap modulo 2⁶⁴."""
+    wrapped = tuple(k % 2**64 for k in key)
+    return int(np.random.SeedSequence(entropy=root.entropy, spawn_key=(*root.spawn_key, *wrapped))
                .generate_state(1)[0])
 
 
@@ -117,16 +123,23 @@ class Stage:
         configuration, not on which other methods run.
     fractions : tuple of float
         The early-stopping fractions of E at which every pre-training run keeps a checkpoint.
+    dataset : str
+        Short name of the data set (selects SLANG's published settings).
+    y_scale : float
+        s_y, the standard deviation the targets were divided by (converts SLANG's noise precision).
     """
 
     def __init__(self, X_fit: FloatArray, y_fit: FloatArray, X_eval: FloatArray, n_hidden: int, budget: Budget,
-                 seed: np.random.SeedSequence, fractions: tuple[float, ...]) -> None:
+                 seed: np.random.SeedSequence, fractions: tuple[float, ...], dataset: str = "",
+                 y_scale: float = 1.0) -> None:
         self.data: Data = as_tensors(X_fit, y_fit)
         self.inputs = torch.as_tensor(X_eval, dtype=torch.float32)
         self.n_hidden = n_hidden
         self.budget = budget
         self.seed = seed
         self.fractions = fractions
+        self.dataset = dataset
+        self.y_scale = y_scale
         self.n_fit = X_fit.shape[0]
         self._pretrained: dict[tuple[float, int], tuple[dict[int, tuple[FloatArray, float]], float]] = {}
         self._collected: dict[tuple[float, float, int], tuple[dict[str, Any], float, FloatArray]] = {}
@@ -221,6 +234,8 @@ class Stage:
             return Result(dropout_draws(model, self.inputs, self.budget.n_draws, draw_seed), seconds)
         if method == "slang":
             return self._slang(lam, second, draw_seed)
+        if method == "slang_recipe":
+            return self._slang_recipe(lam, second, draw_seed)
         if method == "multiswag_fa":
             collections = [self.collected(lam, second, m) for m in range(N_MEMBERS)]
             mixture = MultiSWAG([posteriors["swag_fa"] for posteriors, _, _ in collections])
@@ -289,4 +304,20 @@ class Stage:
                            dtype=np.float64)
         return Result(draws, seconds)
 
-
+    def _slang_recipe(self, log_prior: float, log_noise: float, draw_seed: int) -> Result:
+        fit_slang = load_slang()
+        if fit_slang is None:
+            raise RuntimeError("SLANG is not available")
+        recipe = recipe_for(self.dataset)
+        start = time.perf_counter()
+        posterior = fit_slang(self.data[0].double().numpy(), self.data[1].double().numpy(), n_hidden=self.n_hidden,
+                              prior_precision=float(np.exp(log_prior)),
+                              noise_precision=float(np.exp(log_noise)) * self.y_scale**2, rank=1,
+                              n_epochs=self.budget.slang_epochs, batch_size=RECIPE_BATCH_SIZE,
+                              learning_rate=recipe.learning_rate, n_mc_samples=recipe.n_mc_samples,
+                              bias_prior_precision=RECIPE_BIAS_PRIOR_PRECISION,
+                              seed=_seed(self.seed, 12, int(log_prior * 1e9), int(log_noise * 1e9)))
+        seconds = time.perf_counter() - start
+        draws = np.asarray(posterior.predict_draws(self.inputs.double().numpy(), self.budget.n_draws, draw_seed),
+                           dtype=np.float64)
+        return Result(draws, seconds)

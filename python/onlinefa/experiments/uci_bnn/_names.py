@@ -16,4 +16,5 @@ METHODS: dict[str, str] = {
     "ensemble": "Deep ensemble (5)",
     "mc_dropout": "MC dropout",
     "slang": "SLANG (L=1)",
+    "slang_recipe": "SLANG (L=1, published recipe)",
 }

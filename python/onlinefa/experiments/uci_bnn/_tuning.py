@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ._methods import GRID_KIND, Config
+from ._slang_recipe import grid_points
 
 
 class Grid(NamedTuple):
@@ -25,9 +26,15 @@ class Grid(NamedTuple):
     dropout_rates: tuple[float, ...]  #: MC dropout: p
     slang_lrs: tuple[float, ...]  #: SLANG: its learning rate
 
-    def configs(self, method: str) -> list[Config]:
-        """The grid points of ``method``, (λ, setting) pairs."""
+    def configs(self, method: str, dataset: str) -> list[Config]:
+        """The grid points of ``method`` on ``dataset`` (short name), (λ, setting) pairs.
+
+        ``slang_recipe`` gets (ln λ, ln τ) pairs instead: a ``len(weight_decays)`` × ``len(slang_lrs)`` grid over
+        SLANG's published search box of ``dataset`` (:func:`._slang_recipe.grid_points`).
+        """
         kind = GRID_KIND[method]
+        if kind == "slang_recipe":
+            return grid_points(dataset, len(self.weight_decays), len(self.slang_lrs))
         second = {"map": self.epoch_fractions, "collect": self.collect_lrs, "dropout": self.dropout_rates,
                   "slang": self.slang_lrs}[kind]
         return [(lam, value) for lam in self.weight_decays for value in second]
@@ -37,7 +44,8 @@ class Grid(NamedTuple):
         return (f"λ ∈ {list(self.weight_decays)} crossed with: MAP/ensembles early stopping at "
                 f"{list(self.epoch_fractions)} × E epochs; SWAG family, VIFA, MultiSWAG-FA: SGD rate η ∈ "
                 f"{list(self.collect_lrs)}; MC dropout: p ∈ {list(self.dropout_rates)}; SLANG: learning rate ∈ "
-                f"{list(self.slang_lrs)}")
+                f"{list(self.slang_lrs)}; SLANG (published recipe): {len(self.weight_decays)} × "
+                f"{len(self.slang_lrs)} (ln λ, ln τ) cell midpoints of its published box")
 
 
 def _sizes_agree(grid: Grid) -> bool:

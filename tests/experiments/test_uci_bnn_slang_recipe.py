@@ -1,0 +1,55 @@
+"""SLANG's published UCI recipe in the ``uci-bnn`` experiment: its search grid and what reaches ``fit_slang``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from onlinefa.experiments.uci_bnn import _methods  # noqa: E402
+from onlinefa.experiments.uci_bnn._methods import Budget, Stage  # noqa: E402
+from onlinefa.experiments.uci_bnn._slang_recipe import DEFAULT_RECIPE, grid_points, recipe_for  # noqa: E402
+from onlinefa.experiments.uci_bnn._tuning import Grid  # noqa: E402
+
+
+def test_grid_is_cell_midpoints_of_the_published_box_with_the_protocol_size() -> None:
+    grid = Grid((1e-4, 1e-3, 1e-2), (0.5, 1.0), (0.005, 0.02), (0.01, 0.05), (0.01, 0.03))
+    points = grid.configs("slang_recipe", "yacht")
+    assert len(points) == len(grid.configs("mc_dropout", "yacht")) == 6
+    # Yacht's box: ln λ ∈ (-2, 2) in 3 cells, ln τ ∈ (-1.6, -0.6) in 2 cells
+    expected = [(p, t) for p in (-4 / 3, 0.0, 4 / 3) for t in (-1.35, -0.85)]
+    np.testing.assert_allclose(np.array(points), np.array(expected), atol=1e-12)
+    assert grid_points("no-such-set", 1, 1) == [(0.0, 2.5)] and recipe_for("no-such-set") == DEFAULT_RECIPE
+    with pytest.raises(ValueError, match="at least one point"):
+        grid_points("yacht", 0, 2)
+
+
+class _Posterior:
+    def predict_draws(self, x: Any, n_draws: int, seed: int) -> np.ndarray:
+        return np.zeros((n_draws, len(x)))
+
+
+def test_stage_passes_the_recipe_and_converts_the_noise_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def fake_fit_slang(x: Any, y: Any, **kwargs: Any) -> _Posterior:
+        calls.append(kwargs)
+        return _Posterior()
+
+    monkeypatch.setattr(_methods, "load_slang", lambda: fake_fit_slang)
+    rng = np.random.default_rng(0)
+    budget = Budget(128, 4, 2, 2, 2, 3, 1, 7, 1e-2)
+    stage = Stage(rng.normal(size=(20, 3)), rng.normal(size=20), rng.normal(size=(5, 3)), 4, budget,
+                  np.random.SeedSequence(1), (1.0,), "yacht", 3.0)
+    result = stage.run("slang_recipe", (-1.0, -0.5))
+    assert result.draws.shape == (3, 5)
+    (kwargs,) = calls
+    # τ = e^-0.5 in the target's units is τ s_y² = 9 e^-0.5 for targets divided by s_y = 3
+    assert math.isclose(kwargs["noise_precision"], 9.0 * math.exp(-0.5), rel_tol=1e-12)
+    assert math.isclose(kwargs["prior_precision"], math.exp(-1.0), rel_tol=1e-12)
+    assert (kwargs["batch_size"], kwargs["learning_rate"], kwargs["n_epochs"], kwargs["rank"]) == (10, 0.08, 7, 1)
+    assert kwargs["bias_prior_precision"] == 1e-6 and kwargs["n_mc_samples"] == 4
