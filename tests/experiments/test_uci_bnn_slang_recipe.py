@@ -9,9 +9,14 @@ import numpy as np
 import pytest
 
 pytest.importorskip("torch")
+pytest.importorskip("scipy")
+from scipy.stats import norm  # noqa: E402
+
+from onlinefa.experiments.uci_bnn import _noise_and_score  # noqa: E402
 
 from onlinefa.experiments.uci_bnn import _methods  # noqa: E402
-from onlinefa.experiments.uci_bnn._methods import Budget, Stage  # noqa: E402
+from onlinefa.experiments.uci_bnn._methods import Budget, Result, Stage  # noqa: E402
+from onlinefa.experiments.uci_bnn._metrics import tune_noise_variance  # noqa: E402
 from onlinefa.experiments.uci_bnn._slang_recipe import DEFAULT_RECIPE, grid_points, recipe_for  # noqa: E402
 from onlinefa.experiments.uci_bnn._tuning import Grid  # noqa: E402
 
@@ -53,3 +58,16 @@ def test_stage_passes_the_recipe_and_converts_the_noise_precision(monkeypatch: p
     assert math.isclose(kwargs["prior_precision"], math.exp(-1.0), rel_tol=1e-12)
     assert (kwargs["batch_size"], kwargs["learning_rate"], kwargs["n_epochs"], kwargs["rank"]) == (10, 0.08, 7, 1)
     assert kwargs["bias_prior_precision"] == 1e-6 and kwargs["n_mc_samples"] == 4
+    # it predicts with the noise it was trained with, σ² = 1 / (τ s_y²)
+    assert result.noise_variance is not None
+    assert math.isclose(result.noise_variance, math.exp(0.5) / 9.0, rel_tol=1e-12)
+
+
+def test_own_noise_is_kept_and_scored_where_others_are_tuned() -> None:
+    rng = np.random.default_rng(1)
+    draws, y_val = rng.normal(size=(4, 50)), rng.normal(size=50)
+    noise, score = _noise_and_score(Result(draws, 0.0, 0.3), y_val)
+    # independent closed form: mean over points of log (1/S) Σ_s N(y; μ_s, 0.3)
+    density = norm.pdf(y_val[None, :], loc=draws, scale=math.sqrt(0.3)).mean(axis=0)
+    assert noise == 0.3 and math.isclose(score, float(np.mean(np.log(density))), rel_tol=1e-12)
+    assert _noise_and_score(Result(draws, 0.0), y_val) == tune_noise_variance(draws, y_val)

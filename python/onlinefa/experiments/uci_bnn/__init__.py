@@ -87,12 +87,22 @@ def _dataset_seed(args: argparse.Namespace, name: str, split: int, stage: int) -
     return np.random.SeedSequence([args.seed, zlib.crc32(name.encode()), split, stage])
 
 
+def _noise_and_score(result: Any, y_val: Any) -> tuple[float, float]:
+    """The predictive σ² of a validation fit and its validation log-likelihood (standardised units): tuned on
+    the validation rows, unless the method predicts with its own noise."""
+    from ._metrics import mixture_log_likelihood, tune_noise_variance
+
+    if result.noise_variance is None:
+        return tune_noise_variance(result.draws, y_val)
+    return result.noise_variance, mixture_log_likelihood(result.draws, y_val, result.noise_variance, 0.0, 1.0)
+
+
 def _run_split(args: argparse.Namespace, dataset: Any, split: int, train: Any, test: Any, methods: list[str],
                grid: Any, out: Path) -> None:
     """Tune every method of ``methods`` on the training rows of one split, refit, evaluate, append rows."""
     from ._data import standardise
     from ._methods import Budget, Stage
-    from ._metrics import mixture_log_likelihood, rmse, tune_noise_variance
+    from ._metrics import mixture_log_likelihood, rmse
     from ._report import CHOICE_FIELDS, FIELDS
     from ._splits import validation_split
 
@@ -115,7 +125,7 @@ def _run_split(args: argparse.Namespace, dataset: Any, split: int, train: Any, t
         for config in grid.configs(method, dataset.name):
             result = stage.run(method, config)
             tuning_seconds += result.seconds
-            noise, score = tune_noise_variance(result.draws, y_val)
+            noise, score = _noise_and_score(result, y_val)
             if best is None or score > best[2]:
                 best = (config, noise, score, 0.0)
         assert best is not None
@@ -128,6 +138,8 @@ def _run_split(args: argparse.Namespace, dataset: Any, split: int, train: Any, t
     for method in methods:
         config, noise, score, tuning_seconds = chosen[method]
         result = final.run(method, config)
+        if result.noise_variance is not None:  # the method's own noise, from the refit's standardisation
+            noise = result.noise_variance
         row = {"dataset": dataset.name, "split": split, "method": method,
                "test_ll": mixture_log_likelihood(result.draws, dataset.y[test], noise, y_mean, y_std),
                "rmse": rmse(result.draws, dataset.y[test], y_mean, y_std), "fit_seconds": round(result.seconds, 3)}

@@ -25,7 +25,8 @@ of the network output (S, N) in standardised target units on the rows it predict
   the (λ, 1) MAP network's training residuals and the prior precision λ N / σ²_MAP.
 * ``slang_recipe``: configuration (ln λ, ln τ), τ in the target's original units: ``fit_slang`` with SLANG's
   published UCI recipe (:mod:`._slang_recipe`: minibatches of 10, the data set's learning rate, bias prior
-  precision 1e-6) for ``slang_epochs`` epochs, prior precision λ and noise precision τ s_y² (standardised units).
+  precision 1e-6) for ``slang_epochs`` epochs, prior precision λ and noise precision τ s_y² (standardised units);
+  it predicts with that noise (σ² = 1 / (τ s_y²)), as the published runs did, instead of a tuned σ².
 
 Shared work (the pre-training of a (λ, member), a collection run) is computed once per stage and its
 seconds are counted in full for each method that uses it (``fit_seconds``).
@@ -84,10 +85,12 @@ class Budget(NamedTuple):
 
 
 class Result(NamedTuple):
-    """Draws (S, N) in standardised units and the fit's wall-clock seconds."""
+    """Draws (S, N) in standardised units, the fit's wall-clock seconds and, for a method that predicts with the
+    noise it was trained with (``slang_recipe``), that noise variance (standardised units; None: tuned)."""
 
     draws: FloatArray
     seconds: float
+    noise_variance: float | None = None
 
 
 def load_slang() -> Callable[..., Any] | None:
@@ -320,4 +323,5 @@ class Stage:
         seconds = time.perf_counter() - start
         draws = np.asarray(posterior.predict_draws(self.inputs.double().numpy(), self.budget.n_draws, draw_seed),
                            dtype=np.float64)
-        return Result(draws, seconds)
+        # the published predictive: the mixture with the trained noise precision, σ² = 1 / (τ s_y²)
+        return Result(draws, seconds, 1.0 / (float(np.exp(log_noise)) * self.y_scale**2))
