@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
+from .._validation import check_init, check_int, check_seed
 from ._comm import Communicator, exchange, new_tag
 
 #: Seeds drawn for ``seed=None`` are below 2**53, so they travel exactly through a float64 sum.
@@ -94,3 +96,49 @@ def orthonormal_rows(comm: Communicator, layout: ShardLayout, n_components: int,
         lower = np.linalg.cholesky(gram)
         a = np.linalg.solve(lower, a.T).T
     return np.ascontiguousarray(a)
+
+
+Model = TypeVar("Model")
+
+
+def build_local_model(comm: Communicator, name: str, n_features: int, n_components: int, init: ArrayLike | None,
+                      seed: int | None, settings: dict[str, Any],
+                      build: Callable[[int, int, NDArray[np.float64], int, ShardLayout], Model],
+                      *, strictly_more_rows: bool) -> tuple[ShardLayout, Model]:
+    """Agree on the layout and the settings every rank must share (collective), take this rank's rows of the
+    single-process model's initial loadings, and build this rank's model with
+    ``build(n_local, K, init_rows, seed, layout)``. A failure on any rank raises on every rank.
+
+    Parameters
+    ----------
+    name : str
+        The model class's name (part of the agreed settings).
+    settings : dict
+        Options every rank must agree on, besides the class, K, the seed and whether ``init`` was given.
+    strictly_more_rows : bool
+        Whether each shard needs more than K rows (the streaming models) or at least K (VIFA).
+    """
+    failure: BaseException | None = None
+    n_local, k, init_rows = 0, 0, None
+    try:
+        n_local = check_int(n_features, "n_features", 1)
+        k = check_int(n_components, "n_components", 1)
+        seed = check_seed(seed)
+        if n_local < k + int(strictly_more_rows):
+            need = "more than" if strictly_more_rows else "at least"
+            raise ValueError(f"this rank's shard has n_features = {n_local} rows; each shard needs {need} K = {k}")
+        init_rows = None if init is None else check_init(init, n_local, k)
+    except Exception as err:
+        failure = err
+    agreed = {"class": name, "n_components": n_components, "init": init is None, "seed": seed, **settings}
+    layout, seed = handshake(comm, n_local, failure, agreed, seed)
+    if init_rows is None:
+        init_rows = orthonormal_rows(comm, layout, k, seed)
+    failure, model = None, None
+    try:
+        model = build(n_local, k, init_rows, seed, layout)
+    except Exception as err:
+        failure = err
+    exchange(comm, failure, None, 0, what="building the local models")
+    assert model is not None
+    return layout, model

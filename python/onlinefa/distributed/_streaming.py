@@ -10,44 +10,12 @@ from numpy.typing import ArrayLike, NDArray
 from .. import _core
 from .._core import NumericalBreakdownError
 from ..streaming import OnlineEM, OnlineSGA
-from .._validation import check_init, check_int, check_seed
 from ._comm import AllReduce, Communicator, exchange
 from ..errors import ShardCommunicationError
-from ._layout import ShardLayout, handshake, orthonormal_rows
+from ._layout import build_local_model
 from ._shared import ShardedGaussianMixin, local_matrix
 
 FloatArray = NDArray[np.float64]
-
-
-def construct_local(comm: Communicator, local_class: Any, n_features: int, n_components: int,
-                    init: ArrayLike | None, seed: int | None, options: dict[str, Any],
-                    ) -> tuple[ShardLayout, Any]:
-    """Agree on the layout and options, draw this rank's initial rows, build the local model
-    (``local_class(n_local, K, init=rows, **options)``)."""
-    failure: BaseException | None = None
-    n_local, k, init_rows = 0, 0, None
-    try:
-        n_local = check_int(n_features, "n_features", 1)
-        k = check_int(n_components, "n_components", 1)
-        seed = check_seed(seed)
-        if n_local <= k:
-            raise ValueError(f"this rank's shard has n_features = {n_local} rows; each shard needs more than K = {k}")
-        init_rows = None if init is None else check_init(init, n_local, k)
-    except Exception as err:
-        failure = err
-    settings = {"class": local_class.__name__, "n_components": n_components, "init": init is None,
-                "seed": seed, **options}
-    layout, seed = handshake(comm, n_local, failure, settings, seed)
-    if init_rows is None:
-        init_rows = orthonormal_rows(comm, layout, k, seed)
-    failure, model = None, None
-    try:
-        model = local_class(n_local, k, init=init_rows, **options)
-    except Exception as err:
-        failure = err
-    exchange(comm, failure, None, 0, what="building the local models")
-    assert model is not None
-    return layout, model
 
 
 class _ShardedStreaming(ShardedGaussianMixin):
@@ -63,9 +31,11 @@ class _ShardedStreaming(ShardedGaussianMixin):
                  seed: int | None = None, **options: Any) -> None:
         self._comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
         self._n_components = int(n_components)
-        self._layout, self._local = construct_local(
-            self._comm, self._local_class, n_features, n_components, init, seed, options
-        )
+        local_class = self._local_class
+        self._layout, self._local = build_local_model(
+            self._comm, local_class.__name__, n_features, n_components, init, seed, options,
+            lambda n_local, k, rows, _seed, _layout: local_class(n_local, k, init=rows, **options),
+            strictly_more_rows=True)
 
     def _local_engine(self) -> Any:
         self._local._require_fitted()

@@ -10,11 +10,10 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from .. import _core
-from .._validation import check_init, check_int, check_seed
 from ..vifa import VIFA
 from ._comm import AllReduce, Communicator, exchange
 from ..errors import ShardCommunicationError
-from ._layout import ShardLayout, handshake, orthonormal_rows
+from ._layout import ShardLayout, build_local_model
 from ._shared import ShardedGaussianMixin, as_local_gradients
 
 FloatArray = NDArray[np.float64]
@@ -210,29 +209,13 @@ def build_local_vifa(comm: Communicator, n_features: int, n_components: int, ini
                      options: dict[str, Any]) -> tuple[ShardLayout, VIFA]:
     """Agree on the layout and options (collective), draw this rank's rows of the single-process model's
     initial loadings, and build this rank's :class:`onlinefa.VIFA` (noise keyed by its first global row)."""
-    failure: BaseException | None = None
-    n_local, k, init_rows = 0, 0, None
-    try:
-        n_local = check_int(n_features, "n_features", 1)
-        k = check_int(n_components, "n_components", 1)
-        seed = check_seed(seed)
-        if n_local < k:
-            raise ValueError(f"this rank's shard has n_features = {n_local} rows; each shard needs at least K = {k}")
-        init_rows = None if init is None else check_init(init, n_local, k)
-    except Exception as err:
-        failure = err
-    settings = {"class": "VIFA", "n_components": n_components, "init": init is None, "seed": seed,
-                "init_mean": init_mean is None, "init_noise_variance": init_noise_variance is None, **options}
-    layout, seed = handshake(comm, n_local, failure, settings, seed)
-    if init_rows is None:
-        init_rows = orthonormal_rows(comm, layout, k, seed)
-    failure, local = None, None
-    try:
-        local = VIFA(n_local, k, init=init_rows, seed=seed, init_mean=init_mean,
+
+    def build(n_local: int, k: int, rows: FloatArray, agreed_seed: int, layout: ShardLayout) -> VIFA:
+        local = VIFA(n_local, k, init=rows, seed=agreed_seed, init_mean=init_mean,
                      init_noise_variance=init_noise_variance, **options)
         local._core.row_offset = layout.row_range[0]
-    except Exception as err:
-        failure = err
-    exchange(comm, failure, None, 0, what="building the local models")
-    assert local is not None
-    return layout, local
+        return local
+
+    settings = {"init_mean": init_mean is None, "init_noise_variance": init_noise_variance is None, **options}
+    return build_local_model(comm, "VIFA", n_features, n_components, init, seed, settings, build,
+                             strictly_more_rows=False)

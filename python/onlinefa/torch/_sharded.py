@@ -4,7 +4,6 @@ processes."""
 from __future__ import annotations
 
 import copy
-from functools import partialmethod
 from typing import Any, TypeVar
 
 import numpy as np
@@ -12,8 +11,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from ..distributed._comm import AllReduce, Communicator, exchange
-from ..distributed._layout import ShardLayout
-from ..distributed._streaming import construct_local
+from ..distributed._layout import ShardLayout, build_local_model
 from ..errors import NumericalBreakdownError
 from ._online_em import OnlineEM
 from ._online_sga import OnlineSGA
@@ -26,7 +24,7 @@ class ShardedTorchModel:
     """A torch streaming model with its D rows split across processes: one collective of K² + K + 1 numbers per
     sample (the E-step sums over every rank's rows). Subclasses set ``_local_class``."""
 
-    _local_class: type[TorchStreamingModel]
+    _local_class: type[OnlineEM] | type[OnlineSGA]
 
     def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
                  rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
@@ -35,8 +33,10 @@ class ShardedTorchModel:
         self._k = int(n_components)
         # the device is this rank's own: it is left out of the options every rank must agree on
         base = self._local_class
-        on_device = type(base.__name__, (base,), {"__init__": partialmethod(base.__init__, device=device)})
-        self._layout, local = construct_local(self._comm, on_device, n_features, n_components, init, seed, options)
+        self._layout, local = build_local_model(
+            self._comm, base.__name__, n_features, n_components, init, seed, options,
+            lambda n_local, k, rows, _seed, _layout: base(n_local, k, init=rows, device=device, **options),
+            strictly_more_rows=True)
         self._local: TorchStreamingModel = local
 
     @property
