@@ -340,12 +340,19 @@ pub fn query_sums<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Re
         total.quad += &part.quad;
         total.proj += &part.proj;
     }
+    // the product's two triangles may differ in the last bit: keep the upper one, exactly symmetric
+    for a in 0..k {
+        for b in 0..a {
+            total.gram[[a, b]] = total.gram[[b, a]];
+        }
+    }
     Ok(total)
 }
 
-/// Add one block's rows to `sums`: Σ F_d F_dᵀ/ψ_d (the upper triangle, mirrored), Σ log ψ_d, and for each
-/// sample r = x − c on these rows Σ r_d²/ψ_d and R (Ψ⁻¹F) (one matrix product). `x` holds the samples' entries
-/// of the block's rows (n×nb); `scaled` and `residual` are reused buffers.
+/// Add one block's rows to `sums`: Σ F_d F_dᵀ/ψ_d as the product Fᵀ (Ψ⁻¹F) ([`query_sums`] mirrors its upper
+/// triangle), Σ log ψ_d, and for each sample r = x − c on these rows Σ r_d²/ψ_d and R (Ψ⁻¹F) (one matrix
+/// product). `x` holds the samples' entries of the block's rows (n×nb); `scaled` and `residual` are reused
+/// buffers.
 fn add_block_sums(
     sums: &mut QuerySums,
     x: ArrayView2<f64>,
@@ -357,21 +364,18 @@ fn add_block_sums(
 ) {
     let (nb, k, n) = (psi.len(), sums.gram.nrows(), x.nrows());
     scaled.clear();
-    scaled.extend(f.iter().enumerate().map(|(i, v)| v / psi[i / k])); // Ψ⁻¹ F, nb×K
-    let gram = sums.gram.as_slice_mut().expect("the sums are allocated contiguous");
+    scaled.resize(nb * k, 0.0);
     if k > 0 {
-        for (row, row_scaled) in f.chunks_exact(k).zip(scaled.chunks_exact(k)) {
-            for (a, &fa) in row.iter().enumerate() {
-                for (g, s) in gram[a * k + a..(a + 1) * k].iter_mut().zip(&row_scaled[a..]) {
-                    *g += fa * s;
-                }
+        for ((out, row), &p) in scaled.chunks_exact_mut(k).zip(f.chunks_exact(k)).zip(psi) {
+            let inv = 1.0 / p;
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o = v * inv; // Ψ⁻¹ F, nb×K
             }
         }
-        for a in 0..k {
-            for b in 0..a {
-                gram[a * k + b] = gram[b * k + a];
-            }
-        }
+        // Σ_d F_dᵀ F_d / ψ_d as one product Fᵀ (Ψ⁻¹ F): (K×nb)(nb×K)
+        let f_block = ArrayView2::from_shape((nb, k), f).expect("nb·K loadings");
+        let s_block = ArrayView2::from_shape((nb, k), &scaled[..]).expect("nb·K scaled loadings");
+        general_mat_mul(1.0, &f_block.t(), &s_block, 1.0, &mut sums.gram);
     }
     sums.log_det_psi += psi.iter().map(|p| p.ln()).sum::<f64>();
     if n == 0 {
