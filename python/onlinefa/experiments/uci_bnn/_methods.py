@@ -21,6 +21,10 @@ of the network output (S, N) in standardised target units on the rows it predict
   MultiSWAG-FA mixes the SWAG-FA posteriors of 5 such runs.
 * ``mc_dropout``: configuration (λ, p): the dropout network trained like MAP for E epochs, predicting
   by S stochastic passes (Gal and Ghahramani, "Dropout as a Bayesian Approximation").
+* ``swag_fa_dropout``: configuration (λ, p): the same training run as ``mc_dropout`` (same seeds, so the same
+  network), with :class:`onlinefa.OnlineEM` (rank K) fitted to the Adam iterates of its last C epochs
+  (``snapshots_per_epoch`` per epoch); it predicts by S passes, each with its own draw θ_s of that posterior
+  and its own dropout mask.
 * ``slang``: configuration (λ, ρ): ``fit_slang`` (rank 1, rate ρ) with the noise precision 1/σ²_MAP of
   the (λ, 1) MAP network's training residuals and the prior precision λ N / σ²_MAP.
 * ``slang_recipe``: configuration (ln λ, ln τ), τ in the target's original units: ``fit_slang`` with SLANG's
@@ -44,7 +48,8 @@ from numpy.typing import NDArray
 
 import onlinefa
 from onlinefa.torch import (
-    GaussianNoise, MultiSWAG, ParameterVector, SnapshotCollector, bayesian_model_average, vifa_regression_step, vifa_step,
+    GaussianNoise, MultiSWAG, ParameterVector, SnapshotCollector, bayesian_model_average, sample_parameters,
+    vifa_regression_step, vifa_step,
 )
 from onlinefa.torch.swag import SWAG
 
@@ -60,7 +65,7 @@ Config = tuple[float, float]
 GRID_KIND: dict[str, str] = {
     "map": "map", "ensemble": "map", "swa": "collect", "swag_diag": "collect", "swag": "collect",
     "swag_fa": "collect", "online_sga": "collect", "vifa": "collect", "vifa_eb": "collect", "multiswag_fa": "collect",
-    "mc_dropout": "dropout", "slang": "slang", "slang_recipe": "slang_recipe",
+    "mc_dropout": "dropout", "swag_fa_dropout": "dropout", "slang": "slang", "slang_recipe": "slang_recipe",
 }  # fmt: skip
 
 #: Posterior drawn from each collected model, and its sampling scale.
@@ -103,6 +108,11 @@ def load_slang() -> Callable[..., Any] | None:
         raise
     out: Callable[..., Any] = fit_slang
     return out
+
+
+def n_parameters(model: torch.nn.Module) -> int:
+    """Number of scalar parameters of ``model``."""
+    return sum(p.numel() for p in model.parameters())
 
 
 def _seed(root: np.random.SeedSequence, *key: int) -> int:
@@ -228,13 +238,16 @@ class Stage:
             return Result(np.concatenate([self._point(theta) for theta, _ in runs]), sum(s for _, s in runs))
         if method == "mc_dropout":
             start = time.perf_counter()
-            torch.manual_seed(_seed(self.seed, 6, int(lam * 1e9), int(second * 1e9)))
-            model = self._network(second)
-            optimizer = torch.optim.Adam(model.parameters(), lr=self.budget.adam_lr, weight_decay=lam)
-            train(model, optimizer, self.data, self.budget.epochs, self.budget.batch_size,
-                  generator(_seed(self.seed, 7, int(lam * 1e9), int(second * 1e9))))
+            model = self._dropout_network(lam, second, None)
             seconds = time.perf_counter() - start
             return Result(dropout_draws(model, self.inputs, self.budget.n_draws, draw_seed), seconds)
+        if method == "swag_fa_dropout":
+            start = time.perf_counter()
+            posterior = onlinefa.OnlineEM(n_parameters(self._network(second)), self.budget.rank,
+                                          seed=_seed(self.seed, 13, int(lam * 1e9), int(second * 1e9)))
+            model = self._dropout_network(lam, second, posterior)
+            seconds = time.perf_counter() - start
+            return Result(self._posterior_dropout_draws(model, posterior, draw_seed), seconds)
         if method == "slang":
             return self._slang(lam, second, draw_seed)
         if method == "slang_recipe":
@@ -252,6 +265,37 @@ class Stage:
         if method == "vifa_eb":
             return self._vifa_eb(lam, second, posteriors["swag_fa"], swa, seconds, draw_seed)
         return Result(self._average(posteriors[method], self.budget.n_draws, _POSTERIORS[method], draw_seed), seconds)
+
+    def _dropout_network(self, lam: float, rate: float, posterior: onlinefa.OnlineEM | None) -> torch.nn.Sequential:
+        """MC dropout's network trained for E epochs; with ``posterior``, fitted to the iterates of the last C
+        epochs. The snapshots draw no random numbers, so the network is the same either way."""
+        torch.manual_seed(_seed(self.seed, 6, int(lam * 1e9), int(rate * 1e9)))
+        model = self._network(rate)
+        optimizer = torch.optim.Adam(model.parameters(), lr=self.budget.adam_lr, weight_decay=lam)
+        rng = generator(_seed(self.seed, 7, int(lam * 1e9), int(rate * 1e9)))
+        collect = 0 if posterior is None else min(self.budget.collect_epochs, self.budget.epochs)
+        train(model, optimizer, self.data, self.budget.epochs - collect, self.budget.batch_size, rng)
+        if posterior is not None:
+            steps = -(-self.n_fit // self.budget.batch_size)
+            collector = SnapshotCollector(posterior, model, every=max(1, steps // self.budget.snapshots_per_epoch))
+            collector.attach(optimizer)
+            train(model, optimizer, self.data, collect, self.budget.batch_size, rng)
+            collector.detach()
+        return model
+
+    def _posterior_dropout_draws(self, model: torch.nn.Module, posterior: object, seed: int) -> FloatArray:
+        """S passes (S, N), pass s with the draw θ_s of ``posterior`` and its own dropout mask."""
+        vector = ParameterVector(model)
+        torch.manual_seed(seed)
+        model.train()
+        outputs = []
+        with torch.no_grad():
+            for chunk in sample_parameters(posterior, self.budget.n_draws, seed=seed):
+                for theta in chunk:
+                    vector.assign(theta)
+                    outputs.append(model(self.inputs)[:, 0].double().numpy())
+        model.eval()
+        return np.stack(outputs)
 
     def _vifa(self, lam: float, eta: float, swag: SWAG, swa: FloatArray, seconds: float, draw_seed: int) -> Result:
         start = time.perf_counter()

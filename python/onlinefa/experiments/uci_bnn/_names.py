@@ -15,6 +15,7 @@ METHODS: dict[str, str] = {
     "multiswag_fa": "MultiSWAG-FA (5)",
     "ensemble": "Deep ensemble (5)",
     "mc_dropout": "MC dropout",
+    "swag_fa_dropout": "SWAG-FA on MC dropout's run",
     "slang": "SLANG (L=1)",
     "slang_recipe": "SLANG (L=1, published recipe)",
 }

@@ -1,4 +1,4 @@
-"""SLANG's published UCI recipe in the ``uci-bnn`` experiment: its search grid and what reaches ``fit_slang``."""
+"""Methods of the ``uci-bnn`` experiment: SLANG's published recipe (its grid, what reaches ``fit_slang``) and SWAG-FA on MC dropout's run."""
 
 from __future__ import annotations
 
@@ -71,3 +71,21 @@ def test_own_noise_is_kept_and_scored_where_others_are_tuned() -> None:
     density = norm.pdf(y_val[None, :], loc=draws, scale=math.sqrt(0.3)).mean(axis=0)
     assert noise == 0.3 and math.isclose(score, float(np.mean(np.log(density))), rel_tol=1e-12)
     assert _noise_and_score(Result(draws, 0.0), y_val) == tune_noise_variance(draws, y_val)
+
+
+def test_swag_fa_on_dropout_trains_the_mc_dropout_network_and_fits_its_last_epochs() -> None:
+    import onlinefa
+    from onlinefa.torch import ParameterVector
+
+    rng = np.random.default_rng(2)
+    budget = Budget(8, 6, 2, 4, 2, 5, 1, 1, 1e-2)  # 6 epochs, the last 2 collected, 4 snapshots per epoch
+    stage = Stage(rng.normal(size=(32, 3)), rng.normal(size=32), rng.normal(size=(7, 3)), 4, budget,
+                  np.random.SeedSequence(3), (1.0,))
+    plain = ParameterVector(stage._dropout_network(1e-3, 0.1, None)).numpy()
+    posterior = onlinefa.OnlineEM(plain.size, 2, seed=0)
+    collected = ParameterVector(stage._dropout_network(1e-3, 0.1, posterior)).numpy()
+    np.testing.assert_array_equal(collected, plain)  # the snapshots do not change the training run
+    assert posterior.n_seen == 2 * 4  # 4 steps per epoch, one snapshot per step, 2 epochs
+    result = stage.run("swag_fa_dropout", (1e-3, 0.1))
+    assert result.draws.shape == (5, 7) and np.all(np.isfinite(result.draws))
+    assert np.ptp(result.draws, axis=0).min() > 0.0  # every pass draws its own weights and mask
