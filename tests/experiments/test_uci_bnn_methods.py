@@ -1,4 +1,5 @@
-"""Methods of the ``uci-bnn`` experiment: SLANG's published recipe (its grid, what reaches ``fit_slang``) and SWAG-FA on MC dropout's run."""
+"""Methods of the ``uci-bnn`` experiment: SLANG's published recipe (its grid, what reaches ``fit_slang``) and
+SWAG-FA on MC dropout's run."""
 
 from __future__ import annotations
 
