@@ -90,3 +90,22 @@ def test_swag_fa_on_dropout_trains_the_mc_dropout_network_and_fits_its_last_epoc
     result = stage.run("swag_fa_dropout", (1e-3, 0.1))
     assert result.draws.shape == (5, 7) and np.all(np.isfinite(result.draws))
     assert np.ptp(result.draws, axis=0).min() > 0.0  # every pass draws its own weights and mask
+
+
+def test_swa_on_dropout_is_the_posterior_mean_under_mc_dropout_passes() -> None:
+    from onlinefa.torch import ParameterVector
+
+    from onlinefa.experiments.uci_bnn._methods import _seed
+    from onlinefa.experiments.uci_bnn._train import dropout_draws
+
+    rng = np.random.default_rng(4)
+    budget = Budget(8, 6, 2, 4, 2, 5, 1, 1, 1e-2)
+    stage = Stage(rng.normal(size=(32, 3)), rng.normal(size=32), rng.normal(size=(7, 3)), 4, budget,
+                  np.random.SeedSequence(5), (1.0,))
+    config = (1e-3, 0.1)
+    result = stage.run("swa_dropout", config)
+    model, posterior, _ = stage._dropout_collected(*config)
+    ParameterVector(model).assign(posterior.mean)
+    seed = _seed(stage.seed, 9, int(config[0] * 1e9), int(config[1] * 1e9))
+    np.testing.assert_array_equal(result.draws, dropout_draws(model, stage.inputs, budget.n_draws, seed))
+    assert np.ptp(result.draws, axis=0).min() > 0.0  # the masks still vary

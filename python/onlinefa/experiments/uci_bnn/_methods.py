@@ -24,7 +24,8 @@ of the network output (S, N) in standardised target units on the rows it predict
 * ``swag_fa_dropout``: configuration (λ, p): the same training run as ``mc_dropout`` (same seeds, so the same
   network), with :class:`onlinefa.OnlineEM` (rank K) fitted to the Adam iterates of its last C epochs
   (``snapshots_per_epoch`` per epoch); it predicts by S passes, each with its own draw θ_s of that posterior
-  and its own dropout mask.
+  and its own dropout mask. ``swa_dropout`` (the ablation) predicts from the same run with the posterior's mean
+  (the iterates' average, SWA) in every pass and only the masks drawn.
 * ``slang``: configuration (λ, ρ): ``fit_slang`` (rank 1, rate ρ) with the noise precision 1/σ²_MAP of
   the (λ, 1) MAP network's training residuals and the prior precision λ N / σ²_MAP.
 * ``slang_recipe``: configuration (ln λ, ln τ), τ in the target's original units: ``fit_slang`` with SLANG's
@@ -65,7 +66,7 @@ Config = tuple[float, float]
 GRID_KIND: dict[str, str] = {
     "map": "map", "ensemble": "map", "swa": "collect", "swag_diag": "collect", "swag": "collect",
     "swag_fa": "collect", "online_sga": "collect", "vifa": "collect", "vifa_eb": "collect", "multiswag_fa": "collect",
-    "mc_dropout": "dropout", "swag_fa_dropout": "dropout", "slang": "slang", "slang_recipe": "slang_recipe",
+    "mc_dropout": "dropout", "swag_fa_dropout": "dropout", "swa_dropout": "dropout", "slang": "slang", "slang_recipe": "slang_recipe",
 }  # fmt: skip
 
 #: Posterior drawn from each collected model, and its sampling scale.
@@ -156,6 +157,7 @@ class Stage:
         self.n_fit = X_fit.shape[0]
         self._pretrained: dict[tuple[float, int], tuple[dict[int, tuple[FloatArray, float]], float]] = {}
         self._collected: dict[tuple[float, float, int], tuple[dict[str, Any], float, FloatArray]] = {}
+        self._dropout_runs: dict[tuple[float, float], tuple[torch.nn.Sequential, onlinefa.OnlineEM, float]] = {}
 
     # -- shared runs ----------------------------------------------------------------------------------
     def _network(self, dropout: float = 0.0) -> torch.nn.Sequential:
@@ -241,13 +243,10 @@ class Stage:
             model = self._dropout_network(lam, second, None)
             seconds = time.perf_counter() - start
             return Result(dropout_draws(model, self.inputs, self.budget.n_draws, draw_seed), seconds)
-        if method == "swag_fa_dropout":
-            start = time.perf_counter()
-            posterior = onlinefa.OnlineEM(n_parameters(self._network(second)), self.budget.rank,
-                                          seed=_seed(self.seed, 13, int(lam * 1e9), int(second * 1e9)))
-            model = self._dropout_network(lam, second, posterior)
-            seconds = time.perf_counter() - start
-            return Result(self._posterior_dropout_draws(model, posterior, draw_seed), seconds)
+        if method in ("swag_fa_dropout", "swa_dropout"):
+            model, posterior, seconds = self._dropout_collected(lam, second)
+            scale = 1.0 if method == "swag_fa_dropout" else 0.0
+            return Result(self._posterior_dropout_draws(model, posterior, scale, draw_seed), seconds)
         if method == "slang":
             return self._slang(lam, second, draw_seed)
         if method == "slang_recipe":
@@ -283,14 +282,27 @@ class Stage:
             collector.detach()
         return model
 
-    def _posterior_dropout_draws(self, model: torch.nn.Module, posterior: object, seed: int) -> FloatArray:
-        """S passes (S, N), pass s with the draw θ_s of ``posterior`` and its own dropout mask."""
+    def _dropout_collected(self, lam: float, rate: float) -> tuple[torch.nn.Sequential, onlinefa.OnlineEM, float]:
+        """MC dropout's run at (λ, p) with OnlineEM on its last C epochs (cached per stage), and its seconds."""
+        key = (lam, rate)
+        if key not in self._dropout_runs:
+            start = time.perf_counter()
+            posterior = onlinefa.OnlineEM(n_parameters(self._network(rate)), self.budget.rank,
+                                          seed=_seed(self.seed, 13, int(lam * 1e9), int(rate * 1e9)))
+            model = self._dropout_network(lam, rate, posterior)
+            self._dropout_runs[key] = (model, posterior, time.perf_counter() - start)
+        return self._dropout_runs[key]
+
+    def _posterior_dropout_draws(self, model: torch.nn.Module, posterior: object, scale: float,
+                                 seed: int) -> FloatArray:
+        """S passes (S, N), pass s with the draw θ_s of ``posterior`` (covariance × ``scale``; 0: its mean) and
+        its own dropout mask."""
         vector = ParameterVector(model)
         torch.manual_seed(seed)
         model.train()
         outputs = []
         with torch.no_grad():
-            for chunk in sample_parameters(posterior, self.budget.n_draws, seed=seed):
+            for chunk in sample_parameters(posterior, self.budget.n_draws, scale=scale, seed=seed):
                 for theta in chunk:
                     vector.assign(theta)
                     outputs.append(model(self.inputs)[:, 0].double().numpy())

@@ -16,6 +16,7 @@ METHODS: dict[str, str] = {
     "ensemble": "Deep ensemble (5)",
     "mc_dropout": "MC dropout",
     "swag_fa_dropout": "SWAG-FA on MC dropout's run",
+    "swa_dropout": "SWA on MC dropout's run",
     "slang": "SLANG (L=1)",
     "slang_recipe": "SLANG (L=1, published recipe)",
 }
