@@ -368,10 +368,11 @@ class Stage:
         if fit_slang is None:
             raise RuntimeError("SLANG is not available")
         recipe = recipe_for(self.dataset)
+        noise_precision = float(np.exp(log_noise)) * self.y_scale**2  # τ in standardised units, τ s_y²
         start = time.perf_counter()
         posterior = fit_slang(self.data[0].double().numpy(), self.data[1].double().numpy(), n_hidden=self.n_hidden,
                               prior_precision=float(np.exp(log_prior)),
-                              noise_precision=float(np.exp(log_noise)) * self.y_scale**2, rank=1,
+                              noise_precision=noise_precision, rank=1,
                               n_epochs=self.budget.slang_epochs, batch_size=RECIPE_BATCH_SIZE,
                               learning_rate=recipe.learning_rate, n_mc_samples=recipe.n_mc_samples,
                               bias_prior_precision=RECIPE_BIAS_PRIOR_PRECISION,
@@ -380,4 +381,4 @@ class Stage:
         draws = np.asarray(posterior.predict_draws(self.inputs.double().numpy(), self.budget.n_draws, draw_seed),
                            dtype=np.float64)
         # the published predictive: the mixture with the trained noise precision, σ² = 1 / (τ s_y²)
-        return Result(draws, seconds, 1.0 / (float(np.exp(log_noise)) * self.y_scale**2))
+        return Result(draws, seconds, 1.0 / noise_precision)
