@@ -23,6 +23,7 @@ pub mod query;
 pub mod scalar;
 pub mod scaling;
 pub mod schedule;
+pub mod shrinkage;
 pub mod state;
 pub mod state_checks;
 #[cfg(test)]

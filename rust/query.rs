@@ -40,6 +40,11 @@ pub trait GaussianRows: Sync {
     fn visit_rows(&self, visit: &mut RowVisitor<'_>) -> Result<()> {
         self.visit_range(0..self.dims().0, visit)
     }
+    /// The K×K map R by which the model reports its loadings (F' = F R, marginal variances kept; see
+    /// [`crate::shrinkage::Reported`]), or None to report the rows as visited.
+    fn report_transform(&self) -> Result<Option<Array2<f64>>> {
+        Ok(None)
+    }
 }
 
 /// Rows per task of a query: the tasks are fixed ranges of rows whatever the number of threads, and their
@@ -83,6 +88,15 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
             return Ok(());
         }
         self.visit_fitted_rows(rows, visit)
+    }
+
+    /// The spiked-model shrinkage (crate::shrinkage) when the configuration asks for it and the model is fitted.
+    fn report_transform(&self) -> Result<Option<Array2<f64>>> {
+        if !self.config.shrink || !self.is_fitted() {
+            return Ok(None);
+        }
+        let gram = crate::shrinkage::gram(self)?;
+        crate::shrinkage::spiked_transform(gram.view(), self.n_features, self.effective_samples()).map(Some)
     }
 }
 

@@ -109,7 +109,9 @@ class OnlineFactorAnalysis(EstimatorBase):
     whiten : bool, default=True
         EM only (validated, unused by SGA): apply the whitening (parameter-expanded EM) step after each
         M-step (:class:`onlinefa.OnlineEM`, docs/whitening.md). ``whiten=False, schedule="harmonic"``
-        is exactly the thesis's Algorithm 2.
+        is exactly the thesis's Algorithm 2. The estimator reports the fit as it is (maximum likelihood, as
+        scikit-learn's ``FactorAnalysis``), without the shrinkage :class:`onlinefa.OnlineEM` applies by
+        default (its ``shrink``).
     schedule : {"auto", "harmonic", "power", "constant"}, default="auto"
         Step sizes ρ_t of the running averages. "auto" is "harmonic" (ρ_t = 1/t, equal weights: the
         fitted marginal variances are the samples' own, :class:`onlinefa.OnlineEM`) for one pass over the
@@ -272,6 +274,10 @@ class OnlineFactorAnalysis(EstimatorBase):
         self._check_pass_options()
         if self.batch_size > 1:
             return self._new_minibatch_model(n_features, n_components, moments)
+        # The estimator reports the fit as it is (maximum likelihood, as scikit-learn's FactorAnalysis): after
+        # several passes over the same rows the sample count behind the statistics is not the rows' number,
+        # which the reporting shrinkage of OnlineEM needs.
+        reported = {"shrink": False} if model_class is OnlineEM else {}
         return model_class(
             n_features,
             n_components,
@@ -280,6 +286,7 @@ class OnlineFactorAnalysis(EstimatorBase):
             noise_floor=check_positive_float(self.noise_floor, "noise_floor"),
             dtype=_state_dtype(self.dtype),
             **self._model_options(),
+            **reported,
         )
 
     def _check_pass_options(self) -> None:

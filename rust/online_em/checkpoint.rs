@@ -14,6 +14,7 @@ impl<T: StateReal> Checkpoint for OnlineEm<T> {
         w.put("n_warmup", StateValue::Int(self.config.n_warmup));
         w.put("noise_floor", StateValue::Float(self.config.noise_floor));
         w.put("whiten", StateValue::Bool(self.config.whiten));
+        w.put("shrink", StateValue::Bool(self.config.shrink));
         write_schedule(&mut w, &self.config.step_size);
         write_scaling(&mut w, self.config.scaling, self.scale_sq);
         w.put("n_seen", StateValue::Int(self.n_seen));
@@ -65,6 +66,8 @@ impl<T: StateReal> Checkpoint for OnlineEm<T> {
             step_size: read_schedule(&r)?,
             whiten: r.bool("whiten")?,
             scaling,
+            // Checkpoints written before the option existed report the rows as stored.
+            shrink: r.has("shrink") && r.bool("shrink")?,
         };
         validate_dims(d, k, config.noise_floor)
             .and_then(|_| check_floor_fits::<T>(config.noise_floor))

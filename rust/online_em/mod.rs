@@ -52,6 +52,9 @@ pub struct EmConfig {
     pub whiten: bool,
     /// Scale convention of the warm-up start, the noise floor and the mean (`Unit`: the thesis).
     pub scaling: Scaling,
+    /// Report the fitted Gaussian with the spiked-model shrinkage of its factors (crate::shrinkage); the
+    /// running statistics and the updates are the same either way.
+    pub shrink: bool,
 }
 
 impl Default for EmConfig {
@@ -62,6 +65,7 @@ impl Default for EmConfig {
             step_size: StepSize::Harmonic,
             whiten: false,
             scaling: Scaling::Unit,
+            shrink: false,
         }
     }
 }
@@ -490,6 +494,11 @@ impl<T: Real> OnlineEm<T> {
     /// Warm-up length: the fitted Gaussian exists once more than this many samples were seen.
     pub fn n_warmup(&self) -> u64 {
         self.config.n_warmup
+    }
+
+    /// Effective number of samples behind the running averages (crate::shrinkage::effective_samples).
+    pub fn effective_samples(&self) -> f64 {
+        crate::shrinkage::effective_samples(&self.config.step_size, self.n_seen)
     }
 
     pub fn is_fitted(&self) -> bool {

@@ -16,6 +16,7 @@ use crate::fork::{LockFailure, Mutex, MutexGuard};
 use crate::init::{entropy_seed, orthonormal_loadings};
 use crate::query::GaussianRows;
 use crate::schedule::StepSize;
+use crate::shrinkage::Reported;
 
 pyo3::create_exception!(
     onlinefa._core,
@@ -146,16 +147,26 @@ macro_rules! with_model {
 }
 
 // ---- streaming queries (crate::query): one lock, one pass over the state, no D×K copy ----
+// Each query reads the model as it reports itself (crate::shrinkage::Reported): mapped by `transform` (K×K)
+// when given — the map a model split across processes computes over all its rows — else by the model's own.
+
+/// An optional K×K transform from Python as an owned array.
+pub(crate) fn owned_transform(transform: Option<PyReadonlyArray2<'_, f64>>) -> PyResult<Option<Array2<f64>>> {
+    transform.map(|t| Ok(t.as_array().to_owned())).transpose()
+}
 
 /// Log densities of the rows of `x` (n×D float64) under the model's Gaussian, read under one lock.
 pub(crate) fn query_log_prob<'py, A: GaussianRows + Send, B: GaussianRows + Send>(
     py: Python<'py>,
     inner: &Mutex<Typed<A, B>>,
     x: PyReadonlyArray2<'_, f64>,
+    transform: Option<PyReadonlyArray2<'_, f64>>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let xv = checked_view(&x, "X")?;
+    let map = owned_transform(transform)?;
     let out = py.detach(|| -> PyResult<_> {
-        with_model!(&*lock(inner)?, m => crate::query::log_prob(m, xv)).map_err(PyErr::from)
+        with_model!(&*lock(inner)?, m => Reported::of(m, map).and_then(|g| crate::query::log_prob(&g, xv)))
+            .map_err(PyErr::from)
     })?;
     Ok(out.into_pyarray(py))
 }
@@ -165,10 +176,13 @@ pub(crate) fn query_latent_mean<'py, A: GaussianRows + Send, B: GaussianRows + S
     py: Python<'py>,
     inner: &Mutex<Typed<A, B>>,
     x: PyReadonlyArray2<'_, f64>,
+    transform: Option<PyReadonlyArray2<'_, f64>>,
 ) -> PyResult<Bound<'py, PyArray2<f64>>> {
     let xv = checked_view(&x, "X")?;
+    let map = owned_transform(transform)?;
     let out = py.detach(|| -> PyResult<_> {
-        with_model!(&*lock(inner)?, m => crate::query::latent_mean(m, xv)).map_err(PyErr::from)
+        with_model!(&*lock(inner)?, m => Reported::of(m, map).and_then(|g| crate::query::latent_mean(&g, xv)))
+            .map_err(PyErr::from)
     })?;
     Ok(out.into_pyarray(py))
 }
@@ -179,18 +193,26 @@ pub(crate) fn query_draw_into<A: GaussianRows + Send, B: GaussianRows + Send>(
     inner: &Mutex<Typed<A, B>>,
     h: PyReadonlyArray2<'_, f64>,
     out: &Bound<'_, PyAny>,
+    transform: Option<PyReadonlyArray2<'_, f64>>,
 ) -> PyResult<()> {
     let hv = checked_view(&h, "h")?;
+    let map = owned_transform(transform)?;
     if let Ok(arr) = out.cast::<PyArray2<f64>>() {
         check_layout(arr, "out")?;
         let mut rw = arr.try_readwrite().map_err(|e| PyValueError::new_err(e.to_string()))?;
         let view = rw.as_array_mut();
-        py.detach(|| with_model!(&*lock(inner)?, m => crate::query::draw_in_place(m, hv, view)).map_err(PyErr::from))
+        py.detach(|| {
+            with_model!(&*lock(inner)?, m => Reported::of(m, map).and_then(|g| crate::query::draw_in_place(&g, hv, view)))
+                .map_err(PyErr::from)
+        })
     } else if let Ok(arr) = out.cast::<PyArray2<f32>>() {
         check_layout(arr, "out")?;
         let mut rw = arr.try_readwrite().map_err(|e| PyValueError::new_err(e.to_string()))?;
         let view = rw.as_array_mut();
-        py.detach(|| with_model!(&*lock(inner)?, m => crate::query::draw_in_place(m, hv, view)).map_err(PyErr::from))
+        py.detach(|| {
+            with_model!(&*lock(inner)?, m => Reported::of(m, map).and_then(|g| crate::query::draw_in_place(&g, hv, view)))
+                .map_err(PyErr::from)
+        })
     } else {
         Err(PyTypeError::new_err(
             "out must be a writable 2-D float32 or float64 numpy array",

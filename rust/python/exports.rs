@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use super::common::*;
 use crate::query::rows_as;
 use crate::scalar::Real;
+use crate::shrinkage::Reported;
 
 // ---- the fitted Gaussian in the storage dtype ----
 // The scikit-learn exports of a float32 model (`components_`, `noise_variance_`, `mean_`) are float32,
@@ -32,7 +33,8 @@ pub(crate) fn storage_arrays<'py, T: Element + Real>(
 }
 
 /// (n_seen, mean, F, ψ) of an `OnlineEMCore` or `OnlineSGACore` in its storage dtype (float32 or float64),
-/// read under one lock: one consistent fitted state, the float64 `snapshot()` rounded to the storage type.
+/// read under one lock: one consistent fitted state (as the model reports itself), the float64 `snapshot()`
+/// rounded to the storage type.
 #[pyfunction]
 pub(crate) fn storage_snapshot<'py>(py: Python<'py>, core: &Bound<'py, PyAny>) -> PyResult<StorageSnapshot<'py>> {
     macro_rules! read {
@@ -42,8 +44,12 @@ pub(crate) fn storage_snapshot<'py>(py: Python<'py>, core: &Bound<'py, PyAny>) -
             let rows = py.detach(|| {
                 let guard = lock(inner)?;
                 match &*guard {
-                    Typed::F32(m) => rows_as::<f32, _>(m).map(|r| (m.n_seen(), Typed::F32(r))),
-                    Typed::F64(m) => rows_as::<f64, _>(m).map(|r| (m.n_seen(), Typed::F64(r))),
+                    Typed::F32(m) => Reported::of(m, None)
+                        .and_then(|g| rows_as::<f32, _>(&g))
+                        .map(|r| (m.n_seen(), Typed::F32(r))),
+                    Typed::F64(m) => Reported::of(m, None)
+                        .and_then(|g| rows_as::<f64, _>(&g))
+                        .map(|r| (m.n_seen(), Typed::F64(r))),
                 }
                 .map_err(PyErr::from)
             })?;

@@ -72,3 +72,25 @@ pub(crate) fn gaussian_precision_cholesky<'py>(
     let out = py.detach(|| crate::query::precision_cholesky(&DenseGaussian::new(zeros.view(), f, psi)?))?;
     Ok(out.into_pyarray(py))
 }
+
+/// The K×K map R of the spiked-model shrinkage (crate::shrinkage) from the Gram Fᵀ Ψ⁻¹ F (K×K) of a model with
+/// `n_features` rows in all, fitted to `n_samples` effective samples.
+#[pyfunction]
+pub(crate) fn spiked_transform<'py>(
+    py: Python<'py>,
+    gram: PyReadonlyArray2<'_, f64>,
+    n_features: usize,
+    n_samples: f64,
+) -> PyResult<Bound<'py, PyArray2<f64>>> {
+    let g = gram.as_array().to_owned();
+    let out = py.detach(|| crate::shrinkage::spiked_transform(g.view(), n_features, n_samples))?;
+    Ok(out.into_pyarray(py))
+}
+
+/// Effective number of samples 1/Σ w² of running averages with the given schedule after `n_seen` samples.
+#[pyfunction]
+#[pyo3(signature = (n_seen, schedule, tau0, kappa, rho))]
+pub(crate) fn effective_samples(n_seen: u64, schedule: &str, tau0: f64, kappa: f64, rho: f64) -> PyResult<f64> {
+    let step = super::common::step_size(schedule, tau0, kappa, rho)?;
+    Ok(crate::shrinkage::effective_samples(&step, n_seen))
+}

@@ -25,7 +25,9 @@ mod _core {
     #[pymodule_export]
     use super::exports::storage_snapshot;
     #[pymodule_export]
-    use super::gaussian::{gaussian_latent_mean, gaussian_log_prob, gaussian_precision_cholesky};
+    use super::gaussian::{
+        effective_samples, gaussian_latent_mean, gaussian_log_prob, gaussian_precision_cholesky, spiked_transform,
+    };
     #[pymodule_export]
     use super::gfa::{GFACore, OnlineGFACore};
     #[pymodule_export]

@@ -7,23 +7,26 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, P
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::common::{check_layout, checked_view, lock, Typed};
+use super::common::{check_layout, checked_view, lock, owned_transform, Typed};
 use crate::fork::Mutex;
 use crate::noise::{latent_draw, SAMPLE_SALT};
 use crate::query::{GaussianRows, QuerySums};
 use crate::scalar::Real;
+use crate::shrinkage::Reported;
 
 /// The flat query sums of a model's rows for X (n×D), read under one lock.
 pub(crate) fn query_sums<'py, A: GaussianRows + Send, B: GaussianRows + Send>(
     py: Python<'py>,
     inner: &Mutex<Typed<A, B>>,
     x: PyReadonlyArray2<'_, f64>,
+    transform: Option<PyReadonlyArray2<'_, f64>>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let xv = checked_view(&x, "X")?;
+    let map = owned_transform(transform)?;
     let flat = py.detach(|| -> PyResult<Vec<f64>> {
         let sums = match &*lock(inner)? {
-            Typed::F32(m) => crate::query::query_sums(m, xv),
-            Typed::F64(m) => crate::query::query_sums(m, xv),
+            Typed::F32(m) => Reported::of(m, map).and_then(|g| crate::query::query_sums(&g, xv)),
+            Typed::F64(m) => Reported::of(m, map).and_then(|g| crate::query::query_sums(&g, xv)),
         };
         Ok(sums?.to_flat())
     })?;

@@ -111,19 +111,48 @@ macro_rules! model_methods {
                 py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.is_fitted())))
             }
 
-            /// Log densities of the rows of X (n×D float64), streaming over the state under one lock.
-            fn log_prob<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
-                query_log_prob(py, &self.inner, x)
+            /// Log densities of the rows of X (n×D float64), streaming over the state under one lock. Every
+            /// query reads the reported Gaussian: mapped by `transform` (K×K) if given, else as the model
+            /// reports itself (crate::shrinkage::Reported).
+            #[pyo3(signature = (x, transform=None))]
+            fn log_prob<'py>(
+                &self,
+                py: Python<'py>,
+                x: PyReadonlyArray2<'_, f64>,
+                transform: Option<PyReadonlyArray2<'_, f64>>,
+            ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                query_log_prob(py, &self.inner, x, transform)
             }
 
             /// Posterior latent means E[h | x] of the rows of X (n×D float64), under one lock.
-            fn latent_mean<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-                query_latent_mean(py, &self.inner, x)
+            #[pyo3(signature = (x, transform=None))]
+            fn latent_mean<'py>(
+                &self,
+                py: Python<'py>,
+                x: PyReadonlyArray2<'_, f64>,
+                transform: Option<PyReadonlyArray2<'_, f64>>,
+            ) -> PyResult<Bound<'py, PyArray2<f64>>> {
+                query_latent_mean(py, &self.inner, x, transform)
             }
 
             /// Overwrite `out` (n×D, holding z) with c + F h + ψ^{1/2} ⊙ z, under one lock.
-            fn draw_into(&self, py: Python<'_>, h: PyReadonlyArray2<'_, f64>, out: &Bound<'_, PyAny>) -> PyResult<()> {
-                query_draw_into(py, &self.inner, h, out)
+            #[pyo3(signature = (h, out, transform=None))]
+            fn draw_into(
+                &self,
+                py: Python<'_>,
+                h: PyReadonlyArray2<'_, f64>,
+                out: &Bound<'_, PyAny>,
+                transform: Option<PyReadonlyArray2<'_, f64>>,
+            ) -> PyResult<()> {
+                query_draw_into(py, &self.inner, h, out, transform)
+            }
+
+            /// Fᵀ Ψ⁻¹ F (K×K) of the rows as stored (before any reporting transform), under one lock.
+            fn gram<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+                let g = py.detach(|| {
+                    with_model!(&*lock(&self.inner)?, m => crate::shrinkage::gram(m)).map_err(PyErr::from)
+                })?;
+                Ok(g.into_pyarray(py))
             }
 
             /// Validate a batch X (n×D float32/float64) as `update` does, applying nothing.
@@ -173,19 +202,31 @@ macro_rules! model_methods {
             }
 
             /// The additive query sums of these rows for X (n×D float64), flat (see `crate::query::QuerySums`).
-            fn query_sums<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
-                super::sharded::query_sums(py, &self.inner, x)
+            #[pyo3(signature = (x, transform=None))]
+            fn query_sums<'py>(
+                &self,
+                py: Python<'py>,
+                x: PyReadonlyArray2<'_, f64>,
+                transform: Option<PyReadonlyArray2<'_, f64>>,
+            ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+                super::sharded::query_sums(py, &self.inner, x, transform)
             }
 
-            /// (n_seen, mean, loadings, noise_variance) read under one lock: one consistent state.
+            /// (n_seen, mean, loadings, noise_variance) of the reported Gaussian read under one lock: one
+            /// consistent state.
             #[allow(clippy::type_complexity)]
+            #[pyo3(signature = (transform=None))]
             fn snapshot<'py>(
                 &self,
                 py: Python<'py>,
+                transform: Option<PyReadonlyArray2<'_, f64>>,
             ) -> PyResult<(u64, Bound<'py, PyArray1<f64>>, Bound<'py, PyArray2<f64>>, Bound<'py, PyArray1<f64>>)> {
+                let map = owned_transform(transform)?;
                 let (t, (mean, f, psi), k) = py.detach(|| {
                     with_model!(&*lock(&self.inner)?, m => {
-                        crate::query::rows_as::<f64, _>(m).map(|rows| (m.n_seen(), rows, m.n_components()))
+                        crate::shrinkage::Reported::of(m, map)
+                            .and_then(|g| crate::query::rows_as::<f64, _>(&g))
+                            .map(|rows| (m.n_seen(), rows, m.n_components()))
                     })
                     .map_err(PyErr::from)
                 })?;
@@ -234,7 +275,7 @@ pub struct OnlineEMCore {
 model_methods!(OnlineEMCore, {
     #[new]
     #[pyo3(signature = (n_features, n_components, *, init, seed, n_warmup, noise_floor, dtype,
-                        schedule, tau0, kappa, rho, whiten, scaling))]
+                        schedule, tau0, kappa, rho, whiten, scaling, shrink))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -251,6 +292,7 @@ model_methods!(OnlineEMCore, {
         rho: f64,
         whiten: bool,
         scaling: &str,
+        shrink: bool,
     ) -> PyResult<Self> {
         let step_size = step_size(schedule, tau0, kappa, rho)?;
         let config = EmConfig {
@@ -259,10 +301,23 @@ model_methods!(OnlineEMCore, {
             step_size,
             whiten,
             scaling: Scaling::parse(scaling)?,
+            shrink,
         };
         let shape = (n_features, n_components);
         let inner = typed_model(py, shape, init, seed, dtype, config, OnlineEm::new, OnlineEm::new)?;
         Ok(OnlineEMCore { inner })
+    }
+
+    /// Effective number of samples behind the running averages (n under the harmonic schedule).
+    #[getter]
+    fn effective_samples(&self, py: Python<'_>) -> PyResult<f64> {
+        py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.effective_samples())))
+    }
+
+    /// Whether queries report the spiked-model shrinkage of the factors.
+    #[getter]
+    fn shrink(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| Ok(with_model!(&*lock(&self.inner)?, m => m.config().shrink)))
     }
 
     /// A new engine: this one with its warm-up ended at the last sample (the first M-step applied to

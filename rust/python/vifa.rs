@@ -183,7 +183,7 @@ impl VIFACore {
 
     /// The additive query sums of these rows for X (n×D float64), flat (see `crate::query::QuerySums`).
     fn query_sums<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
-        super::sharded::query_sums(py, &self.inner, x)
+        super::sharded::query_sums(py, &self.inner, x, None)
     }
 
     /// (h, z) of the pending draws: (n_pending, K) and (n_pending, D).
@@ -311,17 +311,17 @@ impl VIFACore {
 
     /// Log densities of the rows of X (n×D float64), streaming over the state under one lock.
     fn log_prob<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
-        query_log_prob(py, &self.inner, x)
+        query_log_prob(py, &self.inner, x, None)
     }
 
     /// Posterior latent means E[h | x] of the rows of X (n×D float64), under one lock.
     fn latent_mean<'py>(&self, py: Python<'py>, x: PyReadonlyArray2<'_, f64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        query_latent_mean(py, &self.inner, x)
+        query_latent_mean(py, &self.inner, x, None)
     }
 
     /// Overwrite `out` (n×D, holding z) with c + F h + ψ^{1/2} ⊙ z, under one lock.
     fn draw_into(&self, py: Python<'_>, h: PyReadonlyArray2<'_, f64>, out: &Bound<'_, PyAny>) -> PyResult<()> {
-        query_draw_into(py, &self.inner, h, out)
+        query_draw_into(py, &self.inner, h, out, None)
     }
 
     fn log_noise_variance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {

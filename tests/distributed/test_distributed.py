@@ -121,14 +121,17 @@ def test_vifa_shards_equal_the_single_process_model(config: str, world: int) -> 
         assert rel(r[3], single.log_prob(centre[None])) < TOL
 
 
-def test_em_takes_one_collective_per_sample() -> None:
+@pytest.mark.parametrize("shrink", [True, False])
+def test_em_takes_one_collective_per_sample(shrink: bool) -> None:
+    """One collective per sample (the E-step sums), and with the reporting shrinkage one more per call (the
+    Gram matrix over every rank's rows, once the model is fitted)."""
     x = data(40)
     ranks = ThreadRanks(2)
     models: list[Any] = [None, None]
     bounds = LAYOUTS[2]
 
     def build(rank: int) -> None:
-        models[rank] = ShardedOnlineEM(bounds[rank + 1] - bounds[rank], K, seed=1, **ranks.kwargs(rank))
+        models[rank] = ShardedOnlineEM(bounds[rank + 1] - bounds[rank], K, seed=1, shrink=shrink, **ranks.kwargs(rank))
 
     def feed(rank: int) -> None:
         models[rank].update(x[:, bounds[rank]: bounds[rank + 1]])
@@ -141,7 +144,7 @@ def test_em_takes_one_collective_per_sample() -> None:
         for t in threads:
             t.join()
         if step is feed:
-            assert ranks.calls - before == len(x)
+            assert ranks.calls - before == len(x) + int(shrink)
 
 
 def states(results: list[Any]) -> list[dict[str, Any]]:

@@ -84,11 +84,14 @@ def assert_same_state(left: dict[str, Any], right: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize(("algorithm", "engine", "options", "engine_options"), [
-    # Defaults: EM with whitening and equal weights (1/t), SGA with the thesis's 1/t.
-    ("em", onlinefa.OnlineEM, {}, {"whiten": True, "schedule": "harmonic"}),
-    ("em", onlinefa.OnlineEM, {"schedule": "power"}, {"whiten": True, "schedule": "power", "kappa": 0.9}),
-    ("em", onlinefa.OnlineEM, {"whiten": False, "schedule": "harmonic"}, {"whiten": False, "schedule": "harmonic"}),
-    ("em", onlinefa.OnlineEM, {"schedule": "constant", "rho": 0.05}, {"whiten": True, "schedule": "constant", "rho": 0.05}),
+    # Defaults: EM with whitening and equal weights (1/t), reported as fitted (no shrinkage); SGA with the thesis's 1/t.
+    ("em", onlinefa.OnlineEM, {}, {"whiten": True, "schedule": "harmonic", "shrink": False}),
+    ("em", onlinefa.OnlineEM, {"schedule": "power"},
+     {"whiten": True, "schedule": "power", "kappa": 0.9, "shrink": False}),
+    ("em", onlinefa.OnlineEM, {"whiten": False, "schedule": "harmonic"},
+     {"whiten": False, "schedule": "harmonic", "shrink": False}),
+    ("em", onlinefa.OnlineEM, {"schedule": "constant", "rho": 0.05},
+     {"whiten": True, "schedule": "constant", "rho": 0.05, "shrink": False}),
     ("sga", onlinefa.OnlineSGA, {"lr": 5e-3}, {"lr": 5e-3}),
     ("sga", onlinefa.OnlineSGA, {"schedule": "power", "kappa": 0.8, "tau0": 3.0},
      {"schedule": "power", "kappa": 0.8, "tau0": 3.0}),

@@ -81,7 +81,7 @@ def test_recorded_values_match_an_independent_rerun(tiny_run: Path) -> None:
     sga = onlinefa.OnlineSGA.algorithm1(12, 2, lr=1e-3, n_warmup=100, seed=6)
     sga.update(stream)
     whitened = onlinefa.OnlineEM(12, 2, n_warmup=100, seed=6, whiten=True, schedule="power", kappa=0.9,
-                                 scaling="unit")
+                                 scaling="unit", shrink=False)
     whitened.update(stream)
     estimates = {
         "batch": (batch.mean_, batch.get_covariance()),

@@ -80,7 +80,7 @@ def model(init: FloatArray, n_warmup: int, whiten: bool, dtype: str = "float64")
     if whiten:
         return onlinefa.OnlineEM(
             n_features, n_components, n_warmup=n_warmup, init=init, whiten=True, scaling="unit",
-            schedule="harmonic", dtype=dtype,
+            schedule="harmonic", dtype=dtype, shrink=False,
         )
     return onlinefa.OnlineEM.algorithm2(n_features, n_components, n_warmup=n_warmup, init=init, dtype=dtype)
 

@@ -142,8 +142,9 @@ def test_snapshot_is_cached_read_only_and_refreshed_by_update() -> None:
     em.update(X[30:])
     second = em.snapshot()
     assert second[1] is not first[1]
-    np.testing.assert_array_equal(second[1], em._core.loadings())
-    np.testing.assert_array_equal(second[2], em._core.noise_variance())
+    _, _, loadings, noise_variance = em._core.snapshot()
+    np.testing.assert_array_equal(second[1], loadings)
+    np.testing.assert_array_equal(second[2], noise_variance)
 
 
 def test_sga_feature_frozen_during_warm_up_does_not_diverge() -> None:

@@ -238,7 +238,8 @@ def test_online_em_matches_whitened_reference(
     points = points_for(n_warmup, n_samples)
     options = SCHEDULES[schedule]
     model = onlinefa.OnlineEM(
-        n_features, n_components, n_warmup=n_warmup, init=init, whiten=whiten, scaling="unit", **options
+        n_features, n_components, n_warmup=n_warmup, init=init, whiten=whiten, scaling="unit", shrink=False,
+        **options,
     )
     expected = feed(WhitenedReferenceEM(init, n_warmup, whiten=whiten, **options), stream, points)
     assert min(float(s["noise_variance"].min()) for s in expected) > 1e-3  # floor inactive: parity expected
@@ -268,7 +269,8 @@ def test_algorithm2_is_exactly_the_thesis_algorithm(
     init = explicit_init(n_features, n_components, 2 * n_features)
     points = points_for(n_warmup, n_samples)
     explicit = onlinefa.OnlineEM(
-        n_features, n_components, n_warmup=n_warmup, init=init, whiten=False, schedule="harmonic", scaling="unit"
+        n_features, n_components, n_warmup=n_warmup, init=init, whiten=False, schedule="harmonic", scaling="unit",
+        shrink=False,
     )
     thesis = onlinefa.OnlineEM.algorithm2(n_features, n_components, n_warmup=n_warmup, init=init)
     got = feed(explicit, stream, points)
@@ -315,7 +317,7 @@ def whitened_stream_model(schedule: str, n_samples: int) -> tuple[onlinefa.Onlin
 
     stream = weak_factor_stream(20, 3, 300, 60)
     model = onlinefa.OnlineEM(
-        20, 3, n_warmup=10, init=orthonormal_init(20, 3, 20), whiten=True, **SCHEDULES[schedule]
+        20, 3, n_warmup=10, init=orthonormal_init(20, 3, 20), whiten=True, shrink=False, **SCHEDULES[schedule]
     )
     model.update(stream[:n_samples])
     return model, stream[n_samples : n_samples + 5]

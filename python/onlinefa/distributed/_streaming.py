@@ -9,7 +9,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
 from .._core import NumericalBreakdownError
-from ..streaming import OnlineEM, OnlineSGA
+from ..streaming import OnlineEM, OnlineSGA, MappedCore
 from ._comm import AllReduce, Communicator, exchange
 from ..errors import ShardCommunicationError
 from ._layout import build_local_model
@@ -38,8 +38,37 @@ class _ShardedStreaming(ShardedGaussianMixin):
             strictly_more_rows=True)
 
     def _local_engine(self) -> Any:
-        self._local._require_fitted()
-        return self._local._core
+        local = self._local
+        local._require_fitted()
+        core = local._core
+        if not local._settings.get("shrink", False) or not core.is_fitted:
+            return core
+        fixed = local._fixed_map
+        if fixed is None or fixed[0] != core.n_seen:
+            raise RuntimeError(
+                f"rank {self.rank}: the reporting map of the sharded model is out of date (a collective failed "
+                "after the last samples were applied); call update again (with the next samples) on every rank")
+        return MappedCore(core, fixed[1])
+
+    def _refresh_report_map(self) -> None:
+        """After the state changed (collective): the K×K map of the spiked-model shrinkage (``shrink``) from the
+        Gram Fᵀ Ψ⁻¹ F summed over every rank's rows, kept on the local model for its queries."""
+        local, k = self._local, self._n_components
+        core = local._core
+        if not isinstance(core, _core.OnlineEMCore) or not core.shrink or not core.is_fitted:  # alike on every rank
+            return
+        failure: BaseException | None = None
+        gram: FloatArray | None = None
+        try:
+            gram = np.ascontiguousarray(core.gram(), dtype=np.float64).ravel()
+        except Exception as err:
+            failure = err
+        total, _ = exchange(self._comm, failure, gram, k * k, what="the reporting map")
+        transform = _core.spiked_transform(total.reshape(k, k), self.n_features_total, core.effective_samples)
+        local._fixed_map = (core.n_seen, transform)
+
+    def _after_load(self) -> None:
+        self._refresh_report_map()
 
     # -- updates ----------------------------------------------------------------------------------------
     def update(self, X: ArrayLike) -> "_ShardedStreaming":
@@ -47,7 +76,9 @@ class _ShardedStreaming(ShardedGaussianMixin):
 
         Every rank must call it with the same number of samples. One collective per sample carries the K×K
         and K sums of the E-step (4.23); every rank then applies the same step, so the concatenated model
-        is the single-process model's (to rounding in the order of the sums over rows).
+        is the single-process model's (to rounding in the order of the sums over rows). With OnlineEM's
+        ``shrink`` (the default) one more collective per call, once the model is fitted, sums the K×K Gram
+        Fᵀ Ψ⁻¹ F over ranks for the reported Gaussian.
 
         Parameters
         ----------
@@ -116,6 +147,7 @@ class _ShardedStreaming(ShardedGaussianMixin):
             except BaseException:
                 self._restore(backup)
                 raise
+        self._refresh_report_map()
         return self
 
     def _check_rows(self, rows: NDArray[np.int64]) -> None:

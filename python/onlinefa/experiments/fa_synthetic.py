@@ -299,7 +299,7 @@ def online_em_method(**options: Any) -> LearnerFactory:
     def factory(n_features: int, n_components: int, seed: int) -> Learner:
         import onlinefa
 
-        settings = {"whiten": False, "schedule": "harmonic", "scaling": "unit", **options}
+        settings = {"whiten": False, "schedule": "harmonic", "scaling": "unit", "shrink": False, **options}
         model = onlinefa.OnlineEM(
             n_features, n_components, n_warmup=N_WARMUP, init=None, seed=seed, **settings
         )

@@ -29,6 +29,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from .. import _core
 from ..errors import NumericalBreakdownError
 from ._em_triton import available as fused_available
 from ._em_triton import fused_pass
@@ -48,6 +49,7 @@ class Settings:
     kappa: float
     rho: float
     scaling: str
+    shrink: bool = False
 
     def step_size(self, t: int) -> float:
         """ρ_t of the schedule (never below 1/t)."""
@@ -123,6 +125,11 @@ class EMEngine:
         f = a if self.h_inv is None else a @ self.h_inv.to(a.device)
         psi = torch.clamp(self.dsq_bar.to(torch.float64) - torch.linalg.vecdot(f, a), min=self.floor())
         return f, psi
+
+    def effective_samples(self) -> float:
+        """Effective number of samples behind the running averages (the Rust core's computation)."""
+        s = self.settings
+        return float(_core.effective_samples(self.n_seen, s.schedule, s.tau0, s.kappa, s.rho))
 
     # -- one sample --------------------------------------------------------------------------------------
     def step(self, x: torch.Tensor) -> None:
@@ -228,7 +235,7 @@ class EMEngine:
             "n_warmup": s.n_warmup, "noise_floor": s.noise_floor, "whiten": s.whiten,
             "schedule": s.schedule, "tau0": s.tau0 if s.schedule == "power" else 0.0,
             "kappa": s.kappa if s.schedule == "power" else 1.0, "rho": s.rho if s.schedule == "constant" else 1.0,
-            "scaling": s.scaling, "scale_sq": self.scale_sq, "n_seen": self.n_seen,
+            "scaling": s.scaling, "shrink": s.shrink, "scale_sq": self.scale_sq, "n_seen": self.n_seen,
             "mean": host(self.mean), "a_bar": host(self.a_bar), "dsq_bar": host(self.dsq_bar),
             "d_last": host(self.d_last), "b_bar": host(self.b_bar), "sigma": host(self.sigma),
         }
@@ -250,7 +257,7 @@ class EMEngine:
         d, k = int(state["n_features"]), int(state["n_components"])
         settings = Settings(d, k, int(state["n_warmup"]), float(state["noise_floor"]), bool(state["whiten"]),
                             str(state["schedule"]), float(state["tau0"]), float(state["kappa"]),
-                            float(state["rho"]), str(state["scaling"]))
+                            float(state["rho"]), str(state["scaling"]), bool(state.get("shrink", False)))
         dtype = torch.float32 if np.asarray(state["a_bar"]).dtype == np.float32 else torch.float64
         init = state.get("init_loadings")
         engine = cls(settings, torch.zeros(d, k) if init is None else torch.as_tensor(init), dtype, device)

@@ -11,7 +11,7 @@ from ..errors import NotFittedError
 from ..streaming import OnlineEM as NumpyOnlineEM
 from ..streaming import DEFAULT_NOISE_FLOOR, common_args, check_scaling, schedule_args
 from ._em_engine import EMEngine, Settings
-from ._torch_model import TorchStreamingModel, initial_loadings, state_dtype
+from ._torch_model import TorchStreamingModel, initial_loadings, mapped_rows, state_dtype
 
 
 class OnlineEM(TorchStreamingModel):
@@ -25,7 +25,7 @@ class OnlineEM(TorchStreamingModel):
 
     Parameters
     ----------
-    n_features, n_components, n_warmup, init, seed, noise_floor, whiten, schedule, tau0, kappa, rho, scaling
+    n_features, n_components, n_warmup, init, seed, noise_floor, whiten, schedule, tau0, kappa, rho, scaling, shrink
         As for :class:`onlinefa.OnlineEM`.
     dtype : {"float64", "float32"} or torch.dtype, default "float64"
         Storage of the D-sized state.
@@ -56,13 +56,14 @@ class OnlineEM(TorchStreamingModel):
         kappa: float = 0.9,
         rho: float = 0.01,
         scaling: str = "data",
+        shrink: bool = True,
         device: str | torch.device = "cpu",
     ) -> None:
         args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, "float64")
         sched = schedule_args(schedule, tau0, kappa, rho)
         d, k = args["n_features"], args["n_components"]
         settings = Settings(d, k, args["n_warmup"], args["noise_floor"], bool(whiten), sched["schedule"],
-                            sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling))
+                            sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling), bool(shrink))
         self._engine = EMEngine(settings, initial_loadings(args), state_dtype(dtype), torch.device(device))
 
     # -- the fitted Gaussian ------------------------------------------------------------------------------
@@ -93,10 +94,13 @@ class OnlineEM(TorchStreamingModel):
         """
         engine = self._answering()
         f, psi = engine.fitted_rows(engine.applied_a_bar())
+        if engine.settings.shrink and engine.init_loadings is None:
+            f, psi = mapped_rows(f, psi, self._report_map(engine.n_seen, f, psi, engine.effective_samples()))
         return engine.mean.to(torch.float64), f, psi
 
     def __repr__(self) -> str:
         s = self._engine.settings
         return (f"onlinefa.torch.OnlineEM(n_features={s.n_features}, n_components={s.n_components}, "
-                f"whiten={s.whiten}, schedule={s.schedule!r}, scaling={s.scaling!r}, n_warmup={s.n_warmup}, "
+                f"whiten={s.whiten}, shrink={s.shrink}, schedule={s.schedule!r}, scaling={s.scaling!r}, "
+                f"n_warmup={s.n_warmup}, "
                 f"dtype={str(self.dtype).removeprefix('torch.')!r}, device={str(self.device)!r}, n_seen={self.n_seen})")

@@ -10,12 +10,13 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
+from .. import _core
 from ..distributed._comm import AllReduce, Communicator, exchange
 from ..distributed._layout import ShardLayout, build_local_model
-from ..errors import NumericalBreakdownError
+from ..errors import NotFittedError, NumericalBreakdownError
 from ._online_em import OnlineEM
 from ._online_sga import OnlineSGA
-from ._torch_model import SNAPSHOT_MAX_ELEMENTS, TorchStreamingModel
+from ._torch_model import SNAPSHOT_MAX_ELEMENTS, TorchStreamingModel, factor_gram
 
 Sharded = TypeVar("Sharded", bound="ShardedTorchModel")
 
@@ -100,12 +101,36 @@ class ShardedTorchModel:
             if backup is not None:
                 local._engine = backup
             raise
+        self._refresh_report_map()
         return self
+
+    def _refresh_report_map(self) -> None:
+        """After the state changed (collective): the K×K map of the spiked-model shrinkage (``shrink``) from the
+        Gram Fᵀ Ψ⁻¹ F summed over every rank's rows, kept on the local model for its snapshots."""
+        local, k = self._local, self._k
+        if not isinstance(local, OnlineEM) or not local._engine.settings.shrink:
+            return
+        try:  # the engine that answers: the model's, or during warm-up its copy ended at the last sample
+            engine = local._answering()
+        except NotFittedError:  # decided by the shared state: the same on every rank
+            return
+        failure: BaseException | None = None
+        gram: np.ndarray | None = None
+        try:
+            f, psi = engine.fitted_rows(engine.applied_a_bar())
+            gram = factor_gram(f, psi).ravel()
+        except Exception as err:
+            failure = err
+        total, _ = exchange(self._comm, failure, gram, k * k, what="the reporting map")
+        transform = _core.spiked_transform(total.reshape(k, k), self._layout.n_features_total,
+                                           engine.effective_samples())
+        local._fixed_map = (engine.n_seen, transform)
 
 
 class ShardedOnlineEM(ShardedTorchModel):
     """:class:`onlinefa.torch.OnlineEM` with its D rows split across processes, each shard on its own device
-    (e.g. ``device=f"cuda:{rank}"``): exact, one collective of K² + K + 1 numbers per sample.
+    (e.g. ``device=f"cuda:{rank}"``): exact, one collective of K² + K + 1 numbers per sample (and, with ``shrink``,
+    one of K² numbers per ``update`` call for the reported Gaussian).
 
     The parameters are those of :class:`onlinefa.distributed.ShardedOnlineEM` (``n_features`` is this rank's
     number of rows; ``group`` or ``allreduce`` with ``rank``/``world_size``; ``seed`` draws the single-process

@@ -35,6 +35,19 @@ def initial_loadings(args: Mapping[str, Any]) -> torch.Tensor:
     return torch.as_tensor(_core.orthonormal_init(args["n_features"], args["n_components"], seed))
 
 
+def factor_gram(f: torch.Tensor, psi: torch.Tensor) -> np.ndarray:
+    """Fᵀ Ψ⁻¹ F (K×K, float64 NumPy) of the rows (F, ψ)."""
+    return ((f / psi[:, None]).T @ f).cpu().numpy()
+
+
+def mapped_rows(f: torch.Tensor, psi: torch.Tensor, transform: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F R, ψ + rowsum((F (I − R Rᵀ)) ⊙ F)): the loadings mapped by the K×K ``transform`` R with every marginal
+    variance kept (the Rust core's ``Reported`` rows), float64 on F's device."""
+    r = torch.as_tensor(transform, dtype=torch.float64, device=f.device)
+    released = torch.eye(r.shape[0], dtype=torch.float64, device=f.device) - r @ r.T
+    return f @ r, psi + torch.linalg.vecdot(f @ released, f).clamp(min=0.0)
+
+
 def state_dtype(dtype: object) -> torch.dtype:
     """The torch dtype of the D-sized state from a name or a torch dtype (float64 or float32)."""
     name = str(dtype).removeprefix("torch.")
@@ -84,6 +97,18 @@ class TorchGaussianModel:
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The fitted Gaussian (mean c, loadings F, noise variances ψ) as float64 tensors on the device."""
         raise NotImplementedError
+
+    #: (n_seen, R): the K×K reporting map of a model whose rows are one shard of a larger model, computed over
+    #: all the shards after the last update (see ``onlinefa.torch.ShardedOnlineEM``); None: the model's own.
+    _fixed_map: tuple[int, np.ndarray] | None = None
+
+    def _report_map(self, n_seen: int, f: torch.Tensor, psi: torch.Tensor, n_samples: float) -> np.ndarray:
+        """The K×K map R of the spiked-model shrinkage of the reported loadings (see :class:`onlinefa.OnlineEM`,
+        ``shrink``), from the Gram Fᵀ Ψ⁻¹ F of the rows (f, ψ) as fitted."""
+        if self._fixed_map is not None and self._fixed_map[0] == n_seen:
+            return self._fixed_map[1]
+        out: np.ndarray = _core.spiked_transform(factor_gram(f, psi), int(f.shape[0]), n_samples)
+        return out
 
     @property
     def mean(self) -> torch.Tensor:
