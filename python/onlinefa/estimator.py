@@ -277,7 +277,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         # The estimator reports the fit as it is (maximum likelihood, as scikit-learn's FactorAnalysis): after
         # several passes over the same rows the sample count behind the statistics is not the rows' number,
         # which the reporting shrinkage of OnlineEM needs.
-        reported = {"shrink": False} if model_class is OnlineEM else {}
+        reported: dict[str, Any] = {"shrink": False} if model_class is OnlineEM else {}
         return model_class(
             n_features,
             n_components,
