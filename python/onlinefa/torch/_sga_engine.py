@@ -20,7 +20,9 @@ Per sample t, with ρ' the running mean's step (1/t under ``scaling="data"``) an
 The K×K algebra runs in float64 on the CPU; the D-sized state stays on its device in its dtype. The row step is
 computed in float64 and rounded to the state's dtype once (the Rust core's float32 kernel uses an equivalent
 residual form in float32 arithmetic; both stay within float32's rounding of the float64 model). A step that fails
-changes nothing: the new state is adopted only after the E-step succeeded.
+changes nothing: the new state is adopted only after the E-step succeeded. On CUDA with Triton importable
+(K ≤ 16) the pass after the start runs as one fused kernel (``_sga_triton``), the same arithmetic in the state's
+dtype.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import numpy as np
 import torch
 
 from ..errors import NumericalBreakdownError
+from ._sga_triton import available as fused_available
+from ._sga_triton import fused_pass
 from ._kk_algebra import MAX_STATE, cpu64, eye64, relative_floor, spd_factor, spd_inverse, step_size, stored
 
 #: ψ growing more than this factor past both its previous value and d'² in one step is a diverged step.
@@ -144,6 +148,13 @@ class SGAEngine:
         diverged = bool((new_psi > MAX_PSI_OVERSHOOT * torch.maximum(psi, d * d)).any())
         return new_f, new_psi, diverged
 
+    def _log_step_bounds(self) -> tuple[float, float]:
+        """(lower, upper) bound of the log-ψ step α ∇β: ±1 under ``"data"``; under ``"unit"`` only the upper
+        bound 700 (NaN is sent to it)."""
+        if self.settings.scaling == "data":
+            return -MAX_LOG_PSI_STEP, MAX_LOG_PSI_STEP
+        return -math.inf, 700.0
+
     def _moments(self, x: torch.Tensor, rho: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(θ̄_t stored, d_t = x − θ̄_t in float64) of this sample (lines 5, 6)."""
         m0 = self.mean.to(torch.float64)
@@ -163,8 +174,18 @@ class SGAEngine:
         t = self.n_seen + 1
         k = self.settings.n_components
         rho = self.settings.mean_step(t)
+        fitting = t > self.settings.n_warmup
+        start = fitting and self.settings.scaling == "data" and t == self.settings.n_warmup + 1
+        if fitting and not start and self.pending is not None and fused_available(self.device, k):
+            # the same pass fused into one read of the state and one write of the new rows (Triton)
+            s_sum, u_sum, diverged, fused_state = fused_pass(self, x, rho, self.floor(), MAX_STATE[self.dtype],
+                                                             self._log_step_bounds())
+            if diverged:
+                raise _diverged()
+            self._next = (True, fused_state)
+            return s_sum, u_sum, 0.0
         new_mean, d = self._moments(x, rho)
-        if t <= self.settings.n_warmup:
+        if not fitting:
             state = {"mean": new_mean, "d_last": d.to(self.dtype)}
             dsq_sum = 0.0
             if self.settings.scaling == "data":
@@ -173,12 +194,9 @@ class SGAEngine:
                 dsq_sum = float(state["psi"].to(torch.float64).sum())
             self._next = (False, state)
             return torch.zeros(k, k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64), dsq_sum
-        start = self.settings.scaling == "data" and t == self.settings.n_warmup + 1
         f, psi, diverged = self.current_rows(start)
         if diverged:
-            raise NumericalBreakdownError(
-                "the SGA step diverged (a noise variance grew more than 10^6-fold past the data's scale in one "
-                "step); lower lr or use scaling='data'")
+            raise _diverged()
         d_stored = stored(d, self.dtype)
         y = f * psi.reciprocal()[:, None]
         self._next = (True, {"mean": new_mean, "d_last": d_stored.to(self.dtype), "loadings": f.to(self.dtype),
@@ -236,6 +254,12 @@ class SGAEngine:
             engine.pending = SGAStep(torch.as_tensor(np.asarray(state["pending_m"], dtype=np.float64)).clone(),
                                      torch.as_tensor(np.asarray(state["pending_p"], dtype=np.float64)).clone())
         return engine
+
+
+def _diverged() -> NumericalBreakdownError:
+    return NumericalBreakdownError(
+        "the SGA step diverged (a noise variance grew more than 10^6-fold past the data's scale in one step); "
+        "lower lr or use scaling='data'")
 
 
 def _estep(s_sum: torch.Tensor, u_sum: torch.Tensor) -> SGAStep:

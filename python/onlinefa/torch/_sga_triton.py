@@ -1,0 +1,131 @@
+"""The per-sample pass of online SGA as one Triton kernel: one read of the D-sized state and one write of the new one.
+
+For each block of rows (shapes: F is D×K row-major, ψ, θ̄, d_{t−1}, x_t are D; the pending P = Σ + m mᵀ is
+K×K and m is K, both padded to KP; K ≤ 16), with α = ``lr`` and d' = d_{t−1} (Brownlie 2021, Algorithm 1,
+lines 10–14, (4.24)–(4.26)):
+
+* g = f P, ∇β = ½ ψ⁻¹ (d'² − 2 d' f·m + g·f) − ½, the log-ψ step α ∇β bounded as the library bounds it
+  (±1 per sample under ``scaling="data"``, at most 700 under ``"unit"``);
+* f ← clip(f + α s (d' m − g)) with s = 1 (preconditioned by ψ, ``"data"``) or ψ⁻¹ (``"unit"``),
+  ψ ← clip(ψ · exp(α ∇β), floor, MAX_STATE), and whether a ψ grew more than 10⁶-fold past max(ψ, d'²);
+* θ̄' = θ̄ + ρ' (x − θ̄), d = x − θ̄' (lines 5, 6);
+* this block's share of the E-step sums (4.23): S = Σ f fᵀ/ψ (K×K) and u = Σ f d/ψ (K) of the new rows.
+
+The new rows go to separate buffers that the engine adopts only once the K×K step has succeeded (a failed step
+changes nothing). The per-block partial sums are added by the caller in block order, so the result does not depend
+on how the blocks are scheduled. The scalars travel as a tensor of the state's dtype (a float64 state keeps them
+exact). Selected on CUDA when Triton is importable; tested on the CPU with ``TRITON_INTERPRET=1`` against the
+plain torch pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._em_triton import BLOCK_ROWS, available
+
+try:  # an optional accelerator: the plain torch pass is the fallback everywhere
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - Triton ships with the CUDA wheels of PyTorch
+    triton = None
+
+__all__ = ["available", "fused_pass"]
+
+if triton is not None:
+
+    @triton.jit
+    def _bounded(values, lo, hi):  # pragma: no cover - compiled by Triton
+        """``values`` kept in [lo, hi], NaN sent to ``hi`` (the plain pass's ``_bounded``)."""
+        return tl.where(values != values, hi, tl.minimum(tl.maximum(values, lo), hi))
+
+    @triton.jit
+    def _sga_pass(f_ptr, psi_ptr, dprev_ptr, mean_ptr, x_ptr, p_ptr, m_ptr, scalar_ptr,
+                  new_f_ptr, new_psi_ptr, new_mean_ptr, d_ptr, s_part_ptr, u_part_ptr, div_part_ptr,
+                  n_rows, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+                  PRECONDITION: tl.constexpr):  # pragma: no cover - compiled by Triton
+        pid = tl.program_id(0)
+        rows = pid * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, KP)
+        row_ok = rows < n_rows
+        col_ok = cols < K
+        mask = row_ok[:, None] & col_ok[None, :]
+        kk_mask = col_ok[:, None] & col_ok[None, :]
+        lr = tl.load(scalar_ptr)
+        mean_rho = tl.load(scalar_ptr + 1)
+        floor = tl.load(scalar_ptr + 2)
+        hi = tl.load(scalar_ptr + 3)
+        log_lo = tl.load(scalar_ptr + 4)
+        log_hi = tl.load(scalar_ptr + 5)
+        f = tl.load(f_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
+        psi = tl.load(psi_ptr + rows, mask=row_ok, other=1.0)
+        d_prev = tl.load(dprev_ptr + rows, mask=row_ok, other=0.0)
+        p = tl.load(p_ptr + cols[:, None] * KP + cols[None, :], mask=kk_mask, other=0.0)
+        m = tl.load(m_ptr + cols, mask=col_ok, other=0.0)
+        # the gradient step of the previous sample
+        g = tl.sum(f[:, :, None] * p[None, :, :], axis=1)
+        q = d_prev * d_prev - 2.0 * d_prev * tl.sum(f * m[None, :], axis=1) + tl.sum(g * f, axis=1)
+        inv_psi = 1.0 / psi
+        log_step = lr * (0.5 * inv_psi * q - 0.5)
+        if PRECONDITION:
+            log_step = tl.where(log_step != log_step, log_step, tl.minimum(tl.maximum(log_step, log_lo), log_hi))
+        else:
+            log_step = tl.where(log_step != log_step, log_hi, tl.minimum(log_step, log_hi))
+        grad = d_prev[:, None] * m[None, :] - g
+        if not PRECONDITION:
+            grad = grad * inv_psi[:, None]
+        new_f = _bounded(f + lr * grad, -hi, hi).to(f.dtype)
+        new_psi = _bounded(psi * tl.exp(log_step), floor, hi).to(psi.dtype)
+        diverged = (new_psi > 1e6 * tl.maximum(psi, d_prev * d_prev)) & row_ok
+        tl.store(new_f_ptr + rows[:, None] * K + cols[None, :], new_f, mask=mask)
+        tl.store(new_psi_ptr + rows, new_psi, mask=row_ok)
+        # the running mean and this sample's deviation
+        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+        x = tl.load(x_ptr + rows, mask=row_ok, other=0.0)
+        new_mean = (mean + mean_rho * (x - mean)).to(mean.dtype)
+        d = (x - new_mean).to(mean.dtype)
+        tl.store(new_mean_ptr + rows, new_mean, mask=row_ok)
+        tl.store(d_ptr + rows, d, mask=row_ok)
+        # this block's E-step sums over the new rows
+        y = tl.where(mask, new_f / new_psi[:, None], 0.0)
+        s_part = tl.sum(y[:, :, None] * new_f[:, None, :], axis=0)
+        u_part = tl.sum(y * d[:, None], axis=0)
+        tl.store(s_part_ptr + pid * KP * KP + cols[:, None] * KP + cols[None, :], s_part)
+        tl.store(u_part_ptr + pid * KP + cols, u_part)
+        tl.store(div_part_ptr + pid, tl.max(diverged.to(tl.int32), axis=0))
+
+
+def _padded(matrix: torch.Tensor, kp: int, like: torch.Tensor) -> torch.Tensor:
+    """A K×K (or K) float64 CPU tensor zero-padded to KP×KP (or KP) in the state's dtype on its device."""
+    out = torch.zeros((kp,) * matrix.dim(), dtype=like.dtype, device=like.device)
+    k = matrix.shape[0]
+    out[(slice(0, k),) * matrix.dim()] = matrix.to(dtype=like.dtype, device=like.device)
+    return out
+
+
+def fused_pass(engine: Any, x: torch.Tensor, mean_rho: float, floor: float, max_state: float,
+               log_bounds: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor, bool, dict[str, torch.Tensor]]:
+    """The pass of ``engine`` (an ``SGAEngine`` with a pending step, past its start) for sample ``x``: returns
+    (S, u, whether a ψ step diverged, the new rows {mean, d_last, loadings, psi}) with S, u float64 on the CPU."""
+    d, k = engine.settings.n_features, engine.settings.n_components
+    kp = max(2, 1 << (k - 1).bit_length())
+    n_blocks = triton.cdiv(d, BLOCK_ROWS)
+    f, psi = engine.loadings, engine.psi
+    scalars = torch.tensor([engine.settings.lr, mean_rho, floor, max_state, *log_bounds], dtype=f.dtype,
+                           device=f.device)
+    new = {"loadings": torch.empty_like(f), "psi": torch.empty_like(psi), "mean": torch.empty_like(engine.mean),
+           "d_last": torch.empty_like(engine.d_last)}
+    s_part = torch.empty(n_blocks, kp, kp, dtype=f.dtype, device=f.device)
+    u_part = torch.empty(n_blocks, kp, dtype=f.dtype, device=f.device)
+    div_part = torch.empty(n_blocks, dtype=torch.int32, device=f.device)
+    _sga_pass[(n_blocks,)](
+        f, psi, engine.d_last, engine.mean, x.to(f.dtype), _padded(engine.pending.p, kp, f),
+        _padded(engine.pending.m, kp, f), scalars, new["loadings"], new["psi"], new["mean"], new["d_last"],
+        s_part, u_part, div_part, d,
+        K=k, KP=kp, BLOCK=BLOCK_ROWS, PRECONDITION=engine.settings.scaling == "data",
+    )
+    s_sum = s_part.to(torch.float64).sum(dim=0)[:k, :k].cpu()
+    u_sum = u_part.to(torch.float64).sum(dim=0)[:k].cpu()
+    return s_sum, u_sum, bool(div_part.any()), new

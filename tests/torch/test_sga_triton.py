@@ -1,0 +1,85 @@
+"""The fused Triton pass of onlinefa.torch.OnlineSGA, run by Triton's interpreter on the CPU, against the plain
+torch pass and the Rust core.
+
+``TRITON_INTERPRET`` is read when a kernel is defined, so the comparison runs in a fresh interpreter with it set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, torch, onlinefa
+    from onlinefa.torch import OnlineSGA, _sga_engine
+
+    config = json.loads(sys.argv[1])
+    dtype = config.pop("dtype")
+    d, k = 150, 3  # two row blocks, the second partial
+    rng = np.random.default_rng(0)
+    X = (rng.standard_normal((40, d)) @ rng.standard_normal((d, d)) / np.sqrt(d) + rng.standard_normal(d)) * 1e-2
+    calls = []
+    original = _sga_engine.fused_pass
+    def counted(*args):
+        calls.append(1)
+        return original(*args)
+    _sga_engine.fused_pass = counted
+    fused = OnlineSGA(d, k, seed=3, dtype=dtype, **config).update(torch.as_tensor(X))
+    fused_calls = len(calls)
+    if config.get("scaling") == "unit":  # a step far too large: the kernel's pass refuses it, changing nothing
+        bad = OnlineSGA(d, k, seed=3, dtype=dtype, **config).update(torch.as_tensor(X[:12]))
+        bad._engine.settings.lr = 1e6
+        before = bad.get_state()
+        try:
+            bad.update(torch.as_tensor(X[12:16]))
+            refused = False
+        except onlinefa.NumericalBreakdownError:
+            refused = True
+        after = bad.get_state()
+        unchanged = all(np.array_equal(np.asarray(before[key]), np.asarray(after[key])) for key in before)
+    else:
+        refused = unchanged = True
+    _sga_engine.fused_available = lambda device, k: False
+    plain = OnlineSGA(d, k, seed=3, dtype=dtype, **config).update(torch.as_tensor(X))
+    rust = onlinefa.OnlineSGA(d, k, seed=3, dtype="float64", **config).update(X)
+    def cov(m):
+        _, f, psi = m.snapshot()
+        f, psi = np.asarray(f), np.asarray(psi)
+        return f @ f.T + np.diag(psi)
+    rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())
+    print(json.dumps({"fused_calls": fused_calls, "n_warmup": fused.n_warmup, "refused": refused,
+                      "unchanged": unchanged, "fused_vs_plain": rel(cov(fused), cov(plain)),
+                      "fused_vs_rust": rel(cov(fused), cov(rust)), "plain_vs_rust": rel(cov(plain), cov(rust))}))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [
+    {"dtype": "float64"},
+    {"dtype": "float64", "scaling": "unit", "lr": 1e-2, "schedule": "power"},
+    {"dtype": "float32"},
+])
+def test_the_fused_pass_equals_the_plain_pass_and_the_rust_core(config: dict[str, object]) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(config)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # every sample with a pending gradient step after the start went through the kernel (the first
+    # n_warmup + 1 samples are the warm-up and the start or first E-step)
+    assert result["fused_calls"] == 40 - (result["n_warmup"] + 1)
+    assert result["refused"] and result["unchanged"]
+    if config["dtype"] == "float64":
+        assert result["fused_vs_plain"] < 1e-12 and result["fused_vs_rust"] < 1e-10
+    else:
+        # float32 arithmetic in the kernel: as far from float64 as the plain float32 pass, within 10x
+        assert result["fused_vs_rust"] < max(10 * result["plain_vs_rust"], 1e-5)
