@@ -16,6 +16,8 @@ from ..errors import NumericalBreakdownError
 #: Largest |x| accepted, the ceiling of the state and the lower bound of the relative floor, per state dtype.
 MAX_INPUT = {torch.float64: 1e100, torch.float32: 1e18}
 MAX_STATE = {torch.float64: 1e150, torch.float32: 1e18}
+#: Adam's constants (Kingma & Ba 2015): β₁, β₂, ε.
+ADAM_BETA1, ADAM_BETA2, ADAM_EPS = 0.9, 0.999, 1e-8
 MIN_FLOOR = {torch.float64: 1e-200, torch.float32: 1e-30}
 MAX_FINITE = {torch.float64: float(np.finfo(np.float64).max), torch.float32: float(np.finfo(np.float32).max)}
 

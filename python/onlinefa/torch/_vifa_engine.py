@@ -15,7 +15,8 @@ parameters for the next step. The draws' noise comes from torch generators on th
 draw index), so a model's random stream depends only on its seed and counters; it is not the Rust core's stream.
 
 Arithmetic in float64 on the device, rounded to the state's dtype once per stored value; the K×K algebra in
-float64 on the CPU. A step that fails (non-finite or |β| > 700 after it) changes nothing.
+float64 on the CPU. A step that fails (non-finite or |β| > 700 after it) changes nothing. On CUDA with Triton
+importable (K ≤ 16) the step runs as fused kernels (``_vifa_triton``), the same arithmetic in the state's dtype.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ import numpy as np
 import torch
 
 from ..errors import NumericalBreakdownError
-from ._kk_algebra import cpu64, eye64, spd_inverse
+from ._kk_algebra import ADAM_BETA1, ADAM_BETA2, ADAM_EPS, cpu64, eye64, spd_inverse
+from ._vifa_triton import available as fused_available
+from ._vifa_triton import fused_norms, fused_step
 
-ADAM_BETA1, ADAM_BETA2, ADAM_EPS = 0.9, 0.999, 1e-8
 #: Largest |β| a step may produce (ψ = exp β within [1e-304, 1e304]).
 LOG_NOISE_LIMIT = 700.0
 GROUPS = ("mean", "loadings", "log_noise")
@@ -61,6 +63,11 @@ def precision_inverse(gram: torch.Tensor) -> torch.Tensor:
         raise NumericalBreakdownError("I + Fᵀ Ψ⁻¹ F is not positive definite (the VIFA parameters are no longer "
                                       "finite: lower the learning rates or set clip_grad_norm)")
     return spd_inverse(lower)
+
+
+def _non_finite() -> NumericalBreakdownError:
+    return NumericalBreakdownError("the VIFA step made a parameter non-finite (or |log ψ| > 700): lower the learning "
+                                   "rates or set clip_grad_norm; the model is as before the step")
 
 
 class VIFAEngine:
@@ -153,7 +160,13 @@ class VIFAEngine:
         self.check_grads(grads)
         if self.settings.clip_grad_norm is None:
             return None
+        if self._fused():
+            return fused_norms(self, grads)
         return [float((v * v).sum()) for v in self.gradients(grads).values()]
+
+    def _fused(self) -> bool:
+        """Whether the step runs as the fused Triton kernels (CUDA, Triton importable, K ≤ 16)."""
+        return fused_available(self.device, self.settings.n_components)
 
     def local_step(self, grads: torch.Tensor, sq_norms: list[float] | None) -> tuple[dict[str, Any], torch.Tensor]:
         """The step of this engine's rows with the whole model's clipping norms: the new state (not yet adopted)
@@ -165,6 +178,11 @@ class VIFAEngine:
             assert sq_norms is not None
             scale = [s.clip_grad_norm / math.sqrt(sq) if math.sqrt(sq) > s.clip_grad_norm else 1.0
                      for sq in sq_norms]
+        if self._fused():
+            fused_state, gram, bad = fused_step(self, grads, scale)
+            if bad:
+                raise _non_finite()
+            return fused_state, gram
         grad = self.gradients(grads)
         params, first, second = {}, {}, {}
         for i, name in enumerate(GROUPS):
@@ -183,8 +201,7 @@ class VIFAEngine:
             params[name] = new.to(self.dtype)
         beta = params["log_noise"].to(torch.float64)
         if not all(bool(torch.isfinite(v).all()) for v in params.values()) or bool((beta.abs() > LOG_NOISE_LIMIT).any()):
-            raise NumericalBreakdownError("the VIFA step made a parameter non-finite (or |log ψ| > 700): lower the "
-                                          "learning rates or set clip_grad_norm; the model is as before the step")
+            raise _non_finite()
         state: dict[str, Any] = {"params": params, "moments": None if self.moments is None else (first, second)}
         f = params["loadings"].to(torch.float64)
         psi = torch.exp(0.5 * beta) ** 2
