@@ -1,48 +1,27 @@
 """The fused Triton pass of onlinefa.torch.OnlineEM, run by Triton's interpreter on the CPU, against the plain
 torch pass and the Rust core.
-
-``TRITON_INTERPRET`` is read when a kernel is defined, so the comparison runs in a fresh interpreter with it set.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from triton_runs import STREAMING_PREAMBLE, run_interpreted
+
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-SCRIPT = textwrap.dedent("""
-    import json, sys
-    import numpy as np, torch, onlinefa
+SCRIPT = STREAMING_PREAMBLE + textwrap.dedent("""
     from onlinefa.torch import OnlineEM, _em_engine
 
-    config = json.loads(sys.argv[1])
-    dtype = config.pop("dtype")
-    d, k = 150, 3  # two row blocks, the second partial
-    rng = np.random.default_rng(0)
-    X = (rng.standard_normal((40, d)) @ rng.standard_normal((d, d)) / np.sqrt(d) + rng.standard_normal(d)) * 1e-2
     fused = OnlineEM(d, k, seed=3, dtype=dtype, **config)
-    calls = []
-    original = _em_engine.fused_pass
-    def counted(*args):
-        calls.append(1)
-        return original(*args)
-    _em_engine.fused_pass = counted
+    count_calls(_em_engine, "fused_pass")
     fused.update(torch.as_tensor(X))
     _em_engine.fused_available = lambda device, k: False
     plain = OnlineEM(d, k, seed=3, dtype=dtype, **config).update(torch.as_tensor(X))
     rust = onlinefa.OnlineEM(d, k, seed=3, dtype="float64", **config).update(X)
-    def cov(m):
-        _, f, psi = m.snapshot()
-        f, psi = np.asarray(f), np.asarray(psi)
-        return f @ f.T + np.diag(psi)
-    rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())
     print(json.dumps({"fused_calls": len(calls), "n_warmup": fused.n_warmup,
                       "fused_vs_plain": rel(cov(fused), cov(plain)), "fused_vs_rust": rel(cov(fused), cov(rust)),
                       "plain_vs_rust": rel(cov(plain), cov(rust))}))
@@ -56,11 +35,7 @@ SCRIPT = textwrap.dedent("""
     {"dtype": "float32"},
 ])
 def test_the_fused_pass_equals_the_plain_pass_and_the_rust_core(config: dict[str, object]) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(config)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_interpreted(SCRIPT, config)
     # every sample whose E-step uses fitted loadings went through the kernel (the first n_warmup + 1 use F₀)
     assert result["fused_calls"] == 40 - (result["n_warmup"] + 1)
     if config["dtype"] == "float64":

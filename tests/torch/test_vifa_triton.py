@@ -1,18 +1,14 @@
 """The fused Triton step of onlinefa.torch.VIFA, run by Triton's interpreter on the CPU, against the plain torch
 step (the same draws: the noise comes from the model's seed and counters).
-
-``TRITON_INTERPRET`` is read when a kernel is defined, so the comparison runs in a fresh interpreter with it set.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from triton_runs import run_interpreted
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -78,11 +74,7 @@ SCRIPT = textwrap.dedent("""
     {"dtype": "float32", "optimizer": "adam"},
 ])
 def test_the_fused_step_equals_the_plain_step(config: dict[str, object]) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(config)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_interpreted(SCRIPT, config)
     assert result["fused_calls"] == 12  # every step went through the kernel
     assert result["refused"] and result["unchanged"]
     bound = 1e-12 if config["dtype"] == "float64" else 1e-5  # float32: arithmetic in float32 over 12 steps

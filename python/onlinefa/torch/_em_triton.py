@@ -11,52 +11,36 @@ row-major, padded to KP columns; K ≤ 16):
 * this block's share of the E-step sums (4.23): S = Σ f fᵀ/ψ (K×K), u = Σ f d/ψ (K), and Σ d̄²'.
 
 The per-block partial sums are added by the caller in block order, so the result does not depend on how the
-blocks are scheduled. Selected on CUDA when Triton is importable; tested on the CPU with ``TRITON_INTERPRET=1``
-against the plain torch pass.
+blocks are scheduled. The scalars travel as a tensor of the state's dtype (a float64 state keeps them exact).
+Selected on CUDA when Triton is importable; tested on the CPU with ``TRITON_INTERPRET=1`` against the plain torch
+pass.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-try:  # an optional accelerator: the plain torch pass is the fallback everywhere
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - Triton ships with the CUDA wheels of PyTorch
-    triton = None
+from ._triton_common import BLOCK_ROWS, available, padded_components, scalar_table, triton
 
-#: Rows per program of the kernel.
-BLOCK_ROWS = 128
-#: Largest K the kernel serves (its K×K temporaries live in registers).
-MAX_K = 16
-
-
-def available(device: torch.device, k: int) -> bool:
-    """Whether the fused kernel runs the pass: Triton importable, K ≤ 16, and a CUDA device (or any device under
-    ``TRITON_INTERPRET=1``, the interpreter the tests use)."""
-    if triton is None or k > MAX_K:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-
+__all__ = ["available", "fused_pass"]
 
 if triton is not None:
+    import triton.language as tl
+
+    from ._triton_common import block_layout
 
     @triton.jit
     def _em_pass(a_ptr, mean_ptr, dsq_ptr, dprev_ptr, x_ptr, new_mean_ptr, new_dsq_ptr, d_ptr,
-                 m_ptr, w_ptr, h_ptr, s_part_ptr, u_part_ptr, dsq_part_ptr,
-                 n_rows, rho_p, rho, mean_rho, floor,
+                 m_ptr, w_ptr, h_ptr, s_part_ptr, u_part_ptr, dsq_part_ptr, scalar_ptr, n_rows,
                  K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr, HAS_PENDING: tl.constexpr,
                  HAS_W: tl.constexpr, HAS_H: tl.constexpr):  # pragma: no cover - compiled by Triton
-        pid = tl.program_id(0)
-        rows = pid * BLOCK + tl.arange(0, BLOCK)
-        cols = tl.arange(0, KP)
-        row_ok = rows < n_rows
-        col_ok = cols < K
-        mask = row_ok[:, None] & col_ok[None, :]
-        kk_mask = col_ok[:, None] & col_ok[None, :]
+        pid, rows, cols, row_ok, col_ok, mask, kk_mask = block_layout(n_rows, K, KP, BLOCK)
+        rho_p = tl.load(scalar_ptr)
+        rho = tl.load(scalar_ptr + 1)
+        mean_rho = tl.load(scalar_ptr + 2)
+        floor = tl.load(scalar_ptr + 3)
         a = tl.load(a_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0.0)
         dsq = tl.load(dsq_ptr + rows, mask=row_ok, other=0.0)
         if HAS_PENDING:
@@ -105,7 +89,7 @@ def fused_pass(engine: Any, x: torch.Tensor, rho: float, mean_rho: float) -> tup
     """The pass of ``engine`` (an ``EMEngine`` past warm-up) for sample ``x``: applies the pending step to Ā in
     place and returns (S, u, Σ d̄²', (θ̄', d̄²', d)) with S, u in float64 on the CPU."""
     d, k = engine.settings.n_features, engine.settings.n_components
-    kp = max(2, 1 << (k - 1).bit_length())
+    kp = padded_components(k)
     n_blocks = triton.cdiv(d, BLOCK_ROWS)
     state = engine.a_bar
     pending = engine.pending
@@ -122,7 +106,7 @@ def fused_pass(engine: Any, x: torch.Tensor, rho: float, mean_rho: float) -> tup
     _em_pass[(n_blocks,)](
         state, engine.mean, engine.dsq_bar, engine.d_last, x.to(state.dtype), new_mean, new_dsq, d_new,
         m, w, h, s_part, u_part, dsq_part,
-        d, 0.0 if pending is None else pending.rho, rho, mean_rho, engine.floor(),
+        scalar_table([0.0 if pending is None else pending.rho, rho, mean_rho, engine.floor()], state), d,
         K=k, KP=kp, BLOCK=BLOCK_ROWS, HAS_PENDING=pending is not None,
         HAS_W=pending is not None and pending.transform is not None, HAS_H=engine.h_inv is not None,
     )

@@ -24,17 +24,14 @@ from typing import Any
 
 import torch
 
-from ._em_triton import BLOCK_ROWS, available
-
-try:  # an optional accelerator: the plain torch pass is the fallback everywhere
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - Triton ships with the CUDA wheels of PyTorch
-    triton = None
+from ._triton_common import BLOCK_ROWS, available, padded_components, scalar_table, triton
 
 __all__ = ["available", "fused_pass"]
 
 if triton is not None:
+    import triton.language as tl
+
+    from ._triton_common import block_layout
 
     @triton.jit
     def _bounded(values, lo, hi):  # pragma: no cover - compiled by Triton
@@ -46,13 +43,7 @@ if triton is not None:
                   new_f_ptr, new_psi_ptr, new_mean_ptr, d_ptr, s_part_ptr, u_part_ptr, div_part_ptr,
                   n_rows, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
                   PRECONDITION: tl.constexpr):  # pragma: no cover - compiled by Triton
-        pid = tl.program_id(0)
-        rows = pid * BLOCK + tl.arange(0, BLOCK)
-        cols = tl.arange(0, KP)
-        row_ok = rows < n_rows
-        col_ok = cols < K
-        mask = row_ok[:, None] & col_ok[None, :]
-        kk_mask = col_ok[:, None] & col_ok[None, :]
+        pid, rows, cols, row_ok, col_ok, mask, kk_mask = block_layout(n_rows, K, KP, BLOCK)
         lr = tl.load(scalar_ptr)
         mean_rho = tl.load(scalar_ptr + 1)
         floor = tl.load(scalar_ptr + 2)
@@ -110,11 +101,10 @@ def fused_pass(engine: Any, x: torch.Tensor, mean_rho: float, floor: float, max_
     """The pass of ``engine`` (an ``SGAEngine`` with a pending step, past its start) for sample ``x``: returns
     (S, u, whether a ψ step diverged, the new rows {mean, d_last, loadings, psi}) with S, u float64 on the CPU."""
     d, k = engine.settings.n_features, engine.settings.n_components
-    kp = max(2, 1 << (k - 1).bit_length())
+    kp = padded_components(k)
     n_blocks = triton.cdiv(d, BLOCK_ROWS)
     f, psi = engine.loadings, engine.psi
-    scalars = torch.tensor([engine.settings.lr, mean_rho, floor, max_state, *log_bounds], dtype=f.dtype,
-                           device=f.device)
+    scalars = scalar_table([engine.settings.lr, mean_rho, floor, max_state, *log_bounds], f)
     new = {"loadings": torch.empty_like(f), "psi": torch.empty_like(psi), "mean": torch.empty_like(engine.mean),
            "d_last": torch.empty_like(engine.d_last)}
     s_part = torch.empty(n_blocks, kp, kp, dtype=f.dtype, device=f.device)

@@ -27,18 +27,15 @@ from typing import Any
 
 import torch
 
-from ._em_triton import BLOCK_ROWS, available
 from ._kk_algebra import ADAM_BETA1, ADAM_BETA2, ADAM_EPS
-
-try:  # an optional accelerator: the plain torch step is the fallback everywhere
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - Triton ships with the CUDA wheels of PyTorch
-    triton = None
+from ._triton_common import BLOCK_ROWS, available, padded_components, scalar_table, triton
 
 __all__ = ["available", "fused_norms", "fused_step"]
 
 if triton is not None:
+    import triton.language as tl
+
+    from ._triton_common import block_layout
 
     @triton.jit
     def _gradients(c_ptr, f_ptr, beta_ptr, g_ptr, z_ptr, h_ptr, minv_ptr, alpha, n_rows, rows, cols, row_ok, mask,
@@ -73,12 +70,7 @@ if triton is not None:
     def _vifa_norms(c_ptr, f_ptr, beta_ptr, g_ptr, z_ptr, h_ptr, minv_ptr, scalar_ptr, norm_part_ptr, n_rows,
                     K: tl.constexpr, KP: tl.constexpr, L: tl.constexpr,
                     BLOCK: tl.constexpr):  # pragma: no cover - compiled by Triton
-        pid = tl.program_id(0)
-        rows = pid * BLOCK + tl.arange(0, BLOCK)
-        cols = tl.arange(0, KP)
-        row_ok = rows < n_rows
-        mask = row_ok[:, None] & (cols < K)[None, :]
-        kk_mask = (cols < K)[:, None] & (cols < K)[None, :]
+        pid, rows, cols, row_ok, _, mask, kk_mask = block_layout(n_rows, K, KP, BLOCK)
         alpha = tl.load(scalar_ptr)
         _, _, _, grad_c, grad_f, grad_beta = _gradients(c_ptr, f_ptr, beta_ptr, g_ptr, z_ptr, h_ptr, minv_ptr, alpha,
                                                         n_rows, rows, cols, row_ok, mask, kk_mask, K, KP, L)
@@ -114,12 +106,7 @@ if triton is not None:
                    new_mb_ptr, new_vb_ptr, gram_part_ptr, bad_part_ptr, n_rows,
                    K: tl.constexpr, KP: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr,
                    ADAM: tl.constexpr):  # pragma: no cover - compiled by Triton
-        pid = tl.program_id(0)
-        rows = pid * BLOCK + tl.arange(0, BLOCK)
-        cols = tl.arange(0, KP)
-        row_ok = rows < n_rows
-        mask = row_ok[:, None] & (cols < K)[None, :]
-        kk_mask = (cols < K)[:, None] & (cols < K)[None, :]
+        pid, rows, cols, row_ok, _, mask, kk_mask = block_layout(n_rows, K, KP, BLOCK)
         alpha = tl.load(scalar_ptr)
         c, f, beta, grad_c, grad_f, grad_beta = _gradients(c_ptr, f_ptr, beta_ptr, g_ptr, z_ptr, h_ptr, minv_ptr,
                                                            alpha, n_rows, rows, cols, row_ok, mask, kk_mask, K, KP, L)
@@ -151,8 +138,7 @@ def _padded(matrix: torch.Tensor, rows: int, kp: int, like: torch.Tensor) -> tor
 
 def _inputs(engine: Any, grads: torch.Tensor) -> tuple[list[torch.Tensor], int, int]:
     """The kernels' shared inputs (c, F, β, g, z, h, (I + B)⁻¹) in the state's dtype, KP and the block count."""
-    k = engine.settings.n_components
-    kp = max(2, 1 << (k - 1).bit_length())
+    kp = padded_components(engine.settings.n_components)
     params = engine.params
     like = params["loadings"]
     h = torch.stack([h for h, _ in engine.pending])
@@ -166,7 +152,7 @@ def fused_norms(engine: Any, grads: torch.Tensor) -> list[float]:
     """This engine's rows' share of ‖∇c‖², ‖∇F‖², ‖∇β‖² at the pending draws (``grads``: L×D)."""
     tensors, kp, n_blocks = _inputs(engine, grads)
     like = tensors[1]
-    scalars = torch.tensor([engine.settings.prior_precision], dtype=like.dtype, device=like.device)
+    scalars = scalar_table([engine.settings.prior_precision], like)
     parts = torch.empty(n_blocks, 3, dtype=like.dtype, device=like.device)
     _vifa_norms[(n_blocks,)](*tensors, scalars, parts, engine.settings.n_features,
                              K=engine.settings.n_components, KP=kp, L=grads.shape[0], BLOCK=BLOCK_ROWS)
@@ -182,9 +168,9 @@ def fused_step(engine: Any, grads: torch.Tensor, scale: list[float]) -> tuple[di
     adam = engine.moments is not None
     inv_sqrt_bias2 = 1.0 / math.sqrt(1.0 - ADAM_BETA2**t)
     adam_lr = [lr / (1.0 - ADAM_BETA1**t) for lr in s.lr]
-    scalars = torch.tensor([s.prior_precision, s.lr[0], scale[0], s.lr[1], scale[1], s.lr[2], scale[2],
+    scalars = scalar_table([s.prior_precision, s.lr[0], scale[0], s.lr[1], scale[1], s.lr[2], scale[2],
                             inv_sqrt_bias2, ADAM_BETA1, 1.0 - ADAM_BETA1, ADAM_BETA2, 1.0 - ADAM_BETA2, ADAM_EPS,
-                            *adam_lr], dtype=like.dtype, device=like.device)
+                            *adam_lr], like)
     names = ("mean", "loadings", "log_noise")
     params = {name: torch.empty_like(engine.params[name]) for name in names}
     if adam:
