@@ -1,7 +1,9 @@
 """Speed of the queries of a fitted OnlineEM at large D, against the memory floor and other implementations.
 
 For each state dtype: median seconds of ``log_prob`` and ``transform`` of 2 rows, ``sample(30)`` and
-``snapshot()``; "× F pass" divides by one NumPy pass over a D×K array of the state's dtype (``sum``), and for
+``snapshot()`` (repeated at one sample count, so they reuse the reporting map of the shrinkage), and of the
+Gram pass that the first query after each update adds for that map; "unshrunk s" is the same query on the same
+state with ``shrink=False``; "× F pass" divides by one NumPy pass over a D×K array of the state's dtype (``sum``), and for
 ``sample`` "× floor" divides by that pass plus writing the 30×D float64 draws (``fill`` of a fresh array, page
 faults included, as ``sample`` pays them). Beside them, the same queries by NumPy on the model's arrays (the
 library's pre-streaming path) and PyTorch's ``LowRankMultivariateNormal.log_prob`` on the same Gaussian
@@ -33,9 +35,9 @@ def median_seconds(call: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def fitted_model(d: int, k: int, dtype: str) -> onlinefa.OnlineEM:
+def fitted_model(d: int, k: int, dtype: str, shrink: bool = True) -> onlinefa.OnlineEM:
     rng = np.random.default_rng(0)
-    model = onlinefa.OnlineEM(d, k, seed=0, dtype=dtype)
+    model = onlinefa.OnlineEM(d, k, seed=0, dtype=dtype, shrink=shrink)
     for _ in range(k + 4):
         model.update(rng.standard_normal(d, dtype=np.float32))
     return model
@@ -60,7 +62,8 @@ def main() -> None:
     n_draws = 30
     x = np.random.default_rng(1).standard_normal((2, d))
     print(f"OnlineEM, D = {d:,}, K = {k}; median of {repeats}; {onlinefa._core.__name__}")
-    print(f"{'state':<8}{'query':<22}{'seconds':>10}{'× F pass':>10}{'× floor':>10}{'NumPy s':>10}{'torch s':>10}")
+    print(f"{'state':<8}{'query':<22}{'seconds':>10}{'× F pass':>10}{'× floor':>10}{'unshrunk s':>11}{'NumPy s':>10}"
+          f"{'torch s':>10}")
     for dtype in ("float32", "float64"):
         measure_dtype(d, k, dtype, x, n_draws, repeats)
 
@@ -68,6 +71,7 @@ def main() -> None:
 def measure_dtype(d: int, k: int, dtype: str, x: np.ndarray, n_draws: int, repeats: int) -> None:
     """Print the rows of one state dtype."""
     model = fitted_model(d, k, dtype)
+    unshrunk = fitted_model(d, k, dtype, shrink=False)
     factors = np.ones((d, k), dtype=dtype)
     f_pass = median_seconds(lambda: factors.sum(), repeats)
     write_draws = median_seconds(lambda: np.empty((n_draws, d)).fill(1.0), repeats)
@@ -76,19 +80,22 @@ def measure_dtype(d: int, k: int, dtype: str, x: np.ndarray, n_draws: int, repea
         return tuple(np.asarray(a, dtype=np.float64) for a in model.snapshot())
 
     rows = [
-        ("log_prob(2 rows)", lambda: model.log_prob(x), f_pass,
+        ("log_prob(2 rows)", lambda m: m.log_prob(x), f_pass,
          lambda: _gaussian.log_prob(x, *arrays()), torch_log_prob(model, x)),
-        ("transform(2 rows)", lambda: model.transform(x), f_pass, None, None),
-        (f"sample({n_draws})", lambda: model.sample(n_draws, seed=1), f_pass + write_draws,
+        ("transform(2 rows)", lambda m: m.transform(x), f_pass, None, None),
+        (f"sample({n_draws})", lambda m: m.sample(n_draws, seed=1), f_pass + write_draws,
          lambda: _gaussian.draw(n_draws, *arrays(), 1), None),
-        ("snapshot()", lambda: model._core.snapshot(), f_pass, None, None),
+        ("snapshot()", lambda m: m._core.snapshot(), f_pass, None, None),
+        # what the first query after an update adds (the spiked-shrinkage map, then reused at that count)
+        ("reporting map", lambda m: m._core.gram(), f_pass, None, None),
     ]
-    for name, call, floor, numpy_call, torch_call in rows:
-        seconds = median_seconds(call, repeats)
+    for name, query, floor, numpy_call, torch_call in rows:
+        seconds = median_seconds(lambda: query(model), repeats)
+        plain = f"{median_seconds(lambda: query(unshrunk), repeats):>11.3f}" if name != "reporting map" else f"{'-':>11}"
         numpy_s = f"{median_seconds(numpy_call, repeats):>10.3f}" if numpy_call else f"{'-':>10}"
         torch_s = f"{median_seconds(torch_call, repeats):>10.3f}" if torch_call else f"{'-':>10}"
         print(f"{dtype:<8}{name:<22}{seconds:>10.3f}{seconds / f_pass:>9.1f}×{seconds / floor:>9.1f}×"
-              f"{numpy_s}{torch_s}")
+              f"{plain}{numpy_s}{torch_s}")
 
 if __name__ == "__main__":
     main()

@@ -95,8 +95,13 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
         if !self.config.shrink || !self.is_fitted() {
             return Ok(None);
         }
+        if let Some(map) = self.report_cache.get(self.n_seen) {
+            return Ok(Some(map));
+        }
         let gram = crate::shrinkage::gram(self)?;
-        crate::shrinkage::spiked_transform(gram.view(), self.n_features, self.effective_samples()).map(Some)
+        let map = crate::shrinkage::spiked_transform(gram.view(), self.n_features, self.effective_samples())?;
+        self.report_cache.put(self.n_seen, &map);
+        Ok(Some(map))
     }
 }
 

@@ -17,6 +17,7 @@
 
 use std::ops::Range;
 
+use ndarray::linalg::general_mat_mul;
 use ndarray::{Array1, Array2, ArrayView2};
 
 use crate::error::{invalid, Result};
@@ -107,20 +108,66 @@ pub fn effective_samples(step: &StepSize, n_seen: u64) -> f64 {
     1.0 / sum_sq
 }
 
-/// Fᵀ Ψ⁻¹ F (K×K) of a model's rows, summed task by task in row order (the same bits on any thread count).
+/// The last reporting map of a model and the sample count it was computed at (the model's state changes only
+/// with its sample count, or through a copy, which starts with an empty cache). Not part of the model's value:
+/// copies start empty and every cache compares equal.
+#[derive(Default)]
+pub struct ReportCache(std::sync::Mutex<Option<(u64, Array2<f64>)>>);
+
+impl ReportCache {
+    /// The map cached for `n_seen`, if any (None too when the lock is busy or poisoned: then it is recomputed).
+    pub fn get(&self, n_seen: u64) -> Option<Array2<f64>> {
+        let guard = self.0.try_lock().ok()?;
+        match &*guard {
+            Some((seen, map)) if *seen == n_seen => Some(map.clone()),
+            _ => None,
+        }
+    }
+
+    /// Remember `map` as the map at `n_seen` (skipped when the lock is busy or poisoned).
+    pub fn put(&self, n_seen: u64, map: &Array2<f64>) {
+        if let Ok(mut guard) = self.0.try_lock() {
+            *guard = Some((n_seen, map.clone()));
+        }
+    }
+}
+
+impl Clone for ReportCache {
+    fn clone(&self) -> Self {
+        ReportCache::default()
+    }
+}
+
+impl PartialEq for ReportCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for ReportCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReportCache")
+    }
+}
+
+/// Fᵀ Ψ⁻¹ F (K×K) of a model's rows: per block of rows one product (Ψ⁻¹ F)ᵀ F, summed task by task in row
+/// order (the same bits on any thread count).
 pub fn gram<G: GaussianRows + ?Sized>(model: &G) -> Result<Array2<f64>> {
     let (d, k) = model.dims();
     let parts = per_task(d, k, |rows| {
         let mut sum = Array2::<f64>::zeros((k, k));
+        let mut scaled = Vec::new();
         model.visit_range(rows, &mut |_, _, f, psi| {
-            for (row, &p) in f.chunks_exact(k).zip(psi) {
-                for a in 0..k {
-                    let ya = row[a] / p;
-                    for b in 0..k {
-                        sum[(a, b)] += ya * row[b];
-                    }
-                }
-            }
+            let nb = psi.len();
+            let block = ArrayView2::from_shape((nb, k), f).map_err(|e| invalid("rows", e.to_string()))?;
+            scaled.clear();
+            scaled.extend(
+                f.chunks_exact(k)
+                    .zip(psi)
+                    .flat_map(|(row, &p)| row.iter().map(move |v| v / p)),
+            );
+            let weighted = ArrayView2::from_shape((nb, k), &scaled).map_err(|e| invalid("rows", e.to_string()))?;
+            general_mat_mul(1.0, &weighted.t(), &block, 1.0, &mut sum);
             Ok(())
         })?;
         Ok(sum)
@@ -129,27 +176,21 @@ pub fn gram<G: GaussianRows + ?Sized>(model: &G) -> Result<Array2<f64>> {
 }
 
 /// A model's reported Gaussian: its rows as stored, or with the loadings mapped by a K×K R (F' = F R) and the
-/// marginal variances kept, ψ' = ψ + rowsum((F (I − R Rᵀ)) ⊙ F). Shapes: R is K×K.
+/// marginal variances kept, ψ' = ψ + ‖F_d‖² − ‖F'_d‖² (= ψ + rowsum((F (I − R Rᵀ)) ⊙ F)). Shapes: R is K×K.
 pub struct Reported<'a, G: ?Sized> {
     inner: &'a G,
-    /// (R, I − R Rᵀ).
-    map: Option<(Array2<f64>, Array2<f64>)>,
+    map: Option<Array2<f64>>,
 }
 
 impl<'a, G: GaussianRows + ?Sized> Reported<'a, G> {
     /// `inner` with its loadings mapped by `map` (K×K), or as stored (None).
     pub fn new(inner: &'a G, map: Option<Array2<f64>>) -> Result<Self> {
         let k = inner.dims().1;
-        let map = match map {
-            None => None,
-            Some(r) => {
-                if r.dim() != (k, k) || r.iter().any(|v| !v.is_finite()) {
-                    return Err(invalid("transform", format!("must be a finite {k}×{k} matrix")));
-                }
-                let released = Array2::<f64>::eye(k) - r.dot(&r.t());
-                Some((r, released))
+        if let Some(r) = &map {
+            if r.dim() != (k, k) || r.iter().any(|v| !v.is_finite()) {
+                return Err(invalid("transform", format!("must be a finite {k}×{k} matrix")));
             }
-        };
+        }
         Ok(Reported { inner, map })
     }
 
@@ -170,20 +211,24 @@ impl<G: GaussianRows + ?Sized> GaussianRows for Reported<'_, G> {
     }
 
     fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
-        let Some((map, released)) = &self.map else {
+        let Some(map) = &self.map else {
             return self.inner.visit_range(rows, visit);
         };
         let k = map.nrows();
-        let (mut f_new, mut psi_new) = (Vec::new(), Vec::new());
+        let mut psi_new = Vec::new();
         self.inner.visit_range(rows, &mut |lo, mean, f, psi| {
             let nb = psi.len();
             let block = ArrayView2::from_shape((nb, k), f).map_err(|e| invalid("rows", e.to_string()))?;
-            let kept = block.dot(released);
+            let mapped = block.dot(map);
             psi_new.clear();
-            psi_new.extend((0..nb).map(|i| psi[i] + block.row(i).dot(&kept.row(i)).max(0.0)));
-            f_new.clear();
-            f_new.extend(block.dot(map).iter().copied());
-            visit(lo, mean, &f_new, &psi_new)
+            psi_new.extend((0..nb).map(|i| {
+                let (before, after) = (block.row(i), mapped.row(i));
+                psi[i] + (before.dot(&before) - after.dot(&after)).max(0.0)
+            }));
+            let f_new = mapped
+                .as_slice()
+                .ok_or_else(|| invalid("rows", "a mapped block is not contiguous"))?;
+            visit(lo, mean, f_new, &psi_new)
         })
     }
 }

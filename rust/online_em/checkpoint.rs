@@ -108,6 +108,7 @@ impl<T: StateReal> Checkpoint for OnlineEm<T> {
             pending,
             scale_sq,
             isa: Isa::detect(),
+            report_cache: Default::default(),
         };
         super::checks::check_state(&em)?;
         Ok(em)

@@ -116,6 +116,8 @@ pub struct OnlineEm<T: Real> {
     pub(crate) scale_sq: f64,
     /// The code path of the row kernels (detected once for this CPU; never saved).
     pub(crate) isa: Isa,
+    /// The reporting map of the last query (crate::shrinkage), for the next query at the same sample count.
+    pub(crate) report_cache: crate::shrinkage::ReportCache,
 }
 
 /// Everything a pass needs besides the rows.
@@ -161,6 +163,7 @@ impl<T: Real> OnlineEm<T> {
             pending: None,
             scale_sq: 0.0,
             isa: Isa::detect(),
+            report_cache: Default::default(),
         })
     }
 

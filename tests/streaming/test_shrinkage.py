@@ -132,3 +132,25 @@ def test_the_estimator_and_algorithm2_report_the_fit(stream):
     raw = onlinefa.OnlineEM(300, 6, seed=0, shrink=False).update(x[:50])
     np.testing.assert_allclose(est.get_covariance(), raw.covariance(), rtol=1e-12)
     assert "shrink=False" in repr(onlinefa.OnlineEM.algorithm2(300, 6, seed=0))
+
+
+def test_queries_follow_the_model_after_each_update():
+    """The map is computed once per sample count (and reused by the next query): after each update the queries
+    report the new fit's shrinkage, not the previous one's. Three strong factors (strengths ~400 against an edge
+    of ~10 at T = 20) keep the map far from 0 and I, so it changes from one count to the next."""
+    rng = np.random.default_rng(8)
+    loadings, psi = 2.0 * rng.standard_normal((100, 3)), rng.uniform(0.5, 2.0, 100)
+    x = rng.standard_normal((60, 3)) @ loadings.T + np.sqrt(psi) * rng.standard_normal((60, 100))
+    model = onlinefa.OnlineEM(100, 3, seed=0)
+    raw = onlinefa.OnlineEM(100, 3, seed=0, shrink=False)
+    previous = None
+    for stop in (20, 21, 60):
+        model.update(x[model.n_seen:stop])
+        raw.update(x[raw.n_seen:stop])
+        mean, f, psi_fit = raw.snapshot()
+        ref_f, ref_psi = reference_shrunk(f, psi_fit, stop)
+        expected = onlinefa._gaussian.log_prob(x[-2:], mean, ref_f, ref_psi)
+        for _ in range(2):
+            np.testing.assert_allclose(model.log_prob(x[-2:]), expected, rtol=1e-9)
+        assert previous is None or not np.allclose(expected, previous, rtol=1e-6)
+        previous = expected
