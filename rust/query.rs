@@ -359,13 +359,38 @@ pub fn query_sums<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Re
         total.quad += &part.quad;
         total.proj += &part.proj;
     }
-    // the product's two triangles may differ in the last bit: keep the upper one, exactly symmetric
-    for a in 0..k {
-        for b in 0..a {
-            total.gram[[a, b]] = total.gram[[b, a]];
+    mirror_upper(&mut total.gram);
+    Ok(total)
+}
+
+/// Add one block's Σ_d F_d F_dᵀ/ψ_d to `gram` (K×K) as one product Fᵀ (Ψ⁻¹F); `f` is the block's nb×K loadings
+/// (row-major), `psi` its nb noise variances, and `scaled` a reused buffer left holding Ψ⁻¹F.
+pub(crate) fn add_block_gram(gram: &mut Array2<f64>, f: &[f64], psi: &[f64], scaled: &mut Vec<f64>) {
+    let (nb, k) = (psi.len(), gram.nrows());
+    scaled.clear();
+    scaled.resize(nb * k, 0.0);
+    if k == 0 {
+        return;
+    }
+    for ((out, row), &p) in scaled.chunks_exact_mut(k).zip(f.chunks_exact(k)).zip(psi) {
+        let inv = 1.0 / p;
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = v * inv; // Ψ⁻¹ F, nb×K
         }
     }
-    Ok(total)
+    // (K×nb)(nb×K)
+    let f_block = ArrayView2::from_shape((nb, k), f).expect("nb·K loadings");
+    let s_block = ArrayView2::from_shape((nb, k), &scaled[..]).expect("nb·K scaled loadings");
+    general_mat_mul(1.0, &f_block.t(), &s_block, 1.0, gram);
+}
+
+/// `gram` made exactly symmetric from its upper triangle (a product's two triangles may differ in the last bit).
+pub(crate) fn mirror_upper(gram: &mut Array2<f64>) {
+    for a in 0..gram.nrows() {
+        for b in 0..a {
+            gram[[a, b]] = gram[[b, a]];
+        }
+    }
 }
 
 /// Add one block's rows to `sums`: Σ F_d F_dᵀ/ψ_d as the product Fᵀ (Ψ⁻¹F) ([`query_sums`] mirrors its upper
@@ -382,20 +407,7 @@ fn add_block_sums(
     residual: &mut Vec<f64>,
 ) {
     let (nb, k, n) = (psi.len(), sums.gram.nrows(), x.nrows());
-    scaled.clear();
-    scaled.resize(nb * k, 0.0);
-    if k > 0 {
-        for ((out, row), &p) in scaled.chunks_exact_mut(k).zip(f.chunks_exact(k)).zip(psi) {
-            let inv = 1.0 / p;
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o = v * inv; // Ψ⁻¹ F, nb×K
-            }
-        }
-        // Σ_d F_dᵀ F_d / ψ_d as one product Fᵀ (Ψ⁻¹ F): (K×nb)(nb×K)
-        let f_block = ArrayView2::from_shape((nb, k), f).expect("nb·K loadings");
-        let s_block = ArrayView2::from_shape((nb, k), &scaled[..]).expect("nb·K scaled loadings");
-        general_mat_mul(1.0, &f_block.t(), &s_block, 1.0, &mut sums.gram);
-    }
+    add_block_gram(&mut sums.gram, f, psi, scaled);
     sums.log_det_psi += psi.iter().map(|p| p.ln()).sum::<f64>();
     if n == 0 {
         return;

@@ -17,12 +17,11 @@
 
 use std::ops::Range;
 
-use ndarray::linalg::general_mat_mul;
 use ndarray::{Array1, Array2, ArrayView2};
 
 use crate::error::{invalid, Result};
 use crate::linalg::symmetric_eigen_desc;
-use crate::query::{per_task, GaussianRows, RowVisitor};
+use crate::query::{add_block_gram, mirror_upper, per_task, GaussianRows, RowVisitor};
 use crate::schedule::StepSize;
 
 /// Iterations of the fixed point for σ² (it converges in a few; the bound only guards pathological input).
@@ -150,29 +149,22 @@ impl std::fmt::Debug for ReportCache {
     }
 }
 
-/// Fᵀ Ψ⁻¹ F (K×K) of a model's rows: per block of rows one product (Ψ⁻¹ F)ᵀ F, summed task by task in row
-/// order (the same bits on any thread count).
+/// Fᵀ Ψ⁻¹ F (K×K) of a model's rows: per block of rows one product (the query sums' own), summed task by task
+/// in row order (the same bits on any thread count), exactly symmetric.
 pub fn gram<G: GaussianRows + ?Sized>(model: &G) -> Result<Array2<f64>> {
     let (d, k) = model.dims();
     let parts = per_task(d, k, |rows| {
         let mut sum = Array2::<f64>::zeros((k, k));
         let mut scaled = Vec::new();
         model.visit_range(rows, &mut |_, _, f, psi| {
-            let nb = psi.len();
-            let block = ArrayView2::from_shape((nb, k), f).map_err(|e| invalid("rows", e.to_string()))?;
-            scaled.clear();
-            scaled.extend(
-                f.chunks_exact(k)
-                    .zip(psi)
-                    .flat_map(|(row, &p)| row.iter().map(move |v| v / p)),
-            );
-            let weighted = ArrayView2::from_shape((nb, k), &scaled).map_err(|e| invalid("rows", e.to_string()))?;
-            general_mat_mul(1.0, &weighted.t(), &block, 1.0, &mut sum);
+            add_block_gram(&mut sum, f, psi, &mut scaled);
             Ok(())
         })?;
         Ok(sum)
     })?;
-    Ok(parts.into_iter().fold(Array2::zeros((k, k)), |acc, p| acc + p))
+    let mut total = parts.into_iter().fold(Array2::zeros((k, k)), |acc, p| acc + p);
+    mirror_upper(&mut total);
+    Ok(total)
 }
 
 /// A model's reported Gaussian: its rows as stored, or with the loadings mapped by a K×K R (F' = F R) and the

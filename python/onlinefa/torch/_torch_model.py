@@ -41,11 +41,10 @@ def factor_gram(f: torch.Tensor, psi: torch.Tensor) -> np.ndarray:
 
 
 def mapped_rows(f: torch.Tensor, psi: torch.Tensor, transform: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """(F R, ψ + rowsum((F (I − R Rᵀ)) ⊙ F)): the loadings mapped by the K×K ``transform`` R with every marginal
-    variance kept (the Rust core's ``Reported`` rows), float64 on F's device."""
-    r = torch.as_tensor(transform, dtype=torch.float64, device=f.device)
-    released = torch.eye(r.shape[0], dtype=torch.float64, device=f.device) - r @ r.T
-    return f @ r, psi + torch.linalg.vecdot(f @ released, f).clamp(min=0.0)
+    """(F R, ψ + ‖F_d‖² − ‖(F R)_d‖²): the loadings mapped by the K×K ``transform`` R with every marginal variance
+    kept (the Rust core's ``Reported`` rows), float64 on F's device."""
+    mapped = f @ torch.as_tensor(transform, dtype=torch.float64, device=f.device)
+    return mapped, psi + (torch.linalg.vecdot(f, f) - torch.linalg.vecdot(mapped, mapped)).clamp(min=0.0)
 
 
 def state_dtype(dtype: object) -> torch.dtype:
