@@ -539,7 +539,10 @@ class OnlineSGA(_StreamingModel):
       keeps falling (0.10 / 0.075 / 0.043);
     * heavy-tailed features can throw it off by orders of magnitude (Warnings below).
 
-    It stays for reproducing the thesis and for comparison.
+    It stays for reproducing the thesis and for comparison. What is missing is not the gradient but its
+    steps: in a NumPy transcription, steps of 1/n with a Fisher-preconditioned ψ step and online EM's
+    whitening applied to each step made it right on all three streams above (the project's
+    docs/whitening.md, §5); this class does not take those steps yet.
 
     Parameters
     ----------
