@@ -9,10 +9,11 @@ the latent posterior of that sample, m = Σ Fᵀ Ψ⁻¹ d and P = Σ + m mᵀ w
     whitening:    F ← F L,  L Lᵀ = I + a (P − I)   (parameter expansion: the step's implied latent covariance
                                                   moved into F, as online EM's whitening does)
 
-with step a = ``lr`` (constant, the library's default 1e-3) or a = 1/(t + t₀) after the warm-up (t₀ = K + 2
-makes it 1/n_seen, the running mean's own weight). Every variant starts as the library's default does
-(``scaling="data"``: K + 2 warm-up samples, F₀ σ̂, ψ₀ = d̄²; the first row of the table checks the
-transcription against ``onlinefa.OnlineSGA``).
+with step a = ``lr`` (constant: ``OnlineSGA(lr=1e-3)``, the library's earlier default) or a = 1/(t + t₀) after the
+warm-up (t₀ = K + 2 makes it 1/n_seen, the running mean's own weight). Every variant starts as the library does
+(``scaling="data"``: K + 2 warm-up samples, F₀ σ̂, ψ₀ = d̄²; the first two rows check the transcription against
+``onlinefa.OnlineSGA(lr=1e-3)``, the last but one row is the library's default, ``lr="auto"``, the last
+variant; the library's orthonormal start is drawn by its own generator, so they differ by the start only).
 
 Three measurements, each against the default ``onlinefa.OnlineEM``:
 
@@ -119,13 +120,14 @@ Model = SgaTranscription | onlinefa.OnlineSGA | onlinefa.OnlineEM
 def variants(k: int) -> dict[str, Variant | str]:
     """The rows of every table: the library's classes by name, the transcribed candidates by configuration."""
     return {
-        "OnlineSGA default": "sga",
+        "OnlineSGA, lr = 1e-3": "sga-constant",
         "transcription of it": Variant(),
         "a = 1/(t+100), log step x2": Variant(t0=100.0, log_gain=2.0),
         "a = 1/n, natural psi": Variant(t0=float(k + 2), psi_step="natural"),
         "a = 1/n, natural psi, whiten": Variant(t0=float(k + 2), psi_step="natural", whiten=True),
         "a = 1/n, natural psi, whiten, safeguard": Variant(t0=float(k + 2), psi_step="natural", whiten=True,
                                                            safeguard=True),
+        "OnlineSGA default (lr = 'auto')": "sga",
         "OnlineEM default": "em",
     }
 
@@ -133,6 +135,8 @@ def variants(k: int) -> dict[str, Variant | str]:
 def build(spec: Variant | str, d: int, k: int, seed: int) -> Model:
     if spec == "sga":
         return onlinefa.OnlineSGA(d, k, seed=seed)
+    if spec == "sga-constant":
+        return onlinefa.OnlineSGA(d, k, seed=seed, lr=1e-3)
     if spec == "em":
         return onlinefa.OnlineEM(d, k, seed=seed)
     assert isinstance(spec, Variant)

@@ -37,7 +37,7 @@ mod python;
 pub use engine::{StepSums, StreamingModel};
 pub use error::{FaError, Result};
 pub use online_em::{EmConfig, OnlineEm};
-pub use online_sga::{OnlineSga, SgaConfig};
+pub use online_sga::{OnlineSga, SgaConfig, SgaRule};
 pub use scalar::Real;
 pub use scaling::Scaling;
 pub use schedule::StepSize;

@@ -66,7 +66,9 @@ def add_parser(commands: Any) -> None:
     )
     p.add_argument("--warmup", type=_warmup, default=None,
                    help="warm-up samples: 'auto' (default; K+2, at most 100) or an integer (thesis: 100)")
-    p.add_argument("--lr", type=float, default=1e-3, help="SGA learning rate (default 1e-3)")
+    p.add_argument("--lr", type=_learning_rate, default=None,
+                   help="SGA step: 'auto' (default: steps of 1/t, whitened) or a constant learning rate "
+                   "(thesis: 1e-3)")
     p.add_argument("--schedule", choices=("harmonic", "power", "constant"), default=None,
                    help="step sizes ρ_t (default: harmonic; --config default only)")
     p.add_argument("--kappa", type=float, default=0.9, help="κ of the power schedule (default 0.9)")
@@ -167,12 +169,22 @@ def check_output(output: Path, samples: Path) -> None:
         raise CommandError(f"the output {output} is the input file; choose another path")
 
 
+def _learning_rate(text: str) -> float | str:
+    """--lr: 'auto' or a float (validated by the model)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {text!r}") from None
+
+
 def build_model(args: argparse.Namespace, n_features: int) -> StreamingModel:
     """The streaming model the options describe (ValueError/TypeError for invalid values)."""
     warmup = args.warmup if args.warmup is not None else (100 if args.config == "thesis" else "auto")
     common: dict[str, Any] = {"n_warmup": warmup, "seed": args.seed, "dtype": args.dtype}
     kind = streaming_kind(args.method)
-    learning_rate = {"lr": args.lr} if args.method == "sga" else {}  # SGA's own option
+    learning_rate = {"lr": args.lr} if args.method == "sga" and args.lr is not None else {}  # SGA's own option
     if args.config == "thesis":
         if args.schedule is not None or not args.whiten:
             raise ValueError("--schedule and --no-whiten apply to --config default only")
@@ -183,10 +195,6 @@ def build_model(args: argparse.Namespace, n_features: int) -> StreamingModel:
     schedule_options = {"tau0": args.tau0, "kappa": args.kappa, "rho": args.rho}
     model = kind.model_class()(n_features, args.components, schedule=args.schedule or "harmonic",
                                **learning_rate, **whitening, **schedule_options, **common)
-    return model
-    schedule_options = {"tau0": args.tau0, "kappa": args.kappa, "rho": args.rho}
-    model = kind.model_class()(n_features, args.components, schedule=args.schedule or "harmonic",
-                               **schedule_options, **common)
     return model
 
 

@@ -106,6 +106,7 @@ class OnlineSGACore:
         init: NDArray[np.float64] | None,
         seed: int | None,
         lr: float,
+        rule: str,
         n_warmup: int,
         noise_floor: float,
         dtype: str,

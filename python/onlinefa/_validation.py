@@ -221,6 +221,35 @@ def check_positive_float(value: object, name: str) -> float:
     return out
 
 
+#: The ``lr`` recorded with online SGA's whitened rule (which does not use it), so that every SGA checkpoint has
+#: one.
+SGA_UNUSED_LR = 1e-3
+
+
+def sga_step_args(lr: object, scaling: object) -> tuple[dict[str, Any], float | str]:
+    """Online SGA's engine arguments ``lr`` and ``rule`` for a user's ``lr``, and the value to report.
+
+    ``"auto"`` is the whitened rule (steps of 1/t; needs ``scaling="data"``), a float > 0 the constant-step
+    gradient rule. ValueError for any other string, for ``"auto"`` with another scaling, or a float <= 0.
+    """
+    value = check_sga_lr(lr)
+    if value == "auto":
+        if scaling != "data":
+            raise ValueError("lr='auto' (the whitened steps) needs scaling='data'; give a float lr for "
+                             f"scaling={scaling!r}")
+        return {"lr": SGA_UNUSED_LR, "rule": "whitened"}, "auto"
+    return {"lr": value, "rule": "gradient"}, value
+
+
+def check_sga_lr(lr: object) -> float | str:
+    """Online SGA's ``lr``: ``"auto"``, or a finite float > 0 (ValueError otherwise, TypeError if not a number)."""
+    if isinstance(lr, str):
+        if lr != "auto":
+            raise ValueError(f"lr must be 'auto' or a float > 0, got {lr!r}")
+        return lr
+    return check_positive_float(lr, "lr")
+
+
 #: What a ``seed`` parameter accepts (see :func:`check_seed`).
 SeedLike = int | np.integer[Any] | np.random.Generator | np.random.SeedSequence | None
 

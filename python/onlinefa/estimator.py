@@ -20,7 +20,7 @@ from ._gaussian import check_dense_size, precision_factor
 from .streaming import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
 from ._gaussian import latent_mean
 from .minibatch import MINIBATCH_KAPPA, MINIBATCH_TAU0, MiniBatchEM, data_moments, fit_passes
-from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float
+from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float, check_sga_lr
 from ._persist import checkpoint_params, param_entries
 from ._registry import STREAMING_METHODS, inner_class, streaming_class
 from ._sklearn_base import ConvergenceWarning, EstimatorBase, NotFittedError, as_real_matrix, seed_from
@@ -104,8 +104,9 @@ class OnlineFactorAnalysis(EstimatorBase):
         Samples during which only the running averages move and the loadings keep their initial value;
         "auto" is min(K + 2, 100). :meth:`fit` needs more rows than this, and after :meth:`partial_fit`
         the estimator counts as fitted (and answers queries) only once more rows than this were seen.
-    lr : float, default=1e-3
-        Learning rate of ``algorithm="sga"`` (validated, unused by EM).
+    lr : "auto" or float, default="auto"
+        Step of ``algorithm="sga"`` (validated, unused by EM): "auto", the whitened steps of size 1/t of
+        :class:`onlinefa.OnlineSGA`, or a constant learning rate.
     whiten : bool, default=True
         EM only (validated, unused by SGA): apply the whitening (parameter-expanded EM) step after each
         M-step (:class:`onlinefa.OnlineEM`, docs/whitening.md). ``whiten=False, schedule="harmonic"``
@@ -212,7 +213,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         *,
         algorithm: str = "em",
         n_warmup: int | Literal["auto"] = "auto",
-        lr: float = 1e-3,
+        lr: float | str = "auto",
         whiten: bool = True,
         schedule: str = "auto",
         tau0: float = 0.0,
@@ -270,7 +271,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         """Validate the hyper-parameters and build a fresh streaming model for ``n_features``."""
         model_class = self._model_class()
         n_components = _resolve_n_components(self.n_components, n_features)
-        check_positive_float(self.lr, "lr")
+        check_sga_lr(self.lr)
         self._check_pass_options()
         if self.batch_size > 1:
             return self._new_minibatch_model(n_features, n_components, moments)
@@ -739,7 +740,7 @@ def _check_loaded(estimator: OnlineFactorAnalysis, shown_path: str) -> None:
         model_class: type[StreamingModel] = estimator._model_class()
         estimator._model_options()
         estimator._check_pass_options()
-        check_positive_float(estimator.lr, "lr")
+        check_sga_lr(estimator.lr)
         check_positive_float(estimator.noise_floor, "noise_floor")
         resolve_warmup(estimator.n_warmup, 1)
         dtype = _state_dtype(estimator.dtype)

@@ -25,6 +25,7 @@ from ._validation import (
     check_int,
     check_positive_float,
     check_seed,
+    sga_step_args,
     SeedLike,
     StateDTypeLike,
 )
@@ -517,32 +518,35 @@ class OnlineEM(_StreamingModel):
 class OnlineSGA(_StreamingModel):
     """Online stochastic gradient ascent for factor analysis (Brownlie 2021, Algorithm 1).
 
-    For each sample: θ̄_t (running mean), d_t = θ_t − θ̄_t, the latent posterior (4.23), then one SGD
-    step of size ``lr`` on F (4.24) and on β = log ψ (4.26), ψ = exp β. Each update reads and writes the
-    D×K state once. Under the default ``scaling="data"`` the model starts from F₀ σ̂ and ψ₀ = d̄² of the
-    warm-up samples, and the F step is preconditioned by ψ (ΔF = lr·ψ ⊙ ∇F = lr·(d mᵀ − F P)), so ``lr``
-    has no units and c·θ gives c² times the covariance (within the range given under ``scaling``); the
-    log-ψ step is bounded to ±1 per sample (a feature frozen during warm-up starts at the noise floor, and
-    its first deviations would otherwise throw ψ to the largest storable value). :meth:`algorithm1` builds
-    the thesis's algorithm.
+    For each sample: θ̄_t (running mean), d_t = θ_t − θ̄_t, the latent posterior (4.23) m_t = Σ Fᵀ Ψ⁻¹ d_t,
+    P_t = Σ + m_t m_tᵀ with Σ = (I + Fᵀ Ψ⁻¹ F)⁻¹, then one step on F and ψ. Each update reads and writes the
+    D×K state once. Under the default ``scaling="data"`` the model starts from F₀ σ̂ and ψ₀ = d̄² of the warm-up
+    samples, and the F step is preconditioned by ψ, so c·θ gives c² times the covariance (within the range given
+    under ``scaling``).
 
-    **For SWAG-style posteriors and for accuracy, use** :class:`OnlineEM`. No learning rate makes this
-    algorithm right on the streams onlinefa exists for; measured with its defaults and with lr from 1e-3
-    to 1e-1:
+    The default step (``lr="auto"``) is the one that is right on SGD iterates: with a = 1/t for sample t,
 
-    * on ordered SGD iterates of real networks (K = 20, 250 snapshots) its marginal variances were 0.10×
-      the iterates' on digits and 29× on UCI energy for every lr ≤ 3e-2 (OnlineEM: 0.99× on both), and
-      its Bayesian model average predicted like the SWA point;
-    * on the demo's synthetic stream (D = 1000, K = 10) its covariance error at lr = 1e-3 went from 0.105
-      at T = 5,000 to 0.113 at T = 20,000 (a constant step leaves a noise floor), larger rates were worse
-      at every T (lr = 1e-2: 0.55 / 0.78 / 0.76 at T = 1,000 / 5,000 / 20,000), while OnlineEM's error
-      keeps falling (0.10 / 0.075 / 0.043);
-    * heavy-tailed features can throw it off by orders of magnitude (Warnings below).
+    * F ← (F + a_F (d mᵀ − F P)) L with a_F = min(a, 1/(1 + m·m)) and L Lᵀ = (1 − a_F) I + a_F P: the gradient
+      step (4.24), kept a contraction, then the whitening of online EM (parameter expansion: the latent
+      covariance the step implies is moved into F);
+    * ψ ← ψ + a (q − ψ), q = d² − 2 d (F m) + diag(F P Fᵀ): the β = log ψ gradient (4.26) preconditioned by its
+      Fisher information.
 
-    It stays for reproducing the thesis and for comparison. What is missing is not the gradient but its
-    steps: in a NumPy transcription, steps of 1/n with a Fisher-preconditioned ψ step and online EM's
-    whitening applied to each step made it right on all three streams above (the project's
-    docs/whitening.md, §5); this class does not take those steps yet.
+    Measured against the thesis's constant step (lr = 1e-3) on the streams below, in the project's
+    ``benches/sga_variants.py``: on the demo's synthetic stream (D = 1000, K = 10) the covariance error falls
+    with T (0.138 / 0.076 / 0.042 at T = 1,000 / 5,000 / 20,000, against 0.276 / 0.105 / 0.113; the default
+    :class:`OnlineEM` 0.098 / 0.075 / 0.043); on ordered SGD iterates of small networks the marginal variances
+    are the iterates' (0.99–1.00×, against 0.04–0.10×) and the Bayesian model average beats SWAG-diagonal's
+    where OnlineEM's does; on standardised digits, whose nearly constant pixels have rare large values, the
+    error against scikit-learn's ``FactorAnalysis`` is 0.16 (against 1.5·10⁵).
+
+    A float ``lr`` takes the constant-step gradient method instead: ΔF = lr·(d mᵀ − F P) (preconditioned by ψ
+    under "data") and a step of lr on β = log ψ bounded to ±1 per sample (a feature frozen during warm-up starts
+    at the noise floor, and its first deviations would otherwise throw ψ to the largest storable value).
+    :meth:`algorithm1` builds the thesis's algorithm. A constant step leaves a noise floor (lr = 1e-3: 0.113 at
+    T = 20,000 above) and heavy-tailed features can throw it off by orders of magnitude (Warnings below).
+
+    :class:`OnlineEM` is as accurate or more on every stream measured, and is the library's default posterior.
 
     Parameters
     ----------
@@ -550,11 +554,11 @@ class OnlineSGA(_StreamingModel):
         D, the dimension of the samples (>= 2).
     n_components : int
         K, the number of latent factors, 1 <= K < D.
-    lr : float, default=1e-3
-        Learning rate (> 0), free of units under ``scaling="data"``. A constant step leaves a noise floor
-        that grows with lr·D: on a D = 1000, K = 10 model lr = 1e-3 reached a relative covariance error of
-        0.11 after 5,000 samples where 1e-2 stalled at 0.78; larger steps only help very short streams.
-        Online EM is the more accurate of the two.
+    lr : "auto" or float, default="auto"
+        "auto": the whitened steps of size 1/t above (needs ``scaling="data"``). A float (> 0): the constant
+        learning rate of the gradient method, free of units under ``scaling="data"``; its noise floor grows
+        with lr·D (on a D = 1000, K = 10 model lr = 1e-3 reached a relative covariance error of 0.11 after
+        5,000 samples where 1e-2 stalled at 0.78).
     n_warmup : int or "auto", default="auto"
         For the first ``n_warmup`` samples only the running mean (and, under ``scaling="data"``, the
         running d̄² that sets the start) is updated; queries before it ends raise :class:`NotFittedError`.
@@ -575,24 +579,23 @@ class OnlineSGA(_StreamingModel):
     scaling : {"data", "unit"}, default="data"
         As in :class:`OnlineEM`; "data" also preconditions the F step by ψ.
         Under "data", fitting c·θ gives c² times the covariance (to 1e-3 relative, measured with the
-        default lr on Gaussian data) while every feature's noise variance is at least 1e-197 (float64
-        state) or 1e-27 (float32) and every feature's variance at most 1e148 (float64) or 1e16 (float32):
-        ψ is kept within [1e-200, 1e150] (float64) or [1e-30, 1e18] (float32), and these ends are 1000
-        times the floor and 1/100 of the ceiling. Outside them the fit is wrong without an error (at
+        constant step lr = 1e-3 on Gaussian data) while every feature's noise variance is at least 1e-197
+        (float64 state) or 1e-27 (float32) and every feature's variance at most 1e148 (float64) or 1e16
+        (float32): ψ is kept within [1e-200, 1e150] (float64) or [1e-30, 1e18] (float32), and these ends are
+        1000 times the floor and 1/100 of the ceiling. Outside them the fit is wrong without an error (at
         variances of 8e149 / 8e17 it was 1% off, at 10 times that 26%; at noise variances of 5e-201 /
         5e-31, 3.5% off); the limits are not checked, since that would take a second pass over every
         batch (``SCALE_EQUIVARIANT_VARIANCES`` in ``onlinefa.streaming`` holds the range).
 
     Warnings
     --------
-    Heavy-tailed features can throw the fit off. A feature that is nearly constant with rare large values
-    (a pixel that is almost always blank, standardised: most values near 0, a few near 40) gets a tiny ψ
-    from the bulk of its samples, and each rare value then enters the latent posterior with weight d/ψ and
-    moves every loading. On the standardised scikit-learn digits (the 61 pixels that vary, K = 5, 10,000
-    samples drawn from the 1,797 images) the covariance's relative error against scikit-learn's
-    ``FactorAnalysis`` reached 1.5·10⁵, with no error raised, where :class:`OnlineEM` (whose ψ follows the
-    running d̄², so a rare value raises it at once) ended at 0.15. Prefer :class:`OnlineEM` on such data, or check the fit on held-out
-    data (:meth:`log_prob`).
+    With a constant ``lr``, heavy-tailed features can throw the fit off. A feature that is nearly constant with
+    rare large values (a pixel that is almost always blank, standardised: most values near 0, a few near 40)
+    gets a tiny ψ from the bulk of its samples, and each rare value then enters the latent posterior with
+    weight d/ψ and moves every loading by a step of lr·(m·m), which can exceed the stable size. On the
+    standardised scikit-learn digits (the 61 pixels that vary, K = 5, 10,000 samples drawn from the 1,797
+    images) the covariance's relative error against scikit-learn's ``FactorAnalysis`` reached 1.5·10⁵, with no
+    error raised. The default ``lr="auto"`` bounds that step (0.16 on the same stream; :class:`OnlineEM` 0.14).
     """
 
     _core_class = _engine.OnlineSGACore
@@ -603,7 +606,7 @@ class OnlineSGA(_StreamingModel):
         n_features: int,
         n_components: int,
         *,
-        lr: float = 1e-3,
+        lr: float | Literal["auto"] = "auto",
         n_warmup: int | Literal["auto"] = "auto",
         init: ArrayLike | None = None,
         seed: SeedLike = None,
@@ -616,8 +619,13 @@ class OnlineSGA(_StreamingModel):
         scaling: Scaling = "data",
     ) -> None:
         args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
-        own = {"lr": check_positive_float(lr, "lr")}
-        self._construct(_engine.OnlineSGACore, own, {"lr": float(lr)}, args, schedule, tau0, kappa, rho, scaling)
+        own, setting = sga_step_args(lr, scaling)
+        self._construct(_engine.OnlineSGACore, own, {"lr": setting}, args, schedule, tau0, kappa, rho, scaling)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        super()._restore(state)
+        if state.get("rule") == "whitened":
+            self._settings["lr"] = "auto"
 
     @classmethod
     def algorithm1(
@@ -632,7 +640,7 @@ class OnlineSGA(_StreamingModel):
         noise_floor: float = DEFAULT_NOISE_FLOOR,
         dtype: StateDTypeLike = "float64",
     ) -> "OnlineSGA":
-        """The thesis's Algorithm 1 exactly: plain SGD (lr = 1e-3) from F₀ = Q, ψ₀ = 1, 100 warm-up samples,
+        """The thesis's Algorithm 1 exactly: plain SGD (constant lr = 1e-3) from F₀ = Q, ψ₀ = 1, 100 warm-up samples,
         ρ_t = 1/t, absolute noise floor (``scaling="unit"``). For reproducing the thesis only."""
         return cls(
             n_features, n_components, lr=lr, n_warmup=n_warmup, init=init, seed=seed, noise_floor=noise_floor,

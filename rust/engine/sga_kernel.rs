@@ -10,6 +10,8 @@
 //!   ∇β = ½ ψ⁻¹ (d'² − 2 d' f·m + g·f) − ½                       (4.25, 4.26)
 //!   f ← clip(f + α s (d' m − g)),     s = ψ⁻¹ (4.24), or 1 when preconditioned by ψ
 //!   ψ ← clip(ψ · exp(clip(α ∇β)), floor, MAX_STATE)              (β = log ψ, lines 10–14)
+//!   whitened rule (`SgaRule::Whitened`): α is a_F, then f ← clip(f L) (K² multiply-adds, L lower
+//!   triangular), and ψ ← clip(ψ + a (q − ψ), floor, MAX_STATE) with q = 2ψ ∇β + ψ instead of the exp
 //!   θ̄ ← θ̄ + ρ (x − θ̄),   d = x − θ̄                              (lines 5, 6)
 //!   S += f fᵀ / ψ   (upper triangle),   u += f d / ψ              (the sums of (4.23), K×K and K)
 //! ```
@@ -45,11 +47,13 @@ use super::isa::Isa;
 use super::k_dispatch::for_k;
 pub(crate) use super::k_dispatch::MAX_K;
 
-/// The pending gradient step of the previous sample: m (K) and P = Σ + m mᵀ (K×K row-major).
+/// The pending gradient step of the previous sample: m (K) and P = Σ + m mᵀ (K×K row-major), and the
+/// whitening factor L (K×K row-major, lower triangular) of the whitened rule.
 #[derive(Debug, Clone)]
 pub(crate) struct SgaStep<'a> {
     pub(crate) m: &'a [f64],
     pub(crate) p: &'a [f64],
+    pub(crate) whiten: Option<&'a [f64]>,
 }
 
 /// The data-scaled start: F ← σ F₀, ψ ← max(d̄², floor) (ψ's storage holds the warm-up's d̄²), or, when the
@@ -65,8 +69,10 @@ pub(crate) struct Start {
 pub(crate) struct SgaConsts<'a> {
     pub(crate) step: Option<SgaStep<'a>>,
     pub(crate) start: Option<Start>,
-    /// Learning rate α, noise floor, running mean's step ρ.
+    /// Learning rate α (the F step's a_F under the whitened rule), noise floor, running mean's step ρ.
     pub(crate) lr: f64,
+    /// The natural ψ step's rate a (whitened rule), or `None` for the log-ψ step.
+    pub(crate) psi_rate: Option<f64>,
     pub(crate) floor: f64,
     pub(crate) rho: f64,
     /// F step preconditioned by ψ (`Scaling::Data`).
@@ -99,6 +105,8 @@ struct StepT<T, const K: usize> {
     m: [T; K],
     m64: [f64; K],
     p: [[T; K]; K],
+    /// L (l[i][j], lower triangular) of the whitened rule.
+    l: Option<[[T; K]; K]>,
 }
 
 impl<T: Real, const K: usize> StepT<T, K> {
@@ -118,7 +126,16 @@ impl<T: Real, const K: usize> StepT<T, K> {
                 });
             }
         }
-        StepT { m, m64, p }
+        let l = step.whiten.map(|w| {
+            let mut l = [[T::default(); K]; K];
+            for i in 0..K {
+                for j in 0..=i {
+                    l[i][j] = T::from_f64(w[i * K + j]);
+                }
+            }
+            l
+        });
+        StepT { m, m64, p, l }
     }
 }
 
@@ -281,17 +298,58 @@ fn step_lanes<T: Real, const K: usize, const W: usize>(
             g.f[j][l] = bounded_lane(g.f[j][l] + lr * grad_f, lo, hi);
         }
     }
-    let growth = exp_lanes(log_step);
+    if let Some(lw) = &st.l {
+        whiten_lanes(&mut g.f, lw, lo, hi);
+    }
+    let new_psi = match c.psi_rate {
+        // ψ + a (q − ψ), in f64.
+        Some(a) => {
+            let mut v = [0.0f64; W];
+            for l in 0..W {
+                v[l] = g.psi[l] + a * (q[l] - g.psi[l]);
+            }
+            v
+        }
+        None => {
+            let growth = exp_lanes(log_step);
+            let mut v = [0.0f64; W];
+            for l in 0..W {
+                v[l] = g.psi[l] * growth[l];
+            }
+            v
+        }
+    };
     let mut overshoot = 0;
     for l in 0..W {
         let old = g.psi[l];
-        g.psi[l] = stored::<T>(bounded_lane(old * growth[l], c.floor, T::MAX_STATE)).1;
+        g.psi[l] = stored::<T>(bounded_lane(new_psi[l], c.floor, T::MAX_STATE)).1;
         // old.max(d²) with f64::max's rule (d² is never NaN: d is a stored, validated deviation).
         let dd = d[l] * d[l];
         let reach = if dd > old { dd } else { old };
-        overshoot += usize::from(l < n && g.psi[l] > MAX_PSI_OVERSHOOT * reach);
+        // The natural step ψ + a (q − ψ) lies between ψ and q ≥ 0: it cannot diverge, so it is not checked.
+        overshoot += usize::from(l < n && c.psi_rate.is_none() && g.psi[l] > MAX_PSI_OVERSHOOT * reach);
     }
     overshoot
+}
+
+/// f ← clip(f L) on the lanes (the whitened rule; L lower triangular): new f_j = Σ_{i ≥ j} f_i L[i][j], i
+/// ascending.
+#[inline(always)]
+fn whiten_lanes<T: Real, const K: usize, const W: usize>(f: &mut [[T; W]; K], l: &[[T; K]; K], lo: T, hi: T) {
+    let mut out = [[T::default(); W]; K];
+    for j in 0..K {
+        for i in j..K {
+            let lij = l[i][j];
+            for v in 0..W {
+                out[j][v] = out[j][v] + f[i][v] * lij;
+            }
+        }
+    }
+    for j in 0..K {
+        for v in 0..W {
+            f[j][v] = bounded_lane(out[j][v], lo, hi);
+        }
+    }
 }
 
 /// e^x on every lane, in lane-parallel operations only (no calls, so it vectorises like the rest of the

@@ -10,6 +10,9 @@
 //!   y = f/ψ,   u += y d,   S += y fᵀ (upper triangle)     (a block: S += Yᵀ F, one tiled rank-nb update)
 //! ```
 //!
+//! Under the whitened rule (`SgaRule::Whitened`) α is a_F, the stepped rows are multiplied by L (F ← clip(F L),
+//! one more tiled product) and ψ ← ψ + a (q − ψ) replaces the exp step.
+//!
 //! Shapes: a sub-block of nb ≤ 96 rows is held as nbp×kp row-major buffers (nbp = nb rounded up to the tile
 //! height, kp = K padded to the tile width, padding zero) of the arithmetic type.
 //!
@@ -36,6 +39,8 @@ const MAX_SUB_ROWS: usize = 96;
 pub(crate) struct SgaWide {
     pub(crate) k: usize,
     pub(crate) p: Option<Tiled>,
+    /// The whitening factor L of the whitened rule, tiled.
+    pub(crate) l: Option<Tiled>,
     pub(crate) isa: Isa,
 }
 
@@ -56,7 +61,8 @@ impl SgaWide {
                 Tiled::new(k, st.p)
             }
         });
-        SgaWide { k, p, isa }
+        let l = step.and_then(|st| st.whiten).map(|w| Tiled::new(k, &w[..k * k]));
+        SgaWide { k, p, l, isa }
     }
 }
 
@@ -148,6 +154,9 @@ impl SgaWide {
                 overshoot += row_step.apply::<T>(f, g, &mut psi[r], d_prev[r], c);
             }
             *io.overshoot += overshoot as f64;
+            if let Some(l) = &self.l {
+                whiten_rows::<T, E>(self.isa, sc, l, nb, nbp, kp, k);
+            }
         }
         if c.step.is_some() || c.start.is_some() {
             for r in 0..nb {
@@ -180,6 +189,26 @@ impl SgaWide {
             y[k..].fill(E::default());
         }
         E::syrk_upper_add(self.isa, sc.y, sc.f, nbp, k, io.s);
+    }
+}
+
+/// F ← clip(F L) on the sub-block's rows (the whitened rule): G = F L by one tiled product, copied back
+/// bounded (padding columns stay zero: L's padding is zero).
+fn whiten_rows<T: Real, E: TileElem>(
+    isa: Isa,
+    sc: &mut Bufs<'_, E>,
+    l: &Tiled,
+    nb: usize,
+    nbp: usize,
+    kp: usize,
+    k: usize,
+) {
+    E::rows_times(isa, sc.f, l, sc.g, nbp);
+    let (lo, hi) = (E::from_f64(-T::MAX_STATE), E::from_f64(T::MAX_STATE));
+    for r in 0..nb {
+        for (fv, &gv) in sc.f[r * kp..r * kp + k].iter_mut().zip(&sc.g[r * kp..r * kp + k]) {
+            *fv = E::from_f64(stored::<T>(bounded_lane(gv, lo, hi).to_f64()).1);
+        }
     }
 }
 
@@ -238,12 +267,13 @@ impl<E: Real> RowStep<'_, E> {
             *fv = E::from_f64(stored::<T>(bounded_lane(*fv + lr * grad_f, lo, hi).to_f64()).1);
         }
         let old = *psi;
-        let new = bounded(
-            old * log_psi_step(c.lr * grad_beta, c.precondition).exp(),
-            c.floor,
-            T::MAX_STATE,
-        );
+        let stepped = match c.psi_rate {
+            Some(a) => old + a * (q - old),
+            None => old * log_psi_step(c.lr * grad_beta, c.precondition).exp(),
+        };
+        let new = bounded(stepped, c.floor, T::MAX_STATE);
         *psi = stored::<T>(new).1;
-        usize::from(*psi > MAX_PSI_OVERSHOOT * old.max(d * d))
+        // The natural step cannot diverge (it lies between ψ and q ≥ 0), so only the log step is checked.
+        usize::from(c.psi_rate.is_none() && *psi > MAX_PSI_OVERSHOOT * old.max(d * d))
     }
 }

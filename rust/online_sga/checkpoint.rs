@@ -15,6 +15,7 @@ impl<T: StateReal> Checkpoint for OnlineSga<T> {
         w.put("n_warmup", StateValue::Int(self.config.n_warmup));
         w.put("noise_floor", StateValue::Float(self.config.noise_floor));
         w.put("lr", StateValue::Float(self.config.lr));
+        w.put("rule", StateValue::Text(self.config.rule.name().into()));
         write_schedule(&mut w, &self.config.step_size);
         write_scaling(&mut w, self.config.scaling, self.scale_sq);
         w.put("n_seen", StateValue::Int(self.n_seen));
@@ -36,6 +37,7 @@ impl<T: StateReal> Checkpoint for OnlineSga<T> {
         let (scaling, scale_sq) = read_scaling(&r)?;
         let config = SgaConfig {
             lr: r.float("lr")?,
+            rule: read_rule(&r)?,
             n_warmup: r.int("n_warmup")?,
             noise_floor: r.float("noise_floor")?,
             step_size: read_schedule(&r)?,
@@ -47,6 +49,7 @@ impl<T: StateReal> Checkpoint for OnlineSga<T> {
         if config.lr <= 0.0 {
             return Err(FaError::InvalidState("lr must be > 0".into()));
         }
+        check_rule(&config).map_err(|e| FaError::InvalidState(e.to_string()))?;
         let n_seen = r.int("n_seen")?;
         let psi = r.array::<T>("psi", &[d])?;
         // During a data-scaled warm-up ψ's storage holds the running d̄², which may be 0.
@@ -58,10 +61,9 @@ impl<T: StateReal> Checkpoint for OnlineSga<T> {
             return Err(FaError::InvalidState("psi must be positive".into()));
         }
         let pending = if r.has("pending_m") {
-            Some(Pending {
-                m: r.vector("pending_m", k)?,
-                p: r.matrix("pending_p", k, k)?,
-            })
+            let (m, p) = (r.vector("pending_m", k)?, r.matrix("pending_p", k, k)?);
+            let rates = StepRates::new(&config, &m, &p, n_seen).map_err(|e| FaError::InvalidState(e.to_string()))?;
+            Some(Pending { m, p, rates })
         } else {
             None
         };
@@ -82,6 +84,15 @@ impl<T: StateReal> Checkpoint for OnlineSga<T> {
         super::checks::check_state(&sga)?;
         Ok(sga)
     }
+}
+
+/// The step rule: absent in checkpoints of the gradient rule (and in every checkpoint written before the
+/// whitened rule existed).
+fn read_rule(r: &StateReader) -> Result<SgaRule> {
+    if !r.has("rule") {
+        return Ok(SgaRule::Gradient);
+    }
+    SgaRule::parse(r.text("rule")?).map_err(|e| FaError::InvalidState(e.to_string()))
 }
 
 #[cfg(test)]

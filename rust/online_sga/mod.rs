@@ -22,11 +22,53 @@ use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
 
+/// How each sample's step on F and ψ is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SgaRule {
+    /// Thesis Algorithm 1: a constant step α = `lr` on F (4.24) and on β = log ψ (4.26).
+    Gradient,
+    /// Steps of a = 1/t for the step of sample t, with the F step as a contraction and followed by whitening,
+    /// and the ψ step preconditioned by its Fisher information:
+    ///
+    /// ```text
+    ///   a_F = min(a, 1/(1 + m·m))                  (a_F λ_max(P) ≤ 1, as λ_max(P) ≤ 1 + m·m for Σ ⪯ I)
+    ///   F ← (F + a_F (d mᵀ − F P)) L,   L Lᵀ = (1 − a_F) I + a_F P   (L lower triangular)
+    ///   ψ ← ψ + a (q − ψ),   q = d² − 2 d (F m) + diag(F P Fᵀ)   (the β gradient ½ ψ⁻¹ q − ½ times 2ψ)
+    /// ```
+    ///
+    /// Needs `Scaling::Data` (the F step preconditioned by ψ); `lr` is not used.
+    Whitened,
+}
+
+impl SgaRule {
+    /// The rule's name: "gradient" or "whitened" (checkpoints and the Python binding).
+    pub fn name(self) -> &'static str {
+        match self {
+            SgaRule::Gradient => "gradient",
+            SgaRule::Whitened => "whitened",
+        }
+    }
+
+    /// The rule of a name given by [`Self::name`].
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "gradient" => Ok(SgaRule::Gradient),
+            "whitened" => Ok(SgaRule::Whitened),
+            other => Err(invalid(
+                "rule",
+                format!("must be 'gradient' or 'whitened', got {other:?}"),
+            )),
+        }
+    }
+}
+
 /// Hyper-parameters of [`OnlineSga`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct SgaConfig {
-    /// Learning rate α of plain SGD on F and β = log ψ.
+    /// Learning rate α of plain SGD on F and β = log ψ (`SgaRule::Gradient`).
     pub lr: f64,
+    /// The step rule.
+    pub rule: SgaRule,
     /// Samples during which only θ̄ is updated (F and ψ stay fixed).
     pub n_warmup: u64,
     /// Lower bound on every ψ_d.
@@ -43,6 +85,7 @@ impl Default for SgaConfig {
     fn default() -> Self {
         SgaConfig {
             lr: 1e-3,
+            rule: SgaRule::Gradient,
             n_warmup: 100,
             noise_floor: 1e-10,
             step_size: StepSize::Harmonic,
@@ -51,19 +94,61 @@ impl Default for SgaConfig {
     }
 }
 
-/// The gradient step of the last sample, not yet applied: needs m_t and P_t = Σ_t + m_t m_tᵀ.
+/// The gradient step of the last sample, not yet applied: needs m_t and P_t = Σ_t + m_t m_tᵀ, and the step
+/// sizes and whitening factor of the rule (a function of m_t, P_t, t and the configuration).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Pending {
     pub(crate) m: Array1<f64>,
     pub(crate) p: Array2<f64>,
+    pub(crate) rates: StepRates,
+}
+
+/// Step sizes of one pending step: the F step's, the natural ψ step's (`None`: the log-ψ step with the F
+/// step's rate) and the whitening factor L (K×K row-major, lower triangular).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StepRates {
+    pub(crate) f: f64,
+    pub(crate) psi: Option<f64>,
+    pub(crate) whiten: Option<Array2<f64>>,
+}
+
+impl StepRates {
+    /// The rates of sample t's step (m, P its latent posterior) under `config`'s rule.
+    pub(crate) fn new(config: &SgaConfig, m: &Array1<f64>, p: &Array2<f64>, t: u64) -> Result<Self> {
+        match config.rule {
+            SgaRule::Gradient => Ok(StepRates {
+                f: config.lr,
+                psi: None,
+                whiten: None,
+            }),
+            SgaRule::Whitened => {
+                let a = 1.0 / t as f64;
+                let a_f = a.min(1.0 / (1.0 + m.dot(m)));
+                // (1 − a_F) I + a_F P: positive definite for a_F ≤ 1 (P is).
+                let mut target = p * a_f;
+                target.diag_mut().mapv_inplace(|v| v + (1.0 - a_f));
+                let lower = SpdFactor::new_jittered(target.view(), "the whitening step (1 − a) I + a P")?.lower();
+                Ok(StepRates {
+                    f: a_f,
+                    psi: Some(a),
+                    whiten: Some(lower),
+                })
+            }
+        }
+    }
 }
 
 impl Pending {
-    /// The step as the engine's kernels read it (m and P as flat slices).
+    /// The step as the engine's kernels read it (m, P and L as flat slices).
     fn step(&self) -> SgaStep<'_> {
         SgaStep {
             m: self.m.as_slice().expect("m is allocated contiguous"),
             p: self.p.as_slice().expect("P is allocated contiguous"),
+            whiten: self
+                .rates
+                .whiten
+                .as_ref()
+                .map(|l| l.as_slice().expect("L is allocated contiguous")),
         }
     }
 }
@@ -125,6 +210,7 @@ impl<T: Real> OnlineSga<T> {
         if !(config.lr.is_finite() && config.lr > 0.0) {
             return Err(invalid("lr", format!("must be finite and > 0, got {}", config.lr)));
         }
+        check_rule(&config)?;
         let f = checked_init::<T>(init, n_features, n_components)?;
         Ok(OnlineSga {
             n_features,
@@ -195,7 +281,8 @@ impl<T: Real> OnlineSga<T> {
         let consts = SgaConsts {
             step: self.pending.as_ref().map(Pending::step),
             start: (data && t == self.config.n_warmup + 1).then(|| self.start()),
-            lr: self.config.lr,
+            lr: self.pending.as_ref().map_or(self.config.lr, |p| p.rates.f),
+            psi_rate: self.pending.as_ref().and_then(|p| p.rates.psi),
             floor: self.floor(),
             rho,
             precondition: data,
@@ -245,7 +332,7 @@ impl<T: Real> OnlineSga<T> {
         let active = t > self.config.n_warmup;
         let track_dsq = self.config.scaling == Scaling::Data && !active;
         self.pending = if active {
-            Some(estep(sums, self.n_components)?)
+            Some(estep(sums, self.n_components, &self.config, t)?)
         } else {
             None
         };
@@ -319,7 +406,8 @@ impl<T: Real> OnlineSga<T> {
         let consts = SgaConsts {
             step: self.pending.as_ref().map(Pending::step),
             start: (data && !self.is_fitted()).then(|| self.start()),
-            lr: self.config.lr,
+            lr: self.pending.as_ref().map_or(self.config.lr, |p| p.rates.f),
+            psi_rate: self.pending.as_ref().and_then(|p| p.rates.psi),
             floor: self.floor(),
             rho: 0.0,
             precondition: data,
@@ -388,7 +476,7 @@ impl<T: Real> OnlineSga<T> {
 
 /// (4.23) from the sums: Σ = (I + C F)⁻¹, m = Σ C d, and P = Σ + m mᵀ for the gradients. A pass that
 /// counted diverged ψ steps (`sums.dsq_sum` > 0 while active) is refused as a breakdown (and rolled back).
-fn estep(sums: &StepSums, k: usize) -> Result<Pending> {
+fn estep(sums: &StepSums, k: usize, config: &SgaConfig, t: u64) -> Result<Pending> {
     if sums.dsq_sum > 0.0 {
         return Err(FaError::Diverged(
             "the SGA step diverged (a noise variance grew more than 10^6-fold past the data's scale in one \
@@ -411,7 +499,19 @@ fn estep(sums: &StepSums, k: usize) -> Result<Pending> {
             "the latent second moment Σ + m mᵀ (a divergent SGA step)",
         ));
     }
-    Ok(Pending { m, p })
+    let rates = StepRates::new(config, &m, &p, t)?;
+    Ok(Pending { m, p, rates })
+}
+
+/// The whitened rule preconditions the F step by ψ, which only `Scaling::Data` does.
+pub(crate) fn check_rule(config: &SgaConfig) -> Result<()> {
+    if config.rule == SgaRule::Whitened && config.scaling != Scaling::Data {
+        return Err(invalid(
+            "rule",
+            "the whitened steps (lr='auto') need scaling='data'; give a float lr for scaling='unit'".to_string(),
+        ));
+    }
+    Ok(())
 }
 
 /// Largest latent second moment an SGA step accepts: the gradient multiplies it by loadings of up to

@@ -3,9 +3,16 @@ use crate::engine::partition::{use_parallel, TASK_ROWS};
 use crate::init::{fill_standard_normal, orthonormal_loadings};
 use ndarray::Axis;
 
+/// Every scaling and step rule the kernels run: Algorithm 1's, the data-scaled gradient rule and the whitened one.
+const SETTINGS: [(Scaling, SgaRule); 3] = [
+    (Scaling::Unit, SgaRule::Gradient),
+    (Scaling::Data, SgaRule::Gradient),
+    (Scaling::Data, SgaRule::Whitened),
+];
+
 #[test]
 fn local_sums_then_apply_equals_update() {
-    for scaling in [Scaling::Unit, Scaling::Data] {
+    for (scaling, rule) in SETTINGS {
         let (d, k) = (40, 3);
         let f0 = orthonormal_loadings(d, k, 21).expect("init");
         let mut x = Array2::zeros((60, d));
@@ -14,6 +21,7 @@ fn local_sums_then_apply_equals_update() {
             n_warmup: 10,
             lr: 0.01,
             scaling,
+            rule,
             ..SgaConfig::default()
         };
         let mut whole = OnlineSga::<f64>::new(d, k, f0.view(), cfg).expect("new");
@@ -96,12 +104,13 @@ fn run_with<T: Real>(model: &OnlineSga<T>, path: SgaPath<T>, x: ArrayView2<f64>)
     [to64(&m.f), to64(&m.psi), to64(&m.mean)]
 }
 
-fn model<T: Real>(d: usize, k: usize, scaling: Scaling) -> OnlineSga<T> {
+fn model<T: Real>(d: usize, k: usize, (scaling, rule): (Scaling, SgaRule)) -> OnlineSga<T> {
     let f0 = orthonormal_loadings(d, k, k as u64 + 3).expect("init");
     let cfg = SgaConfig {
         n_warmup: 3,
         lr: 0.02,
         scaling,
+        rule,
         ..SgaConfig::default()
     };
     OnlineSga::<T>::new(d, k, f0.view(), cfg).expect("new")
@@ -113,11 +122,11 @@ fn simd_paths_equal_portable_path() {
     // steps all run. The row kernel (K ≤ 16) runs the same W on every path, so it is bit-identical in
     // both storage types; the wide kernel's FMA path agrees to rounding (float64).
     for k in [1usize, 3, 10, 16, 17, 24] {
-        for scaling in [Scaling::Unit, Scaling::Data] {
+        for setting in SETTINGS {
             let d = 2 * BLOCK_ROWS + 3 * k + 5;
             let x = stream(8, d, 50 + k as u64);
-            let sga = model::<f64>(d, k, scaling);
-            let sga32 = model::<f32>(d, k, scaling);
+            let sga = model::<f64>(d, k, setting);
+            let sga32 = model::<f32>(d, k, setting);
             let portable = run_with(&sga, SgaPath::with(k, Isa::Portable), x.view());
             let portable32 = run_with(&sga32, SgaPath::with(k, Isa::Portable), x.view());
             for isa in Isa::available() {
@@ -148,16 +157,16 @@ fn row_kernel_equals_wide_kernel() {
     // conditioning of I + Fᵀ Ψ⁻¹ F with 10 factors fitted to one (measured worst: 1.7·10⁻⁵ relative in F at
     // K = 10, data-scaled; f32 storage alone with f64 arithmetic: 2·10⁻⁷).
     for k in [1usize, 2, 5, 10, 16] {
-        for scaling in [Scaling::Unit, Scaling::Data] {
+        for setting in SETTINGS {
             let d = BLOCK_ROWS + 2 * k + 101;
             let x = stream(10, d, 70 + k as u64);
-            let sga = model::<f64>(d, k, scaling);
+            let sga = model::<f64>(d, k, setting);
             let rows = run_with(&sga, SgaPath::detect(k), x.view());
             let wide = run_with(&sga, SgaPath::Wide(Isa::Portable), x.view());
             for (a, b) in rows.iter().zip(&wide) {
                 assert!(max_rel(a, b) < 1e-12, "K = {k}: {}", max_rel(a, b));
             }
-            let sga = model::<f32>(d, k, scaling);
+            let sga = model::<f32>(d, k, setting);
             let rows = run_with(&sga, SgaPath::detect(k), x.view());
             let wide = run_with(&sga, SgaPath::Wide(Isa::detect()), x.view());
             for (a, b) in rows.iter().zip(&wide) {
@@ -172,9 +181,9 @@ fn queries_see_what_the_next_pass_stores() {
     // `loadings`/`noise_variance` apply the pending step with the pass's own kernel: after the next pass
     // (which applies it), the stored F and ψ equal what the queries returned before it, bit for bit.
     for k in [4usize, 20] {
-        for scaling in [Scaling::Unit, Scaling::Data] {
+        for setting in SETTINGS {
             let d = 300;
-            let mut sga = model::<f32>(d, k, scaling);
+            let mut sga = model::<f32>(d, k, setting);
             let x = stream(9, d, 90 + k as u64);
             for row in x.rows() {
                 let (f, psi) = (sga.loadings(), sga.noise_variance());
@@ -196,10 +205,12 @@ fn queries_see_what_the_next_pass_stores() {
 fn kernels_are_thread_count_independent() {
     // Several rayon tasks (D > TASK_ROWS) and D·K above the parallel gate: 1 and 3 threads = default pool.
     for k in [16usize, 20] {
-        thread_count_independent(model::<f64>(TASK_ROWS + 2 * BLOCK_ROWS + 5, k, Scaling::Data));
+        for setting in SETTINGS {
+            thread_count_independent(model::<f64>(TASK_ROWS + 2 * BLOCK_ROWS + 5, k, setting));
+        }
     }
     // float32 state (float32 arithmetic in the row kernel).
-    thread_count_independent(model::<f32>(TASK_ROWS + 2 * BLOCK_ROWS + 5, 16, Scaling::Data));
+    thread_count_independent(model::<f32>(TASK_ROWS + 2 * BLOCK_ROWS + 5, 16, SETTINGS[2]));
 }
 
 fn thread_count_independent<T: Real>(fresh: OnlineSga<T>) {
@@ -229,4 +240,38 @@ fn rejects_bad_learning_rate() {
         };
         assert!(OnlineSga::<f64>::new(5, 2, f0.view(), cfg).is_err());
     }
+}
+
+#[test]
+fn whitened_rule_needs_data_scaling_and_round_trips() {
+    let (d, k) = (30, 4);
+    let f0 = orthonormal_loadings(d, k, 5).expect("init");
+    let whitened = SgaConfig {
+        n_warmup: 6,
+        rule: SgaRule::Whitened,
+        ..SgaConfig::default()
+    };
+    let err = OnlineSga::<f64>::new(d, k, f0.view(), whitened.clone()).expect_err("unit scaling");
+    assert!(err.to_string().contains("scaling='data'"), "{err}");
+    let cfg = SgaConfig {
+        scaling: Scaling::Data,
+        ..whitened
+    };
+    let x = stream(40, d, 6);
+    let mut a = OnlineSga::<f64>::new(d, k, f0.view(), cfg).expect("new");
+    a.update(x.slice(ndarray::s![..20, ..])).expect("update");
+    let state = crate::state::Checkpoint::to_state(&a);
+    let mut b: OnlineSga<f64> = crate::state::Checkpoint::from_state(&state).expect("restore");
+    a.update(x.slice(ndarray::s![20.., ..])).expect("update");
+    b.update(x.slice(ndarray::s![20.., ..])).expect("update");
+    assert_eq!(a, b);
+    // A checkpoint without the entry (written before the rule existed) is the gradient rule.
+    let mut old = state.clone();
+    old.remove("rule");
+    old.insert("scaling".into(), crate::state::StateValue::Text("unit".into()));
+    let restored: OnlineSga<f64> = crate::state::Checkpoint::from_state(&old).expect("restore");
+    assert_eq!(restored.config().rule, SgaRule::Gradient);
+    let mut bad = state;
+    bad.insert("rule".into(), crate::state::StateValue::Text("newton".into()));
+    assert!(<OnlineSga<f64> as crate::state::Checkpoint>::from_state(&bad).is_err());
 }

@@ -14,7 +14,7 @@ use crate::error::FaError;
 use crate::fork::Mutex;
 use crate::init::orthonormal_loadings;
 use crate::online_em::{EmConfig, OnlineEm};
-use crate::online_sga::{OnlineSga, SgaConfig};
+use crate::online_sga::{OnlineSga, SgaConfig, SgaRule};
 use crate::scalar::Real;
 use crate::scaling::Scaling;
 use crate::state::{Checkpoint, StateValue};
@@ -344,7 +344,7 @@ pub struct OnlineSGACore {
 
 model_methods!(OnlineSGACore, {
     #[new]
-    #[pyo3(signature = (n_features, n_components, *, init, seed, lr, n_warmup, noise_floor, dtype,
+    #[pyo3(signature = (n_features, n_components, *, init, seed, lr, rule, n_warmup, noise_floor, dtype,
                         schedule, tau0, kappa, rho, scaling))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -354,6 +354,7 @@ model_methods!(OnlineSGACore, {
         init: Option<PyReadonlyArray2<'_, f64>>,
         seed: Option<u64>,
         lr: f64,
+        rule: &str,
         n_warmup: u64,
         noise_floor: f64,
         dtype: &str,
@@ -366,6 +367,7 @@ model_methods!(OnlineSGACore, {
         let step_size = step_size(schedule, tau0, kappa, rho)?;
         let config = SgaConfig {
             lr,
+            rule: SgaRule::parse(rule)?,
             n_warmup,
             noise_floor,
             step_size,

@@ -23,7 +23,7 @@ D, K, N = 37, 3, 300
 LAYOUTS = {2: [0, 20, D], 3: [0, 5, 30, D]}
 CONFIGS: dict[str, dict[str, Any]] = {
     "em": {}, "plain": {"whiten": False, "schedule": "power"},
-    "sga": {"sga": True, "lr": 1e-2}, "sga_unit": {"sga": True, "scaling": "unit", "n_warmup": 20},
+    "sga": {"sga": True, "lr": 1e-2}, "sga_unit": {"sga": True, "scaling": "unit", "n_warmup": 20, "lr": 1e-3},
 }
 
 

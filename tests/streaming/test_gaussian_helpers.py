@@ -76,7 +76,8 @@ def test_log_prob_matches_scipy(model_class: str, fa_stream: StreamFactory) -> N
 def test_queries_in_warm_up_raise_not_fitted(model_class: str) -> None:
     """In warm-up, before a first fit is possible (one sample; OnlineSGA: until the warm-up ends), the fitted
     Gaussian is refused; the mean and the thesis start (Q, ψ = 1) are available."""
-    model = getattr(onlinefa, model_class)(5, 2, n_warmup=3, seed=0, scaling="unit")
+    constant_step = {"lr": 1e-3} if model_class == "OnlineSGA" else {}  # the default steps need "data"
+    model = getattr(onlinefa, model_class)(5, 2, n_warmup=3, seed=0, scaling="unit", **constant_step)
     model.update(np.ones((1 if model_class == "OnlineEM" else 3, 5)))  # still warming up
     assert not model.is_fitted
     queries = np.random.default_rng(1).standard_normal((4, 5))

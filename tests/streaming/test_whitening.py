@@ -407,7 +407,8 @@ def test_unit_scaling_running_mean_follows_the_schedule(
     # Under scaling="unit" (the thesis), ρ_t is observable through the running mean; a wrong exponent, a
     # missing τ₀ or a missing 1/t floor changes it at the 1e-2 level, rounding at the 1e-15 level.
     stream = fa_stream(8, 2, 400, 21)
-    model = getattr(onlinefa, model_class)(8, 2, seed=0, n_warmup=20, scaling="unit", **schedule)
+    constant_step = {"lr": 1e-3} if model_class == "OnlineSGA" else {}  # the default steps need "data"
+    model = getattr(onlinefa, model_class)(8, 2, seed=0, n_warmup=20, scaling="unit", **schedule, **constant_step)
     for stop in (1, 7, 50, 400):
         model.update(stream[model.n_seen : stop])
         assert rel_err(model.mean, ema_mean(stream[:stop], schedule)) <= 1e-13

@@ -43,7 +43,8 @@ SCRIPT = STREAMING_PREAMBLE + textwrap.dedent("""
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", [
-    {"dtype": "float64"},
+    {"dtype": "float64"},  # the default: the whitened steps
+    {"dtype": "float64", "lr": 1e-3},  # the constant-step gradient rule, data-scaled
     {"dtype": "float64", "scaling": "unit", "lr": 1e-2, "schedule": "power"},
     {"dtype": "float32"},
 ])

@@ -19,10 +19,12 @@ from device_parity import (  # noqa: E402
 )
 
 CONFIGS: dict[str, dict[str, Any]] = {
-    "default": {},
+    "default": {},  # the whitened steps of 1/t
+    "constant rate": {"lr": 1e-3},
     "larger rate": {"lr": 1e-2},
-    "power schedule": {"schedule": "power", "kappa": 0.8, "tau0": 3.0, "scaling": "unit", "n_warmup": 20},
-    "constant schedule": {"schedule": "constant", "rho": 0.02, "scaling": "unit", "n_warmup": 20},
+    "power schedule": {"schedule": "power", "kappa": 0.8, "tau0": 3.0, "scaling": "unit", "n_warmup": 20,
+                       "lr": 1e-3},
+    "constant schedule": {"schedule": "constant", "rho": 0.02, "scaling": "unit", "n_warmup": 20, "lr": 1e-3},
     "unit scaling": {"scaling": "unit", "n_warmup": 20, "lr": 1e-2},
 }
 

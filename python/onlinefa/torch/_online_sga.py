@@ -9,7 +9,7 @@ import torch
 from .. import _core
 from ..errors import NotFittedError
 from ..streaming import OnlineSGA as NumpyOnlineSGA
-from .._validation import check_positive_float
+from .._validation import sga_step_args
 from ..streaming import DEFAULT_NOISE_FLOOR, check_scaling, common_args, schedule_args
 from ._sga_engine import SGAEngine, SGASettings
 from ._torch_model import TorchStreamingModel, initial_loadings, state_dtype
@@ -20,8 +20,7 @@ class OnlineSGA(TorchStreamingModel):
 
     The same algorithm, arguments, defaults and checkpoints as :class:`onlinefa.OnlineSGA`, with the D-sized
     state (θ̄, F, ψ, d) in ``dtype`` on ``device`` and the K×K algebra in float64 on the CPU. In float64 it
-    equals the Rust core to rounding (tested to 1e-10 relative over 1,000 samples). As for the NumPy class,
-    :class:`OnlineEM` is the more accurate posterior; this one serves the thesis's Algorithm 1 and comparisons.
+    equals the Rust core to rounding (tested to 1e-10 relative over 1,000 samples).
 
     Parameters
     ----------
@@ -49,7 +48,7 @@ class OnlineSGA(TorchStreamingModel):
         n_features: int,
         n_components: int,
         *,
-        lr: float = 1e-3,
+        lr: float | Literal["auto"] = "auto",
         n_warmup: int | Literal["auto"] = "auto",
         init: Any = None,
         seed: Any = None,
@@ -65,8 +64,9 @@ class OnlineSGA(TorchStreamingModel):
         args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, "float64")
         sched = schedule_args(schedule, tau0, kappa, rho)
         d, k = args["n_features"], args["n_components"]
-        settings = SGASettings(d, k, args["n_warmup"], args["noise_floor"], check_positive_float(lr, "lr"),
-                               sched["schedule"], sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling))
+        step, _ = sga_step_args(lr, check_scaling(scaling))
+        settings = SGASettings(d, k, args["n_warmup"], args["noise_floor"], step["lr"], sched["schedule"],
+                               sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling), step["rule"])
         self._engine = SGAEngine(settings, initial_loadings(args), state_dtype(dtype), torch.device(device))
 
     @classmethod
@@ -95,6 +95,7 @@ class OnlineSGA(TorchStreamingModel):
 
     def __repr__(self) -> str:
         s = self._engine.settings
-        return (f"onlinefa.torch.OnlineSGA(n_features={s.n_features}, n_components={s.n_components}, lr={s.lr}, "
+        lr = "'auto'" if s.rule == "whitened" else s.lr
+        return (f"onlinefa.torch.OnlineSGA(n_features={s.n_features}, n_components={s.n_components}, lr={lr}, "
                 f"schedule={s.schedule!r}, scaling={s.scaling!r}, n_warmup={s.n_warmup}, "
                 f"dtype={str(self.dtype).removeprefix('torch.')!r}, device={str(self.device)!r}, n_seen={self.n_seen})")

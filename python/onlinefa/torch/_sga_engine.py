@@ -17,6 +17,10 @@ Per sample t, with ρ' the running mean's step (1/t under ``scaling="data"``) an
   quantities, K×K and K);
 * the E-step (4.23): Σ = (I + S)⁻¹, m = Σ u, P = Σ + m mᵀ, applied by the next pass.
 
+Under the whitened rule (``lr="auto"``, ``rule="whitened"``) the step of sample t takes a = 1/t,
+a_F = min(a, 1/(1 + m·m)) as α, then f ← clip(f L) with L Lᵀ = (1 − a_F) I + a_F P, and ψ ← ψ + a (q − ψ) with
+q = d'² − 2 d' f·m + g·f instead of the exp step (a step that cannot diverge, so it is not checked).
+
 The K×K algebra runs in float64 on the CPU; the D-sized state stays on its device in its dtype. The row step is
 computed in float64 and rounded to the state's dtype once (the Rust core's float32 kernel uses an equivalent
 residual form in float32 arithmetic; both stay within float32's rounding of the float64 model). A step that fails
@@ -61,6 +65,8 @@ class SGASettings:
     kappa: float
     rho: float
     scaling: str
+    #: "gradient" (constant ``lr``) or "whitened" (steps of 1/t; ``lr`` unused).
+    rule: str = "gradient"
 
     def mean_step(self, t: int) -> float:
         """Step of the running mean: 1/t under ``scaling="data"``, the schedule's ρ_t under ``"unit"``."""
@@ -71,10 +77,24 @@ class SGASettings:
 
 @dataclass
 class SGAStep:
-    """The previous sample's gradient step: m (K) and P = Σ + m mᵀ (K×K), float64 on the CPU."""
+    """The previous sample's gradient step: m (K) and P = Σ + m mᵀ (K×K), float64 on the CPU, with its step
+    sizes: the F step's, the natural ψ step's (None: the log-ψ step) and the whitening factor L (K×K)."""
 
     m: torch.Tensor
     p: torch.Tensor
+    f_rate: float
+    psi_rate: float | None = None
+    whiten: torch.Tensor | None = None
+
+
+def step_rates(settings: SGASettings, m: torch.Tensor, p: torch.Tensor, t: int) -> SGAStep:
+    """Sample t's step (m, P) with the rule's step sizes (as the Rust core's ``StepRates``)."""
+    if settings.rule != "whitened":
+        return SGAStep(m, p, settings.lr)
+    a = 1.0 / t
+    a_f = min(a, 1.0 / (1.0 + float(m @ m)))
+    target = a_f * p + (1.0 - a_f) * eye64(p.shape[0])
+    return SGAStep(m, p, a_f, a, spd_factor(target, "the whitening step (1 − a) I + a P"))
 
 
 def _bounded(values: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
@@ -126,7 +146,7 @@ class SGAEngine:
     def _gradient_step(self, f: torch.Tensor, psi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Lines 10–14 with the pending m, P and d' = d_last; also whether a ψ step diverged."""
         assert self.pending is not None
-        s, lr, floor = self.settings, self.settings.lr, self.floor()
+        s, lr, floor = self.settings, self.pending.f_rate, self.floor()
         precondition = s.scaling == "data"
         m = self.pending.m.to(f.device)
         p = self.pending.p.to(f.device)
@@ -143,7 +163,14 @@ class SGAEngine:
         if not precondition:
             grad = grad * inv_psi[:, None]
         hi = MAX_STATE[self.dtype]
-        new_f = stored(_bounded(f + lr * grad, -hi, hi), self.dtype)
+        new_f = _bounded(f + lr * grad, -hi, hi)
+        if self.pending.whiten is not None:
+            new_f = _bounded(new_f @ self.pending.whiten.to(f.device), -hi, hi)
+        new_f = stored(new_f, self.dtype)
+        if self.pending.psi_rate is not None:
+            # ψ + a (q − ψ) lies between ψ and q ≥ 0: it cannot diverge, so it is not checked.
+            new_psi = stored(_bounded(psi + self.pending.psi_rate * (q - psi), floor, hi), self.dtype)
+            return new_f, new_psi, False
         new_psi = stored(_bounded(psi * torch.exp(log_step), floor, hi), self.dtype)
         diverged = bool((new_psi > MAX_PSI_OVERSHOOT * torch.maximum(psi, d * d)).any())
         return new_f, new_psi, diverged
@@ -210,7 +237,7 @@ class SGAEngine:
         if pending is None:
             raise RuntimeError("apply_sums needs the local_sums of the same sample first")
         active, state = pending
-        step = _estep(s_sum, u_sum) if active else None
+        step = _estep(s_sum, u_sum, self.settings, self.n_seen + 1) if active else None
         for name, value in state.items():
             setattr(self, name, value)
         self.pending = step
@@ -231,6 +258,7 @@ class SGAEngine:
             "n_warmup": s.n_warmup, "noise_floor": s.noise_floor, "lr": s.lr, "schedule": s.schedule,
             "tau0": s.tau0 if s.schedule == "power" else 0.0, "kappa": s.kappa if s.schedule == "power" else 1.0,
             "rho": s.rho if s.schedule == "constant" else 1.0, "scaling": s.scaling, "scale_sq": self.scale_sq,
+            "rule": s.rule,
             "n_seen": self.n_seen, "mean": host(self.mean), "loadings": host(self.loadings), "psi": host(self.psi),
             "d_last": host(self.d_last),
         }
@@ -244,15 +272,17 @@ class SGAEngine:
         settings = SGASettings(int(state["n_features"]), int(state["n_components"]), int(state["n_warmup"]),
                                float(state["noise_floor"]), float(state["lr"]), str(state["schedule"]),
                                float(state["tau0"]), float(state["kappa"]), float(state["rho"]),
-                               str(state["scaling"]))
+                               str(state["scaling"]), str(state.get("rule", "gradient")))
         dtype = torch.float32 if np.asarray(state["loadings"]).dtype == np.float32 else torch.float64
         engine = cls(settings, torch.as_tensor(np.asarray(state["loadings"])), dtype, device)
         engine.n_seen, engine.scale_sq = int(state["n_seen"]), float(state["scale_sq"])
         for name in ("mean", "psi", "d_last"):
             setattr(engine, name, torch.as_tensor(np.asarray(state[name])).to(dtype=dtype, device=device).clone())
         if "pending_m" in state:
-            engine.pending = SGAStep(torch.as_tensor(np.asarray(state["pending_m"], dtype=np.float64)).clone(),
-                                     torch.as_tensor(np.asarray(state["pending_p"], dtype=np.float64)).clone())
+            engine.pending = step_rates(settings,
+                                        torch.as_tensor(np.asarray(state["pending_m"], dtype=np.float64)).clone(),
+                                        torch.as_tensor(np.asarray(state["pending_p"], dtype=np.float64)).clone(),
+                                        engine.n_seen)
         return engine
 
 
@@ -262,8 +292,8 @@ def _diverged() -> NumericalBreakdownError:
         "lower lr or use scaling='data'")
 
 
-def _estep(s_sum: torch.Tensor, u_sum: torch.Tensor) -> SGAStep:
-    """(4.23) from the sums: Σ = (I + S)⁻¹, m = Σ u, and P = Σ + m mᵀ for the next gradient step."""
+def _estep(s_sum: torch.Tensor, u_sum: torch.Tensor, settings: SGASettings, t: int) -> SGAStep:
+    """(4.23) from the sums of sample t: Σ = (I + S)⁻¹, m = Σ u, and P = Σ + m mᵀ for the next step."""
     lower = spd_factor(eye64(s_sum.shape[0]) + s_sum, "I + Fᵀ Ψ⁻¹ F")
     m = torch.cholesky_solve(u_sum[:, None], lower)[:, 0]
     p = spd_inverse(lower) + torch.outer(m, m)
@@ -271,4 +301,4 @@ def _estep(s_sum: torch.Tensor, u_sum: torch.Tensor) -> SGAStep:
             float(m.abs().max()) > MAX_LATENT_MOMENT:
         raise NumericalBreakdownError("the latent second moment Σ + m mᵀ (a divergent SGA step) is not positive "
                                       "definite: the model diverged; restore a checkpoint")
-    return SGAStep(m, p)
+    return step_rates(settings, m, p, t)

@@ -8,6 +8,9 @@ lines 10–14, (4.24)–(4.26)):
   (±1 per sample under ``scaling="data"``, at most 700 under ``"unit"``);
 * f ← clip(f + α s (d' m − g)) with s = 1 (preconditioned by ψ, ``"data"``) or ψ⁻¹ (``"unit"``),
   ψ ← clip(ψ · exp(α ∇β), floor, MAX_STATE), and whether a ψ grew more than 10⁶-fold past max(ψ, d'²);
+* under the whitened rule (``lr="auto"``): α is a_F, then f ← clip(f L) with the pending whitening factor L
+  (K×K, padded to KP), and ψ ← clip(ψ + a (q − ψ), floor, MAX_STATE) with q = 2ψ ∇β + ψ replaces the exp step
+  (a step that cannot diverge, so no row is flagged);
 * θ̄' = θ̄ + ρ' (x − θ̄), d = x − θ̄' (lines 5, 6);
 * this block's share of the E-step sums (4.23): S = Σ f fᵀ/ψ (K×K) and u = Σ f d/ψ (K) of the new rows.
 
@@ -39,10 +42,10 @@ if triton is not None:
         return tl.where(values != values, hi, tl.minimum(tl.maximum(values, lo), hi))
 
     @triton.jit
-    def _sga_pass(f_ptr, psi_ptr, dprev_ptr, mean_ptr, x_ptr, p_ptr, m_ptr, scalar_ptr,
+    def _sga_pass(f_ptr, psi_ptr, dprev_ptr, mean_ptr, x_ptr, p_ptr, m_ptr, l_ptr, scalar_ptr,
                   new_f_ptr, new_psi_ptr, new_mean_ptr, d_ptr, s_part_ptr, u_part_ptr, div_part_ptr,
                   n_rows, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
-                  PRECONDITION: tl.constexpr):  # pragma: no cover - compiled by Triton
+                  PRECONDITION: tl.constexpr, WHITENED: tl.constexpr):  # pragma: no cover - compiled by Triton
         pid, rows, cols, row_ok, col_ok, mask, kk_mask = block_layout(n_rows, K, KP, BLOCK)
         lr = tl.load(scalar_ptr)
         mean_rho = tl.load(scalar_ptr + 1)
@@ -67,9 +70,17 @@ if triton is not None:
         grad = d_prev[:, None] * m[None, :] - g
         if not PRECONDITION:
             grad = grad * inv_psi[:, None]
-        new_f = _bounded(f + lr * grad, -hi, hi).to(f.dtype)
-        new_psi = _bounded(psi * tl.exp(log_step), floor, hi).to(psi.dtype)
-        diverged = (new_psi > 1e6 * tl.maximum(psi, d_prev * d_prev)) & row_ok
+        if WHITENED:
+            lower = tl.load(l_ptr + cols[:, None] * KP + cols[None, :], mask=kk_mask, other=0.0)
+            stepped = _bounded(f + lr * grad, -hi, hi)
+            new_f = _bounded(tl.sum(stepped[:, :, None] * lower[None, :, :], axis=1), -hi, hi).to(f.dtype)
+            psi_rate = tl.load(scalar_ptr + 6)
+            new_psi = _bounded(psi + psi_rate * (q - psi), floor, hi).to(psi.dtype)
+            diverged = row_ok & False
+        else:
+            new_f = _bounded(f + lr * grad, -hi, hi).to(f.dtype)
+            new_psi = _bounded(psi * tl.exp(log_step), floor, hi).to(psi.dtype)
+            diverged = (new_psi > 1e6 * tl.maximum(psi, d_prev * d_prev)) & row_ok
         tl.store(new_f_ptr + rows[:, None] * K + cols[None, :], new_f, mask=mask)
         tl.store(new_psi_ptr + rows, new_psi, mask=row_ok)
         # the running mean and this sample's deviation
@@ -104,17 +115,21 @@ def fused_pass(engine: Any, x: torch.Tensor, mean_rho: float, floor: float, max_
     kp = padded_components(k)
     n_blocks = triton.cdiv(d, BLOCK_ROWS)
     f, psi = engine.loadings, engine.psi
-    scalars = scalar_table([engine.settings.lr, mean_rho, floor, max_state, *log_bounds], f)
+    step = engine.pending
+    whitened = step.whiten is not None
+    psi_rate = step.psi_rate if step.psi_rate is not None else 0.0
+    scalars = scalar_table([step.f_rate, mean_rho, floor, max_state, *log_bounds, psi_rate], f)
+    lower = _padded(step.whiten if whitened else torch.zeros(k, k, dtype=torch.float64), kp, f)
     new = {"loadings": torch.empty_like(f), "psi": torch.empty_like(psi), "mean": torch.empty_like(engine.mean),
            "d_last": torch.empty_like(engine.d_last)}
     s_part = torch.empty(n_blocks, kp, kp, dtype=f.dtype, device=f.device)
     u_part = torch.empty(n_blocks, kp, dtype=f.dtype, device=f.device)
     div_part = torch.empty(n_blocks, dtype=torch.int32, device=f.device)
     _sga_pass[(n_blocks,)](
-        f, psi, engine.d_last, engine.mean, x.to(f.dtype), _padded(engine.pending.p, kp, f),
-        _padded(engine.pending.m, kp, f), scalars, new["loadings"], new["psi"], new["mean"], new["d_last"],
+        f, psi, engine.d_last, engine.mean, x.to(f.dtype), _padded(step.p, kp, f),
+        _padded(step.m, kp, f), lower, scalars, new["loadings"], new["psi"], new["mean"], new["d_last"],
         s_part, u_part, div_part, d,
-        K=k, KP=kp, BLOCK=BLOCK_ROWS, PRECONDITION=engine.settings.scaling == "data",
+        K=k, KP=kp, BLOCK=BLOCK_ROWS, PRECONDITION=engine.settings.scaling == "data", WHITENED=whitened,
     )
     s_sum = s_part.to(torch.float64).sum(dim=0)[:k, :k].cpu()
     u_sum = u_part.to(torch.float64).sum(dim=0)[:k].cpu()

@@ -12,7 +12,7 @@ of the network output (S, N) in standardised target units on the rows it predict
   decay λ) for C epochs while every posterior gets ``snapshots_per_epoch`` snapshots per epoch
   (:class:`onlinefa.torch.SnapshotCollector`): SWA (the mean), SWAG-diagonal and SWAG (Maddox et al.,
   "A Simple Baseline for Bayesian Uncertainty in Deep Learning"; SWAG-diagonal drawn at scale ½),
-  SWAG-FA = :class:`onlinefa.OnlineEM` and :class:`onlinefa.OnlineSGA` with their defaults (rank K).
+  SWAG-FA = :class:`onlinefa.OnlineEM` with its defaults and :class:`onlinefa.OnlineSGA` with lr = 1e-3 (rank K).
   VIFA (:class:`onlinefa.VIFA`, Adam, the ``swag`` experiment's rates) starts from SWAG's Gaussian with
   the likelihood N(y; f(x), σ²_train) (σ²_train the training mean squared residual at θ_SWA) and the
   prior precision λ N / σ²_train. ``vifa_eb`` is the library's recipe instead: ``VIFA.from_gaussian`` of
@@ -192,7 +192,9 @@ class Stage:
                 "swag_diag": SWAG(n_features, diagonal=True),
                 "swag": SWAG(n_features, max_rank=rank),
                 "swag_fa": onlinefa.OnlineEM(n_features, rank, seed=_seed(self.seed, 3, member, int(lam * 1e9))),
-                "online_sga": onlinefa.OnlineSGA(n_features, rank, seed=_seed(self.seed, 4, member, int(lam * 1e9))),
+                # the constant step, the default when the published rows were run
+                "online_sga": onlinefa.OnlineSGA(n_features, rank, lr=1e-3,
+                                                 seed=_seed(self.seed, 4, member, int(lam * 1e9))),
             }
             optimizer = torch.optim.SGD(model.parameters(), lr=eta, weight_decay=lam)
             steps = -(-self.n_fit // self.budget.batch_size)
