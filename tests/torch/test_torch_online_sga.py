@@ -66,11 +66,12 @@ def test_algorithm1_equals_the_rust_algorithm1() -> None:
     assert relative(gaussian(ours)[1], gaussian(rust)[1]) < 1e-10
 
 
-def test_more_than_sixteen_factors_equal_the_rust_wide_path() -> None:
+@pytest.mark.parametrize("lr", ["auto", 1e-2])
+def test_more_than_sixteen_factors_equal_the_rust_wide_path(lr: Any) -> None:
     d, k = 60, 20
     X = stream(300, d, 2)
-    rust = onlinefa.OnlineSGA(d, k, seed=1, lr=1e-2).update(X)
-    ours = TorchOnlineSGA(d, k, seed=1, lr=1e-2).update(torch.as_tensor(X))
+    rust = onlinefa.OnlineSGA(d, k, seed=1, lr=lr).update(X)
+    ours = TorchOnlineSGA(d, k, seed=1, lr=lr).update(torch.as_tensor(X))
     assert relative(gaussian(ours)[1], gaussian(rust)[1]) < 1e-10
 
 
@@ -100,26 +101,28 @@ def test_float32_state_is_as_close_as_the_rust_float32_state() -> None:
     assert relative(gaussian(ours32)[1], exact) <= max(2 * relative(rust32, exact), 1e-5)
 
 
+@pytest.mark.parametrize("lr", ["auto", 1e-2])
 @pytest.mark.parametrize("direction", ["torch to rust", "rust to torch"])
-def test_checkpoints_move_between_the_two_and_updates_continue_alike(direction: str, tmp_path: Any) -> None:
+def test_checkpoints_move_between_the_two_and_updates_continue_alike(direction: str, lr: Any, tmp_path: Any) -> None:
     d, k = 30, 3
     X = stream(400, d, 5)
     path = tmp_path / "posterior.npz"
     if direction == "torch to rust":
-        source: Any = TorchOnlineSGA(d, k, seed=5, lr=1e-2).update(torch.as_tensor(X[:200]))
+        source: Any = TorchOnlineSGA(d, k, seed=5, lr=lr).update(torch.as_tensor(X[:200]))
         source.save(path)
         restored: Any = onlinefa.load(path)
         assert isinstance(restored, onlinefa.OnlineSGA)
         source.update(torch.as_tensor(X[200:]))
         restored.update(X[200:])
     else:
-        source = onlinefa.OnlineSGA(d, k, seed=5, lr=1e-2).update(X[:200])
+        source = onlinefa.OnlineSGA(d, k, seed=5, lr=lr).update(X[:200])
         source.save(path)
         restored = TorchOnlineSGA.load(path)
         source.update(X[200:])
         restored.update(torch.as_tensor(X[200:]))
     assert restored.n_seen == source.n_seen == 400
     assert relative(gaussian(restored)[1], gaussian(source)[1]) < 1e-10
+    assert (repr(restored).count("lr='auto'") == 1) == (lr == "auto")
     assert set(TorchOnlineSGA.from_numpy(onlinefa.OnlineSGA(d, k, seed=0)).get_state()) == set(
         onlinefa.OnlineSGA(d, k, seed=0).__getstate__()["state"])
     with pytest.raises(TypeError, match="OnlineSGA"):
