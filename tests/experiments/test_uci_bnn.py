@@ -132,3 +132,16 @@ def test_report_only_rewrites_markdown_from_rows(tmp_path: Path) -> None:
     # mean ± s.e. over splits: -2.4 ± 0.1 (s.d. 0.1414 / √2); one split has no s.e.
     assert "| MAP | -2.40 ± 0.10 (2) |" in markdown and "| SWAG-FA (OnlineEM) | -2.40 ± n/a (1) |" in markdown
     assert "| *published:* MC dropout (grid) | -2.40 ± 0.04 |" in markdown
+
+
+def test_small_rmse_columns_keep_two_significant_digits() -> None:
+    from onlinefa.experiments.uci_bnn._report import summary_markdown
+
+    rows = [{"dataset": "naval", "split": str(s), "method": "swag_fa", "test_ll": "6.3", "rmse": str(rmse),
+             "fit_seconds": "1"} for s, rmse in enumerate((4.2e-4, 4.4e-4))]
+    rows += [{"dataset": "boston", "split": "0", "method": "swag_fa", "test_ll": "-2.5", "rmse": "2.88",
+              "fit_seconds": "1"}]
+    text = summary_markdown(rows, [])
+    rmse_table = text.split("## Test RMSE")[1].split("##")[0]
+    # Naval's column in five decimals (two significant digits of 4.3e-4), Boston's in the usual two.
+    assert "0.00043 ± 0.00001 (2)" in rmse_table and "2.88 ± n/a (1)" in rmse_table

@@ -27,15 +27,27 @@ def _cell(values: Sequence[float], digits: int) -> str:
     return f"{mean:.{digits}f} ± {se_text} ({len(values)})"
 
 
+def column_digits(means: Sequence[float], digits: int) -> int:
+    """Decimals for a column of means: at least ``digits``, and enough for two significant digits of its smallest
+    non-zero magnitude (Naval's RMSE is ~4e-4: two decimals would print every method as 0.00)."""
+    magnitudes = [abs(v) for v in means if v != 0 and math.isfinite(v)]
+    if not magnitudes:
+        return digits
+    return max(digits, 1 - math.floor(math.log10(min(magnitudes))))
+
+
 def _table(rows: Sequence[Mapping[str, str]], column: str, published: Mapping[str, Sequence[object]],
            datasets: list[str], digits: int) -> list[str]:
     header = "| method | " + " | ".join(datasets) + " |"
     lines = [header, "|---|" + "---|" * len(datasets)]
+    values_of = {(method, name): [float(r[column]) for r in rows if r["method"] == method and r["dataset"] == name]
+                 for method in METHODS for name in datasets}
+    decimals = {name: column_digits([sum(v) / len(v) for (_, n), v in values_of.items() if n == name and v], digits)
+                for name in datasets}
     for method, label in METHODS.items():
         cells = []
         for name in datasets:
-            values = [float(r[column]) for r in rows if r["method"] == method and r["dataset"] == name]
-            cells.append(_cell(values, digits))
+            cells.append(_cell(values_of[method, name], decimals[name]))
         if any(c != "–" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     for index, label in enumerate(PUBLISHED_METHODS):
