@@ -86,8 +86,7 @@ impl<T: StateReal> Checkpoint for OnlineSga<T> {
     }
 }
 
-/// The step rule: absent in checkpoints of the gradient rule (and in every checkpoint written before the
-/// whitened rule existed).
+/// The step rule; checkpoints written before the whitened rule existed have no entry and are the gradient rule.
 fn read_rule(r: &StateReader) -> Result<SgaRule> {
     if !r.has("rule") {
         return Ok(SgaRule::Gradient);
