@@ -25,7 +25,9 @@ Three measurements, each against the default ``onlinefa.OnlineEM``:
 3. a heavy-tailed stream: scikit-learn's digits, standardised (the 61 pixels that vary), 10,000 rows drawn
    with replacement, K = 5; covariance error against scikit-learn's ``FactorAnalysis`` of the 1,797 images.
 
-Run: ``python benches/sga_variants.py`` (about ten minutes on two cores; needs scikit-learn).
+4. the cost of one update of the library's default step against the constant step (D = 10⁶, K = 10 and 20).
+
+Run: ``python benches/sga_variants.py`` (a few minutes on two cores; needs scikit-learn).
 """
 
 from __future__ import annotations
@@ -223,10 +225,36 @@ def digits_table(seed: int) -> None:
         print(f"| {name} | {relative_covariance_distance(covariance(model), reference):.4g} |", flush=True)
 
 
+def speed_table(d: int, repeats: int) -> None:
+    """Median seconds of one update of the library's two rules (whitened default, constant lr), one run."""
+    import time
+
+    x = np.random.default_rng(0).standard_normal((repeats + 25, d))
+    print(f"\n4. Cost of the default step (D={d:,}, median of {repeats} updates, one row each)")
+    print("| K | state | lr='auto' ms | lr=1e-3 ms | ratio |")
+    print("|---:|---|---:|---:|---:|")
+    for k in (10, 20):
+        for dtype in ("float64", "float32"):
+            rows = x.astype(dtype)
+            medians = []
+            for lr in ("auto", 1e-3):
+                model = onlinefa.OnlineSGA(d, k, seed=0, dtype=dtype, lr=lr).update(rows[:k + 3])
+                times = []
+                for row in rows[k + 3:k + 3 + repeats]:
+                    start = time.perf_counter()
+                    model.update(row)
+                    times.append(time.perf_counter() - start)
+                medians.append(float(np.median(times)) * 1e3)
+            print(f"| {k} | {dtype} | {medians[0]:.1f} | {medians[1]:.1f} | {medians[0] / medians[1]:.2f} |",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=("synthetic", "real", "digits"))
+    parser.add_argument("--only", choices=("synthetic", "real", "digits", "speed"))
+    parser.add_argument("--d", type=int, default=1_000_000, help="D of the speed table")
+    parser.add_argument("--repeats", type=int, default=15, help="updates timed per cell of the speed table")
     args = parser.parse_args()
     if args.only in (None, "synthetic"):
         synthetic_table(args.seed)
@@ -234,6 +262,8 @@ def main() -> None:
         real_table(["energy", "concrete"], [0, 1], 10)
     if args.only in (None, "digits"):
         digits_table(args.seed)
+    if args.only in (None, "speed"):
+        speed_table(args.d, args.repeats)
 
 
 if __name__ == "__main__":
