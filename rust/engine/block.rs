@@ -1,12 +1,14 @@
 //! The block path: per-block helpers over row-major f64 buffers (rows of Ā or F, K wide) for the passes that no
 //! fused kernel runs (online EM during warm-up, where F = F₀ σ; VIFA's passes) and for the explicit-F reference
 //! the kernels are tested against. Products go through matrixmultiply's GEMM (its SIMD kernel is picked for
-//! this CPU at run time), except [`block_times`]: a fully unrolled const-K loop for K ≤ 16, and for K > 16 the
-//! wide kernels' tiled product on the engine's code path (so that the block path rounds as the wide pass).
+//! this CPU at run time), except [`block_times`]: a fully unrolled const-K loop where the online-EM row kernel
+//! runs (f64 state: K ≤ 15, or K ≤ 20 on AVX-512), and otherwise the wide kernels' tiled product on the engine's
+//! code path, so that the block path rounds as the pass that runs.
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 
+use super::em_kernel::row_kernel_max;
 use super::isa::Isa;
 use super::k_dispatch::for_k;
 use super::model::StepSums;
@@ -67,9 +69,13 @@ fn rows_times_dispatch<const K: usize>(a: &[f64], m: &[f64], out: &mut [f64], nb
 /// out = a · M for `nb` rows (shapes as [`rows_times_k`]).
 type RowsTimes = fn(&[f64], &[f64], &mut [f64], usize);
 
-/// The unrolled product for K = `k`, or None for K > 16.
+/// The unrolled product for K = `k` where the f64 online-EM row kernel runs on this CPU's code path (it rounds
+/// the whitening product as this loop does), or None where the wide pass runs (K > `row_kernel_max`).
 fn rows_times_for(k: usize) -> Option<RowsTimes> {
-    for_k!(k, K => Some(rows_times_dispatch::<K> as RowsTimes), _ => None)
+    if k > row_kernel_max::<f64>(Isa::detect()) {
+        return None;
+    }
+    for_k!(extended k, K => Some(rows_times_dispatch::<K> as RowsTimes), _ => None)
 }
 
 /// out[..nb] = a[..nb] · m for a K×K matrix m (a, out: nb×K row-major).
@@ -82,7 +88,7 @@ pub(crate) fn block_times(a: &[f64], m: ArrayView2<f64>, out: &mut [f64], nb: us
     tiled_block_times(a, m, out, nb);
 }
 
-/// [`block_times`] for K > 16 through the wide kernels' tiled product on this CPU's code path, so that the block
+/// [`block_times`] where the wide pass runs through the wide kernels' tiled product on this CPU's code path, so that the block
 /// path and the queries round a row's product exactly as the wide pass does (on every code path, the portable
 /// one included). Copies the rows into and out of the product's padded layout (nbp×kp, nbp a multiple of
 /// `TILE_ROWS`).

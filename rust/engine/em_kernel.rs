@@ -404,7 +404,22 @@ fn em_block_avx512_entry<T: Real, const K: usize, const W: usize>(io: &mut EmBlo
 type BlockFn<T> = for<'a, 'b> fn(&'a mut EmBlockIo<'b, T>, usize);
 
 use super::k_dispatch::for_k;
-pub(crate) use super::k_dispatch::MAX_K;
+pub(crate) use super::k_dispatch::{MAX_K, MAX_K_EXTENDED};
+
+/// Largest K the row kernel (this module) runs for online-EM state of type T on code path `isa`; larger K run the
+/// wide kernel (engine/em_wide.rs). Measured at D = 10⁶, one thread, medians of 7 updates, both builds in one
+/// run on an AVX-512 Xeon: the row kernel against the wide kernel took 49–51 against 86–87 ms (f32) and 66–78
+/// against 105–119 ms (f64) at K = 20 on the AVX-512 path, and 52–59 against 83–116 ms (f32) at K = 20 on the
+/// AVX2 path, where f64 at K = 17 was level (105–125 against 104–106 ms). On two AVX2 cores of an AMD EPYC the
+/// f64 row kernel already lost at K = 16 (57–70 ms against 47 ms; K(K+1)/2 per-lane sums spill out of 16
+/// registers, 4 f64 lanes each), so f64 keeps the wide kernel from K = 16 on paths with 16 vector registers.
+pub(crate) fn row_kernel_max<T: Real>(isa: Isa) -> usize {
+    if T::SINGLE || isa.vector_bytes() >= 64 {
+        MAX_K_EXTENDED
+    } else {
+        MAX_K - 1
+    }
+}
 
 /// The kernel for one K, one storage type and one code path, resolved to a plain function. The choice depends
 /// only on (K, T, CPU), so a model runs the same kernel for its whole life.
@@ -441,10 +456,15 @@ macro_rules! em_pick {
 }
 
 impl<T: Real> EmRowKernel<T> {
-    /// The kernel for K = `k` on code path `isa`; None when K > [`MAX_K`].
+    /// The kernel for K = `k` on code path `isa`; None when K > [`MAX_K_EXTENDED`].
     pub(crate) fn select(k: usize, isa: Isa) -> Option<Self> {
-        let (run, lanes) = for_k!(k, K => em_pick!(isa, K), _ => return None);
+        let (run, lanes) = for_k!(extended k, K => em_pick!(isa, K), _ => return None);
         Some(EmRowKernel { run, isa, lanes })
+    }
+
+    /// The code path this kernel was compiled for.
+    pub(crate) fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// Rows per lane group (W).

@@ -13,7 +13,7 @@ use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 use crate::config_checks::{check_floor_fits, checked_init, validate_dims};
 use crate::engine::block::{accumulate_estep, block_times, load_rows, outer, rank_one_update, row_dots};
 use crate::engine::driver::{self, Driven};
-use crate::engine::em_kernel::{to_loadings_space, EmBlockIo, EmConsts, EmRowKernel, Isa, MAX_K};
+use crate::engine::em_kernel::{row_kernel_max, to_loadings_space, EmBlockIo, EmConsts, EmRowKernel, Isa};
 use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
 use crate::engine::model::hooks::Pass;
 use crate::engine::partition::{stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS};
@@ -26,18 +26,6 @@ use crate::m_step::{loadings_map, LoadingsMap};
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
-
-/// Largest K the row kernel (engine/em_kernel.rs) runs for state of type T; larger K run the wide kernel
-/// (engine/em_wide.rs). At K = 16 the f64 row kernel's K(K+1)/2 per-lane sums spill out of the registers: at
-/// D = 10⁶ on two AVX2 cores it took 57–70 ms per update where the wide kernel took 47 ms (K = 13–15: row kernel
-/// 22–27 ms, wide 43–75 ms; same run). f32 lanes keep the row kernel up to K = 16 (30 ms against 55 ms at K = 17).
-fn row_kernel_max<T: Real>() -> usize {
-    if T::SINGLE {
-        MAX_K
-    } else {
-        MAX_K - 1
-    }
-}
 
 /// Hyper-parameters of [`OnlineEm`].
 #[derive(Debug, Clone, PartialEq)]
@@ -133,7 +121,7 @@ struct PassCtx<'a, T: Real> {
     k: usize,
     /// The fused row-SIMD kernel's constants and code path, when it runs this pass.
     fast: Option<(EmConsts<T>, EmRowKernel<T>)>,
-    /// The wide kernel's constants (K > `row_kernel_max`), when it runs this pass.
+    /// The wide kernel's constants (K > `row_kernel_max` of its path), when it runs this pass.
     wide: Option<WideConsts>,
 }
 
@@ -209,7 +197,10 @@ impl<T: Real> OnlineEm<T> {
     ) -> bool {
         let floor = self.floor();
         let kernel = isa.and_then(|isa| EmRowKernel::select(self.n_components, isa));
-        let fast = kernel.and_then(|kernel| self.kernel_consts(rho, mean_rho, floor).map(|c| (c, kernel)));
+        let fast = kernel.and_then(|kernel| {
+            self.kernel_consts(rho, mean_rho, floor, kernel.isa())
+                .map(|c| (c, kernel))
+        });
         let wide = isa.and_then(|isa| self.wide_consts(rho, mean_rho, floor, isa));
         self.pass_with(x, rho, mean_rho, scratch, sums, fast, wide)
     }
@@ -273,7 +264,7 @@ impl<T: Real> OnlineEm<T> {
     /// K <= `row_kernel_max`). L is the lower Cholesky factor of H̄⁻¹.
     fn wide_consts(&self, rho: f64, mean_rho: f64, floor: f64, isa: Isa) -> Option<WideConsts> {
         let k = self.n_components;
-        if k <= row_kernel_max::<T>() {
+        if k <= row_kernel_max::<T>(isa) {
             return None;
         }
         let tiled = |m: &Array2<f64>| Tiled::new(k, &m.iter().copied().collect::<Vec<f64>>());
@@ -298,9 +289,9 @@ impl<T: Real> OnlineEm<T> {
 
     /// Constants of the fused kernel (engine/em_kernel.rs) for this pass, or None when the block-by-block
     /// path runs instead (warm-up, K > `row_kernel_max`). U is the transposed Cholesky factor of H̄⁻¹ (Uᵀ U = H̄⁻¹).
-    fn kernel_consts(&self, rho: f64, mean_rho: f64, floor: f64) -> Option<EmConsts<T>> {
+    fn kernel_consts(&self, rho: f64, mean_rho: f64, floor: f64, isa: Isa) -> Option<EmConsts<T>> {
         let k = self.n_components;
-        if k > row_kernel_max::<T>() {
+        if k > row_kernel_max::<T>(isa) {
             return None;
         }
         let to_t = |m: &Array2<f64>| -> Vec<T> { m.iter().map(|&v| T::from_f64(v)).collect() };
