@@ -11,97 +11,27 @@ pub(crate) const MAX_K: usize = 16;
 pub(crate) const MAX_K_EXTENDED: usize = 20;
 
 /// Expand `$body` once per K = 1 … [`MAX_K`] with the const `$k` bound to the value of `$n`, and evaluate
-/// `$other` for any other value (without it, any other value is a bug of the caller).
+/// `$other` for any other value (without it, any other value is a bug of the caller). `for_k!(extended ...)`
+/// expands K = 1 … [`MAX_K_EXTENDED`] instead.
 macro_rules! for_k {
-    ($n:expr, $k:ident => $body:expr, _ => $other:expr) => {
+    (@arms $n:expr, $k:ident => $body:expr, _ => $other:expr; $($value:literal)*) => {
         match $n {
-            1 => {
-                const $k: usize = 1;
-                $body
-            }
-            2 => {
-                const $k: usize = 2;
-                $body
-            }
-            3 => {
-                const $k: usize = 3;
-                $body
-            }
-            4 => {
-                const $k: usize = 4;
-                $body
-            }
-            5 => {
-                const $k: usize = 5;
-                $body
-            }
-            6 => {
-                const $k: usize = 6;
-                $body
-            }
-            7 => {
-                const $k: usize = 7;
-                $body
-            }
-            8 => {
-                const $k: usize = 8;
-                $body
-            }
-            9 => {
-                const $k: usize = 9;
-                $body
-            }
-            10 => {
-                const $k: usize = 10;
-                $body
-            }
-            11 => {
-                const $k: usize = 11;
-                $body
-            }
-            12 => {
-                const $k: usize = 12;
-                $body
-            }
-            13 => {
-                const $k: usize = 13;
-                $body
-            }
-            14 => {
-                const $k: usize = 14;
-                $body
-            }
-            15 => {
-                const $k: usize = 15;
-                $body
-            }
-            16 => {
-                const $k: usize = 16;
-                $body
-            }
+            $(
+                $value => {
+                    const $k: usize = $value;
+                    $body
+                }
+            )*
             _ => $other,
         }
     };
     (extended $n:expr, $k:ident => $body:expr, _ => $other:expr) => {
-        match $n {
-            17 => {
-                const $k: usize = 17;
-                $body
-            }
-            18 => {
-                const $k: usize = 18;
-                $body
-            }
-            19 => {
-                const $k: usize = 19;
-                $body
-            }
-            20 => {
-                const $k: usize = 20;
-                $body
-            }
-            n => $crate::engine::k_dispatch::for_k!(n, $k => $body, _ => $other),
-        }
+        $crate::engine::k_dispatch::for_k!(@arms $n, $k => $body, _ => $other;
+            1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20)
+    };
+    ($n:expr, $k:ident => $body:expr, _ => $other:expr) => {
+        $crate::engine::k_dispatch::for_k!(@arms $n, $k => $body, _ => $other;
+            1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
     };
     ($n:expr, $k:ident => $body:expr) => {
         $crate::engine::k_dispatch::for_k!($n, $k => $body, _ => unreachable!("the caller checks K <= MAX_K"))
