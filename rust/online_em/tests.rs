@@ -303,10 +303,11 @@ fn ended_warmup_needs_two_samples_and_an_unfinished_warmup() {
 }
 
 #[test]
-fn wide_kernel_is_thread_count_independent() {
-    // Two rayon tasks (D > TASK_ROWS) and D·K above the parallel gate: pool of 1 thread = default pool.
-    for whiten in [false, true] {
-        let (d, k) = (TASK_ROWS + 2 * BLOCK_ROWS + 5, 20);
+fn large_k_passes_are_thread_count_independent() {
+    // Two rayon tasks (D > TASK_ROWS) and D·K above the parallel gate: pool of 1 thread = default pool. float32
+    // state runs the row kernel at K = 20 and the wide kernel at K = 24.
+    for (whiten, k) in [false, true].into_iter().flat_map(|w| [(w, 20), (w, 24)]) {
+        let d = TASK_ROWS + 2 * BLOCK_ROWS + 5;
         assert!(use_parallel(d, k));
         let f0 = orthonormal_loadings(d, k, 3).expect("init");
         let x = stream(k + 6, d, 4);
