@@ -456,15 +456,13 @@ macro_rules! em_pick {
 }
 
 impl<T: Real> EmRowKernel<T> {
-    /// The kernel for K = `k` on code path `isa`; None when K > [`MAX_K_EXTENDED`].
+    /// The kernel for K = `k` on code path `isa`; None when K > [`row_kernel_max`] (the wide kernel's range).
     pub(crate) fn select(k: usize, isa: Isa) -> Option<Self> {
+        if k > row_kernel_max::<T>(isa) {
+            return None;
+        }
         let (run, lanes) = for_k!(extended k, K => em_pick!(isa, K), _ => return None);
         Some(EmRowKernel { run, isa, lanes })
-    }
-
-    /// The code path this kernel was compiled for.
-    pub(crate) fn isa(&self) -> Isa {
-        self.isa
     }
 
     /// Rows per lane group (W).

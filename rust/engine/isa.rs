@@ -23,9 +23,11 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The best path this CPU supports, within the `ONLINEFA_ISA` cap.
+    /// The best path this CPU supports, within the `ONLINEFA_ISA` cap (found once: both are fixed for the
+    /// process, and the block path asks for it per block).
     pub(crate) fn detect() -> Self {
-        Self::allowed().last().copied().unwrap_or(Isa::Portable)
+        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| Self::allowed().last().copied().unwrap_or(Isa::Portable))
     }
 
     /// The paths this CPU supports up to the `ONLINEFA_ISA` cap (all of them without it).

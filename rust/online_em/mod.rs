@@ -197,10 +197,7 @@ impl<T: Real> OnlineEm<T> {
     ) -> bool {
         let floor = self.floor();
         let kernel = isa.and_then(|isa| EmRowKernel::select(self.n_components, isa));
-        let fast = kernel.and_then(|kernel| {
-            self.kernel_consts(rho, mean_rho, floor, kernel.isa())
-                .map(|c| (c, kernel))
-        });
+        let fast = kernel.and_then(|kernel| self.kernel_consts(rho, mean_rho, floor).map(|c| (c, kernel)));
         let wide = isa.and_then(|isa| self.wide_consts(rho, mean_rho, floor, isa));
         self.pass_with(x, rho, mean_rho, scratch, sums, fast, wide)
     }
@@ -287,13 +284,9 @@ impl<T: Real> OnlineEm<T> {
         })
     }
 
-    /// Constants of the fused kernel (engine/em_kernel.rs) for this pass, or None when the block-by-block
-    /// path runs instead (warm-up, K > `row_kernel_max`). U is the transposed Cholesky factor of H̄⁻¹ (Uᵀ U = H̄⁻¹).
-    fn kernel_consts(&self, rho: f64, mean_rho: f64, floor: f64, isa: Isa) -> Option<EmConsts<T>> {
-        let k = self.n_components;
-        if k > row_kernel_max::<T>(isa) {
-            return None;
-        }
+    /// Constants of the fused kernel (engine/em_kernel.rs, which `EmRowKernel::select` picked for this K and
+    /// path) for this pass, or None during warm-up. U is the transposed Cholesky factor of H̄⁻¹ (Uᵀ U = H̄⁻¹).
+    fn kernel_consts(&self, rho: f64, mean_rho: f64, floor: f64) -> Option<EmConsts<T>> {
         let to_t = |m: &Array2<f64>| -> Vec<T> { m.iter().map(|&v| T::from_f64(v)).collect() };
         let upper = match &self.source {
             Source::Initial(_) => return None,
