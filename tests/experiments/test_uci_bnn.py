@@ -123,6 +123,25 @@ def test_data_dir_layout(tmp_path: Path) -> None:
     assert all(math.isfinite(float(r["test_ll"])) and float(r["rmse"]) > 0 for r in rows)
 
 
+def test_first_split_runs_only_the_later_splits_and_refuses_negative(tmp_path: Path) -> None:
+    folder = tmp_path / "data" / "toy-set" / "data"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(40, 2))
+    np.savetxt(folder / "data.txt", np.column_stack([X, X @ np.array([1.0, -1.0]) + 0.1 * rng.normal(size=40)]))
+    for name, text in [("index_features", "0\n1\n"), ("index_target", "2\n"), ("n_splits", "3\n"),
+                       ("n_hidden", "4\n"), ("n_epochs", "2\n")]:
+        (folder / f"{name}.txt").write_text(text)
+    base = ["--quick", "--data-dir", str(tmp_path / "data"), "--datasets", "toy-set", "--splits", "3",
+            "--methods", "map", "--out", str(tmp_path / "out")]
+    assert available()["uci-bnn"].run(_parse(base + ["--first-split", "1"])) == 0
+    assert [r["split"] for r in _rows(tmp_path / "out" / "uci_bnn.csv")] == ["1", "2"]
+    from onlinefa.errors import CommandError
+
+    with pytest.raises(CommandError, match="--first-split"):
+        available()["uci-bnn"].run(_parse(base + ["--first-split", "-1"]))
+
+
 def test_report_only_rewrites_markdown_from_rows(tmp_path: Path) -> None:
     (tmp_path / "uci_bnn.csv").write_text(
         "dataset,split,method,test_ll,rmse,fit_seconds\n"

@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", type=lambda s: [v for v in s.split(",") if v], default=list(METHODS),
                         help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--splits", type=int, default=None, help="first N published splits (default: all)")
+    parser.add_argument("--first-split", type=int, default=0,
+                        help="skip the splits before this one (to run disjoint parts in separate processes, "
+                             "each with its own --out)")
     parser.add_argument("--batch-size", type=int, default=128, help="as MC dropout's benchmark code")
     parser.add_argument("--epochs", type=int, default=None,
                         help="Adam epochs E (default: 10 × the data set's n_epochs, as MC dropout's protocol)")
@@ -196,6 +199,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError(f"unknown methods {unknown}; expected a subset of {', '.join(METHODS)}")
     if args.splits is not None and args.splits < 1:
         raise CommandError("--splits must be >= 1")
+    if args.first_split < 0:
+        raise CommandError("--first-split must be >= 0")
     grid = Grid(tuple(args.weight_decays), tuple(args.epoch_fractions), tuple(args.collect_lrs),
                 tuple(args.dropout_rates), tuple(args.slang_lrs))
     try:
@@ -224,7 +229,7 @@ def _run(args: argparse.Namespace) -> int:
         n_splits = dataset.n_splits if args.splits is None else min(args.splits, dataset.n_splits)
         for split, (train, test) in enumerate(published_splits(dataset.y.size, n_splits)):
             todo = [m for m in methods if (dataset.name, str(split), m) not in done]
-            if todo:
+            if todo and split >= args.first_split:
                 tasks.append((dataset, split, train, test, todo))
     start = time.perf_counter()
     for dataset, split, train, test, todo in progress(tasks, total=len(tasks), desc=NAME):
