@@ -19,6 +19,7 @@ use std::ops::Range;
 
 use ndarray::{Array1, Array2, ArrayView2};
 
+use crate::engine::block::block_times;
 use crate::error::{invalid, Result};
 use crate::linalg::symmetric_eigen_desc;
 use crate::query::{add_block_gram, mirror_upper, per_task, GaussianRows, RowVisitor};
@@ -202,27 +203,34 @@ impl<G: GaussianRows + ?Sized> GaussianRows for Reported<'_, G> {
         self.inner.dims()
     }
 
+    /// Each block's F' = F R through the engine's row product (no per-block allocation or packing), and
+    /// ψ' = ψ + max(‖F_d‖² − ‖F'_d‖², 0) row by row.
     fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
-        let Some(map) = &self.map else {
-            return self.inner.visit_range(rows, visit);
+        let Some(map) = self.map.as_ref().filter(|m| m.nrows() > 0) else {
+            return self.inner.visit_range(rows, visit); // no map, or K = 0: nothing to map
         };
         let k = map.nrows();
-        let mut psi_new = Vec::new();
+        let (mut f_new, mut psi_new) = (Vec::new(), Vec::new());
         self.inner.visit_range(rows, &mut |lo, mean, f, psi| {
             let nb = psi.len();
-            let block = ArrayView2::from_shape((nb, k), f).map_err(|e| invalid("rows", e.to_string()))?;
-            let mapped = block.dot(map);
+            f_new.clear();
+            f_new.resize(nb * k, 0.0);
+            block_times(f, map.view(), &mut f_new, nb);
             psi_new.clear();
-            psi_new.extend((0..nb).map(|i| {
-                let (before, after) = (block.row(i), mapped.row(i));
-                psi[i] + (before.dot(&before) - after.dot(&after)).max(0.0)
-            }));
-            let f_new = mapped
-                .as_slice()
-                .ok_or_else(|| invalid("rows", "a mapped block is not contiguous"))?;
-            visit(lo, mean, f_new, &psi_new)
+            psi_new.extend(
+                f.chunks_exact(k)
+                    .zip(f_new.chunks_exact(k))
+                    .zip(psi)
+                    .map(|((before, after), &p)| p + (squared_norm(before) - squared_norm(after)).max(0.0)),
+            );
+            visit(lo, mean, &f_new, &psi_new)
         })
     }
+}
+
+/// Σ_j v_j², j ascending.
+fn squared_norm(v: &[f64]) -> f64 {
+    v.iter().fold(0.0, |s, &x| s + x * x)
 }
 
 #[cfg(test)]
