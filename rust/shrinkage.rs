@@ -19,7 +19,7 @@ use std::ops::Range;
 
 use ndarray::{Array1, Array2, ArrayView2};
 
-use crate::engine::block::block_times;
+use crate::engine::block::{block_times, row_dots};
 use crate::error::{invalid, Result};
 use crate::linalg::symmetric_eigen_desc;
 use crate::query::{add_block_gram, mirror_upper, per_task, GaussianRows, RowVisitor};
@@ -210,27 +210,22 @@ impl<G: GaussianRows + ?Sized> GaussianRows for Reported<'_, G> {
             return self.inner.visit_range(rows, visit); // no map, or K = 0: nothing to map
         };
         let k = map.nrows();
-        let (mut f_new, mut psi_new) = (Vec::new(), Vec::new());
+        let (mut f_new, mut before, mut psi_new) = (Vec::new(), Vec::new(), Vec::new());
         self.inner.visit_range(rows, &mut |lo, mean, f, psi| {
             let nb = psi.len();
             f_new.clear();
             f_new.resize(nb * k, 0.0);
             block_times(f, map.view(), &mut f_new, nb);
-            psi_new.clear();
-            psi_new.extend(
-                f.chunks_exact(k)
-                    .zip(f_new.chunks_exact(k))
-                    .zip(psi)
-                    .map(|((before, after), &p)| p + (squared_norm(before) - squared_norm(after)).max(0.0)),
-            );
+            before.resize(nb, 0.0);
+            row_dots(f, f, k, nb, &mut before); // ‖F_d‖²
+            psi_new.resize(nb, 0.0);
+            row_dots(&f_new, &f_new, k, nb, &mut psi_new); // ‖F'_d‖², then ψ'
+            for ((out, &norm), &p) in psi_new.iter_mut().zip(&before).zip(psi) {
+                *out = p + (norm - *out).max(0.0);
+            }
             visit(lo, mean, &f_new, &psi_new)
         })
     }
-}
-
-/// Σ_j v_j², j ascending.
-fn squared_norm(v: &[f64]) -> f64 {
-    v.iter().fold(0.0, |s, &x| s + x * x)
 }
 
 #[cfg(test)]
