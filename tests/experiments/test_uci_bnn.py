@@ -164,3 +164,63 @@ def test_small_rmse_columns_keep_two_significant_digits() -> None:
     rmse_table = text.split("## Test RMSE")[1].split("##")[0]
     # Naval's column in five decimals (two significant digits of 4.3e-4), Boston's in the usual two.
     assert "0.00043 ± 0.00001 (2)" in rmse_table and "2.88 ± n/a (1)" in rmse_table
+
+
+def _write_run(folder: Path, entries: list[tuple[str, float, float]]) -> None:
+    """A run folder with one row per (method, test_ll, validation_ll) on split 0 of Boston."""
+    folder.mkdir()
+    results = ["dataset,split,method,test_ll,rmse,fit_seconds"]
+    choices = ["dataset,split,method,weight_decay,setting,noise_variance,validation_ll,tuning_seconds"]
+    for method, test_ll, validation_ll in entries:
+        results.append(f"boston,0,{method},{test_ll},3.0,1.0")
+        choices.append(f"boston,0,{method},0.001,0.02,0.1,{validation_ll},2.0")
+    (folder / "uci_bnn.csv").write_text("\n".join(results) + "\n")
+    (folder / "uci_bnn_choices.csv").write_text("\n".join(choices) + "\n")
+
+
+def test_select_from_keeps_the_best_validated_run_never_the_best_tested(tmp_path: Path) -> None:
+    # map: run b validates better but tests worse; swag_fa: run a validates better and tests worse;
+    # ensemble exists in run a only (not in every run: left out); mc_dropout ties (the earlier run, a).
+    _write_run(tmp_path / "a", [("map", -2.0, -0.5), ("swag_fa", -2.9, -0.1), ("ensemble", -2.2, -0.2),
+                                ("mc_dropout", -2.6, -0.3)])
+    _write_run(tmp_path / "b", [("map", -2.8, -0.4), ("swag_fa", -2.1, -0.2), ("mc_dropout", -2.5, -0.3)])
+    out = tmp_path / "selected"
+    argv = ["--select-from", f"{tmp_path / 'a'},{tmp_path / 'b'}", "--out", str(out)]
+    assert available()["uci-bnn"].run(_parse(argv)) == 0
+    rows = _rows(out / "uci_bnn.csv")
+    assert [(r["method"], float(r["test_ll"])) for r in rows] == [("map", -2.8), ("swag_fa", -2.9),
+                                                                   ("mc_dropout", -2.6)]
+    assert [r["validation_ll"] for r in _rows(out / "uci_bnn_choices.csv")] == ["-0.4", "-0.1", "-0.3"]
+    assert [r["run"] for r in _rows(out / "uci_bnn_selected.csv")] == ["b", "a", "a"]
+    assert "a (2 rows), b (1 rows)" in (out / "uci_bnn.md").read_text()
+    # rerunning into the same selection folder rewrites it (no duplicated rows)
+    assert available()["uci-bnn"].run(_parse(argv)) == 0
+    assert len(_rows(out / "uci_bnn.csv")) == 3
+
+
+def test_select_from_refuses_to_overwrite_a_run_or_read_a_folder_without_choices(tmp_path: Path) -> None:
+    from onlinefa.errors import CommandError
+
+    _write_run(tmp_path / "a", [("map", -2.0, -0.5)])
+    _write_run(tmp_path / "b", [("map", -2.8, -0.4)])
+    before = (tmp_path / "b" / "uci_bnn.csv").read_text()
+    module = available()["uci-bnn"]
+    both = f"{tmp_path / 'a'},{tmp_path / 'b'}"
+    with pytest.raises(CommandError, match="must not be one of"):
+        module.run(_parse(["--select-from", both, "--out", str(tmp_path / "b")]))
+    _write_run(tmp_path / "d", [("map", -2.5, -0.1)])  # another run's folder: not overwritten either
+    with pytest.raises(CommandError, match="rows of a run"):
+        module.run(_parse(["--select-from", both, "--out", str(tmp_path / "d")]))
+    assert (tmp_path / "d" / "uci_bnn.csv").read_text().endswith("boston,0,map,-2.5,3.0,1.0\n")
+    assert (tmp_path / "b" / "uci_bnn.csv").read_text() == before
+    (tmp_path / "c").mkdir()
+    with pytest.raises(CommandError, match="no uci_bnn.csv"):
+        module.run(_parse(["--select-from", f"{tmp_path / 'a'},{tmp_path / 'c'}", "--out", str(tmp_path / "s")]))
+    (tmp_path / "e").mkdir()  # a result row whose choice row is missing
+    (tmp_path / "e" / "uci_bnn.csv").write_text((tmp_path / "a" / "uci_bnn.csv").read_text())
+    (tmp_path / "e" / "uci_bnn_choices.csv").write_text((tmp_path / "a" / "uci_bnn_choices.csv").read_text()
+                                                        .splitlines()[0] + "\n")
+    with pytest.raises(CommandError, match="without a validation choice"):
+        module.run(_parse(["--select-from", f"{tmp_path / 'a'},{tmp_path / 'e'}", "--out", str(tmp_path / "s")]))
+    with pytest.raises(CommandError, match="at least two"):
+        module.run(_parse(["--select-from", str(tmp_path / "a"), "--out", str(tmp_path / "s")]))

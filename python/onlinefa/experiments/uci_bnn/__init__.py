@@ -84,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny budget (2 splits, few epochs, 1 × 2 grid)")
     parser.add_argument("--report-only", action="store_true",
                         help="only rewrite uci_bnn.md from the rows already in --out (e.g. while a run goes on)")
+    parser.add_argument("--select-from", type=lambda s: [Path(v) for v in s.split(",") if v], default=None,
+                        help="comma-separated output folders of runs of the same splits under other budgets: write "
+                             "to --out, per data set, split and method, the row of the run whose chosen grid point "
+                             "scored best on validation (the test rows are not compared)")
 
 
 def _dataset_seed(args: argparse.Namespace, name: str, split: int, stage: int) -> np.random.SeedSequence:
@@ -215,6 +219,8 @@ def _run(args: argparse.Namespace) -> int:
         methods = [m for m in methods if m not in ("slang", "slang_recipe")]
         notes.append("SLANG skipped: its module (onlinefa.experiments.uci_bnn._slang) is not installed.")
         print(notes[-1])
+    if args.select_from is not None:
+        return _write_selection(args.select_from, args.out)
     out = output_dir(args.out)
     if args.report_only:
         notes.append("Report of the rows present; runs may still be in progress (numbers of splits in brackets).")
@@ -241,6 +247,34 @@ def _run(args: argparse.Namespace) -> int:
               f"{args.n_draws} draws, VIFA {args.vifa_epochs} epochs, SLANG {args.slang_epochs} epochs.",
               f"This invocation: {len(tasks)} (data set, split) tasks in {time.perf_counter() - start:.0f} s."]
     summary = summary_markdown(read_rows(out / "uci_bnn.csv"), notes)
+    (out / "uci_bnn.md").write_text(summary)
+    print(summary)
+    return 0
+
+
+def _write_selection(folders: list[Path], out_path: Path) -> int:
+    """``--select-from``: the best-validated run's row per (data set, split, method) into ``out_path``."""
+    from ._report import CHOICE_FIELDS, FIELDS, summary_markdown
+    from ._select import SOURCE_FIELDS, select_by_validation
+
+    if any(Path(f).resolve() == Path(out_path).resolve() for f in folders):
+        raise CommandError("--out must not be one of the --select-from folders")
+    if (out_path / "uci_bnn.csv").exists() and not (out_path / "uci_bnn_selected.csv").exists():
+        raise CommandError(f"{out_path} holds the rows of a run; --select-from writes only to a new folder or to "
+                           "the folder of an earlier selection")
+    try:
+        rows, choices, sources = select_by_validation(folders)
+    except ValueError as err:
+        raise CommandError(str(err)) from err
+    out = output_dir(out_path)
+    for name, fields, table in (("uci_bnn.csv", FIELDS, rows), ("uci_bnn_choices.csv", CHOICE_FIELDS, choices),
+                                ("uci_bnn_selected.csv", SOURCE_FIELDS, sources)):
+        (out / name).unlink(missing_ok=True)
+        append_rows(out / name, table, fields)
+    counts = {Path(f).name: sum(s["run"] == Path(f).name for s in sources) for f in folders}
+    note = ("Rows chosen per data set, split and method by validation log-likelihood among the runs "
+            + ", ".join(f"{name} ({n} rows)" for name, n in counts.items()) + ".")
+    summary = summary_markdown(rows, [note])
     (out / "uci_bnn.md").write_text(summary)
     print(summary)
     return 0
