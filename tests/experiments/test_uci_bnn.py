@@ -222,5 +222,10 @@ def test_select_from_refuses_to_overwrite_a_run_or_read_a_folder_without_choices
                                                         .splitlines()[0] + "\n")
     with pytest.raises(CommandError, match="without a validation choice"):
         module.run(_parse(["--select-from", f"{tmp_path / 'a'},{tmp_path / 'e'}", "--out", str(tmp_path / "s")]))
+    (tmp_path / "other").mkdir()
+    _write_run(tmp_path / "other" / "a", [("map", -2.1, -0.2)])  # same name as run a: the provenance would be ambiguous
+    with pytest.raises(CommandError, match="must differ"):
+        module.run(_parse(["--select-from", f"{tmp_path / 'a'},{tmp_path / 'other' / 'a'}", "--out",
+                           str(tmp_path / "s")]))
     with pytest.raises(CommandError, match="at least two"):
         module.run(_parse(["--select-from", str(tmp_path / "a"), "--out", str(tmp_path / "s")]))

@@ -51,10 +51,14 @@ def select_by_validation(
     Raises
     ------
     ValueError
-        Fewer than two folders, a folder without a run, or a result row without its choice row.
+        Fewer than two folders, two folders of the same name, a folder without a run, or a result row without
+        its choice row.
     """
     if len(folders) < 2:
         raise ValueError("--select-from needs at least two run folders")
+    names = [Path(folder).name for folder in folders]
+    if len(set(names)) < len(names):
+        raise ValueError(f"--select-from names each run by its folder's name, which must differ: {names}")
     runs = [_load(Path(folder)) for folder in folders]
     for folder, (results, choices) in zip(folders, runs):
         missing = sorted(set(results) - set(choices))
@@ -68,5 +72,5 @@ def select_by_validation(
         best = max(range(len(runs)), key=lambda i: (scores[i], -i))  # ties: the earlier run
         rows.append(runs[best][0][key])
         choice_rows.append(runs[best][1][key])
-        sources.append({"dataset": key[0], "split": key[1], "method": key[2], "run": Path(folders[best]).name})
+        sources.append({"dataset": key[0], "split": key[1], "method": key[2], "run": names[best]})
     return rows, choice_rows, sources
