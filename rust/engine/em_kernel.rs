@@ -119,10 +119,10 @@ struct GroupRows<'a, T> {
 }
 
 /// The block: full groups of W rows read and written in place, then the last n < W rows through a copy padded
-/// with zero rows (they add exactly zero to every sum). Every loop of a group has a fixed trip count, so the
-/// moves between rows and lanes compile to vector loads, stores and shuffles.
+/// with zero rows (they add exactly zero to every sum). Every loop of a group has a fixed trip count; with
+/// `GATHER` (the AVX-512 path) the rows are moved into the lanes by gathers (see `lane_gather`).
 #[inline(always)]
-fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+fn em_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(io: &mut EmBlockIo<'_, T>, nb: usize) {
     let zero = T::default();
     let c = io.consts;
     let mut acc = Acc::<T, K, W>::new();
@@ -136,7 +136,7 @@ fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, 
         .zip(io.x[..full].chunks_exact(W));
     for (g, ((((a, mean), dsq), d_last), x)) in groups.enumerate() {
         ahead.prefetch::<K>(g * W, W);
-        em_group::<T, K, W>(
+        em_group::<T, K, W, GATHER>(
             c,
             GroupRows {
                 a,
@@ -165,7 +165,7 @@ fn em_block<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, 
             d_last: &mut d_last,
             x: &x,
         };
-        em_group::<T, K, W>(c, rows, &mut acc);
+        em_group::<T, K, W, GATHER>(c, rows, &mut acc);
         io.a[full * K..nb * K].copy_from_slice(&a.as_flattened()[..n * K]);
         io.mean[full..nb].copy_from_slice(&mean[..n]);
         io.dsq[full..nb].copy_from_slice(&dsq[..n]);
@@ -244,15 +244,26 @@ fn prefetch<V>(p: *const V) {
 
 /// One group of W rows: the previous sample's pending moments and line 12, then this sample's z, ψ and sums.
 #[inline(always)]
-fn em_group<T: Real, const K: usize, const W: usize>(c: &EmConsts<T>, g: GroupRows<'_, T>, acc: &mut Acc<T, K, W>) {
+fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
+    c: &EmConsts<T>,
+    g: GroupRows<'_, T>,
+    acc: &mut Acc<T, K, W>,
+) {
     let zero = T::default();
     let (a_rows, x_rows) = (&mut g.a[..W * K], &g.x[..W]);
     let (mean_rows, dsq_rows, d_last_rows) = (&mut g.mean[..W], &mut g.dsq[..W], &mut g.d_last[..W]);
     // Ā rows, transposed to K lane-arrays, one column at a time (each lane-array can be assembled in a
     // register and stored whole).
     let mut a = [[zero; W]; K];
-    for (j, col) in a.iter_mut().enumerate() {
-        *col = std::array::from_fn(|l| a_rows[l * K + j]);
+    #[cfg(target_arch = "x86_64")]
+    if GATHER {
+        // SAFETY: GATHER is set only by the AVX-512 entry point, which runs on CPUs with AVX-512F.
+        unsafe { super::lane_gather::gather_columns::<T, K, W>(a_rows, &mut a) };
+    }
+    if !GATHER || cfg!(not(target_arch = "x86_64")) {
+        for (j, col) in a.iter_mut().enumerate() {
+            *col = std::array::from_fn(|l| a_rows[l * K + j]);
+        }
     }
     // The previous sample's pending moments (lines 5, 6, 14), then its line 12.
     let mut m0 = [0.0f64; W];
@@ -373,17 +384,17 @@ fn upper_times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], u: &[T]
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn em_block_avx2<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
-    em_block::<T, K, W>(io, nb)
+    em_block::<T, K, W, false>(io, nb)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2")]
 unsafe fn em_block_avx512<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
-    em_block::<T, K, W>(io, nb)
+    em_block::<T, K, W, true>(io, nb)
 }
 
 fn em_block_portable<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
-    em_block::<T, K, W>(io, nb)
+    em_block::<T, K, W, false>(io, nb)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -16,6 +16,8 @@ pub(crate) const CHUNK_GROUPS: usize = 8;
 /// vector registers of AVX2.
 const TILE_I: usize = 2;
 const TILE_J: usize = 4;
+// `LaneSyrk::flush` names every clipped tile shape of this tile size.
+const _: () = assert!(TILE_I == 2 && TILE_J == 4);
 
 /// Per-lane S (K×K, upper triangle used; shapes [i][j][lane]) and the kept z, y lanes ([group][column][lane]).
 pub(crate) struct LaneSyrk<T, const K: usize, const W: usize> {
@@ -45,43 +47,54 @@ impl<T: Real, const K: usize, const W: usize> LaneSyrk<T, K, W> {
         }
     }
 
-    /// S += Σ_g y_g z_gᵀ over the kept groups (upper triangle, per lane): each TILE_I × TILE_J tile of S is
-    /// loaded once, takes every kept group in order, and is stored once.
+    /// S += Σ_g y_g z_gᵀ over the kept groups (upper triangle, per lane): each tile of S (TILE_I × TILE_J,
+    /// smaller at the edges of S) is loaded once, takes every kept group in order, and is stored once. The
+    /// tile's shape is a compile-time constant, so its inner loop carries no bounds or edge tests.
     #[inline(always)]
     pub(crate) fn flush(&mut self) {
-        let zero = T::default();
         for i0 in (0..K).step_by(TILE_I) {
             for j0 in ((i0 / TILE_J) * TILE_J..K).step_by(TILE_J) {
-                let inside = |ii: usize, jj: usize| i0 + ii < K && j0 + jj < K;
-                let mut t = [[[zero; W]; TILE_J]; TILE_I];
-                for ii in 0..TILE_I {
-                    for jj in 0..TILE_J {
-                        if inside(ii, jj) {
-                            t[ii][jj] = self.s[i0 + ii][j0 + jj];
-                        }
-                    }
-                }
-                for g in 0..self.kept {
-                    for ii in 0..TILE_I {
-                        for jj in 0..TILE_J {
-                            if inside(ii, jj) {
-                                let (y, z) = (&self.y[g][i0 + ii], &self.z[g][j0 + jj]);
-                                for l in 0..W {
-                                    t[ii][jj][l] = t[ii][jj][l] + y[l] * z[l];
-                                }
-                            }
-                        }
-                    }
-                }
-                for ii in 0..TILE_I {
-                    for jj in 0..TILE_J {
-                        if inside(ii, jj) {
-                            self.s[i0 + ii][j0 + jj] = t[ii][jj];
-                        }
-                    }
+                match ((K - i0).min(TILE_I), (K - j0).min(TILE_J)) {
+                    (2, 4) => self.tile::<2, 4>(i0, j0),
+                    (2, 3) => self.tile::<2, 3>(i0, j0),
+                    (2, 2) => self.tile::<2, 2>(i0, j0),
+                    (2, 1) => self.tile::<2, 1>(i0, j0),
+                    (1, 4) => self.tile::<1, 4>(i0, j0),
+                    (1, 3) => self.tile::<1, 3>(i0, j0),
+                    (1, 2) => self.tile::<1, 2>(i0, j0),
+                    _ => self.tile::<1, 1>(i0, j0),
                 }
             }
         }
         self.kept = 0;
+    }
+
+    /// The NI × NJ tile of S at (i0, j0): S[i][j] += Σ_g y_g[i] z_g[j] per lane, the kept groups in order.
+    #[inline(always)]
+    fn tile<const NI: usize, const NJ: usize>(&mut self, i0: usize, j0: usize) {
+        // The tile lies inside S (the caller clips it); stated once so that no index below is checked again.
+        assert!(i0 + NI <= K && j0 + NJ <= K);
+        let mut t = [[[T::default(); W]; NJ]; NI];
+        for (ii, row) in t.iter_mut().enumerate() {
+            for (jj, acc) in row.iter_mut().enumerate() {
+                *acc = self.s[i0 + ii][j0 + jj];
+            }
+        }
+        for (y, z) in self.y[..self.kept].iter().zip(&self.z[..self.kept]) {
+            for (ii, row) in t.iter_mut().enumerate() {
+                let yi = &y[i0 + ii];
+                for (jj, acc) in row.iter_mut().enumerate() {
+                    let zj = &z[j0 + jj];
+                    for l in 0..W {
+                        acc[l] = acc[l] + yi[l] * zj[l];
+                    }
+                }
+            }
+        }
+        for (ii, row) in t.iter().enumerate() {
+            for (jj, acc) in row.iter().enumerate() {
+                self.s[i0 + ii][j0 + jj] = *acc;
+            }
+        }
     }
 }

@@ -13,6 +13,7 @@ pub(crate) mod em_kernel;
 pub(crate) mod em_wide;
 pub(crate) mod isa;
 pub(crate) mod k_dispatch;
+pub(crate) mod lane_gather;
 pub(crate) mod lane_syrk;
 pub(crate) mod model;
 pub(crate) mod partition;

@@ -141,7 +141,7 @@ pub(crate) fn rows_times(isa: Isa, a: &[f64], m: &Tiled, out: &mut [f64], nbp: u
 unsafe fn rows_times_fma(a: &[f64], m: &Tiled, out: &mut [f64], nbp: usize) {
     use std::arch::x86_64::*;
     let kp = m.kp;
-    assert!(a.len() >= nbp * kp && out.len() >= nbp * kp && m.m.len() == kp * kp && nbp % TILE_ROWS == 0);
+    assert!(a.len() >= nbp * kp && out.len() >= nbp * kp && m.m.len() == kp * kp && nbp.is_multiple_of(TILE_ROWS));
     for r0 in (0..nbp).step_by(TILE_ROWS) {
         for (t, &(lo, hi)) in m.rows.iter().enumerate() {
             let j0 = t * WIDE;
@@ -337,7 +337,7 @@ mod tests {
     fn padded_width_covers_both_tile_shapes() {
         for k in 1..100 {
             let kp = padded_width(k);
-            assert!(kp >= k && kp % WIDE == 0 && kp >= k.div_ceil(NARROW) * NARROW);
+            assert!(kp >= k && kp.is_multiple_of(WIDE) && kp >= k.div_ceil(NARROW) * NARROW);
         }
     }
 

@@ -47,7 +47,7 @@ fn chunks(kp: usize) -> impl Iterator<Item = (usize, usize)> {
 /// out: B×kp row-major, overwritten.
 pub(crate) fn project<X: Real>(isa: Isa, rows: &[&[X]], mean: &[f64], w: &[f64], kp: usize, out: &mut [f64]) {
     let d = mean.len();
-    assert!(w.len() == d * kp && out.len() == rows.len() * kp && kp % 4 == 0);
+    assert!(w.len() == d * kp && out.len() == rows.len() * kp && kp.is_multiple_of(4));
     assert!(rows.iter().all(|r| r.len() == d));
     crate::fork::in_pool(|| {
         out.par_chunks_mut(PROJECT_TASK_ROWS * kp)
@@ -172,7 +172,7 @@ pub(crate) fn cross<X: Real>(
     q: &mut [f64],
 ) -> bool {
     let d = mean.len();
-    assert!(m.len() == rows.len() * kp && a.len() == d * kp && q.len() == d && kp % 4 == 0);
+    assert!(m.len() == rows.len() * kp && a.len() == d * kp && q.len() == d && kp.is_multiple_of(4));
     assert!(rows.iter().all(|r| r.len() == d));
     crate::fork::in_pool(|| {
         a.par_chunks_mut(CROSS_TASK_FEATURES * kp)

@@ -82,7 +82,7 @@ pub(crate) fn addressable<T: Element, D: Dimension>(arr: &Bound<'_, PyArray<T, D
         .iter()
         .zip(arr.strides())
         .all(|(&len, &stride)| len <= 1 || stride.unsigned_abs() % item == 0);
-    strides_in_items && (arr.is_empty() || (arr.data() as usize) % std::mem::align_of::<T>() == 0)
+    strides_in_items && (arr.is_empty() || (arr.data() as usize).is_multiple_of(std::mem::align_of::<T>()))
 }
 
 /// An owned copy of an array of any layout (for inputs that are copied anyway: initial values, saved

@@ -67,7 +67,7 @@ use params::{checked_vector, sqrt_noise, Moments, Params};
 // The engine's partition (`crate::engine::partition`): tasks of TASK_ROWS rows, on rayon past its size gate, in blocks
 // of BLOCK_ROWS rows.
 const _: () = assert!(
-    TASK_ROWS % BLOCK_ROWS == 0,
+    TASK_ROWS.is_multiple_of(BLOCK_ROWS),
     "row blocks must align with task boundaries"
 );
 

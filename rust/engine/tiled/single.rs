@@ -22,7 +22,7 @@ const WIDE32: usize = 2 * WIDE;
 /// of a must be zero).
 pub(crate) fn rows_times32(isa: Isa, a: &[f32], m: &Tiled, out: &mut [f32], nbp: usize) {
     let kp = m.kp;
-    assert!(a.len() >= nbp * kp && out.len() >= nbp * kp && m.m32.len() == kp * kp && nbp % TILE_ROWS == 0);
+    assert!(a.len() >= nbp * kp && out.len() >= nbp * kp && m.m32.len() == kp * kp && nbp.is_multiple_of(TILE_ROWS));
     for r0 in (0..nbp).step_by(TILE_ROWS) {
         let mut j0 = 0;
         while j0 < kp {
