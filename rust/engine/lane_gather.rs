@@ -1,44 +1,63 @@
-//! Row-major rows to lane-arrays by vector gathers, for the online-EM row kernel's AVX-512 code path.
+//! Row-major rows to lane-arrays by vector gathers, for the row kernels on CPUs with AVX-512.
 //!
 //! A group of W rows of a row-major W×K block is held as K lane-arrays: `cols[j][l] = rows[l·K + j]`. Built
-//! element by element, that transposition compiles to one scalar load and one lane insert per value, and the
-//! inserts compete with the arithmetic for the vector shuffle unit. One gather per column (W values at stride
-//! K) moves the same values with K instructions per group. It is a pure move: the lanes hold the same numbers
-//! whichever way they were loaded, so every code path still computes bit-identical results.
+//! element by element, that transposition compiles to one scalar load and one lane insert per value (or, for
+//! some K, to a network of blends and shuffles), and the inserts compete with the arithmetic for the vector
+//! shuffle unit. One gather per column (W values at stride K) moves the same values with K instructions per
+//! group. It is a pure move: the lanes hold the same numbers whichever way they were loaded, so every code path
+//! still computes bit-identical results.
 //!
-//! Only the AVX-512 path gathers: there it measured faster (online EM, D = 10⁶, one thread, alternating
-//! builds on an AVX-512 Xeon: K = 20 float64 56–61 against 66–69 ms per update, K = 10 float32 16.2–17.7
-//! against 18.2–19.0 ms). CPUs with AVX2 alone include some whose gathers are slow, so that path keeps the
-//! element-wise moves. Scattering the updated lanes back measured no faster than the element-wise stores.
+//! Only CPUs with AVX-512 gather (the online-EM row kernel's AVX-512 path, and online SGA's AVX2 code when it
+//! runs on them). There it measured faster: online EM at D = 10⁶ on one thread of an AVX-512 Xeon, alternating
+//! builds, K = 20 float64 56–61 against 66–69 ms per update and K = 10 float32 16.2–17.7 against 18.2–19.0 ms;
+//! online SGA in `docs/performance.md`. CPUs with AVX2 alone include some whose gathers are slow, and none was at
+//! hand to measure, so they keep the element-wise moves. Scattering the updated lanes back measured no faster
+//! than the element-wise stores.
 
 use crate::scalar::Real;
 
-/// `cols[j][l] = rows[l·K + j]` for j < K, l < W (rows: W×K row-major, at least W·K values). Gathers for
-/// 8 lanes (float32: one 256-bit gather per column; float64: one 512-bit gather), element-wise otherwise.
+/// `cols[j][l] = rows[l·K + j]` for j < K, l < W (rows: W×K row-major, at least W·K values). One gather per
+/// column for 256-bit lane-arrays (8 float32 or 4 float64 lanes) and 8 float64 lanes when K > 1; element-wise
+/// otherwise.
 ///
 /// # Safety
-/// The CPU must support AVX-512F (the caller runs on the code path whose features were detected).
+/// The CPU must support AVX2, and AVX-512F for 8 float64 lanes (the caller runs on the code path whose
+/// features were detected).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) unsafe fn gather_columns<T: Real, const K: usize, const W: usize>(rows: &[T], cols: &mut [[T; W]; K]) {
     use std::arch::x86_64::*;
     assert!(rows.len() >= W * K && K <= i32::MAX as usize / 8);
     let base = rows.as_ptr();
-    if W == 8 {
-        // Lane l reads element l·K of the column's first value.
-        let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(K as i32));
-        for (j, col) in cols.iter_mut().enumerate() {
-            if T::SINGLE {
-                let v = _mm256_i32gather_ps::<4>(base.add(j).cast::<f32>(), idx);
+    let stride = _mm256_set1_epi32(K as i32);
+    // Lane l reads the value l·K after the column's first.
+    let idx8 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), stride);
+    match (T::SINGLE, W) {
+        // K = 1: the column is the rows themselves, one plain load.
+        _ if K == 1 => cols[0] = std::array::from_fn(|l| rows[l]),
+        (true, 8) => {
+            for (j, col) in cols.iter_mut().enumerate() {
+                let v = _mm256_i32gather_ps::<4>(base.add(j).cast::<f32>(), idx8);
                 _mm256_storeu_ps(col.as_mut_ptr().cast::<f32>(), v);
-            } else {
-                let v = _mm512_i32gather_pd::<8>(idx, base.add(j).cast::<f64>());
+            }
+        }
+        (false, 4) => {
+            let idx4 = _mm256_castsi256_si128(idx8);
+            for (j, col) in cols.iter_mut().enumerate() {
+                let v = _mm256_i32gather_pd::<8>(base.add(j).cast::<f64>(), idx4);
+                _mm256_storeu_pd(col.as_mut_ptr().cast::<f64>(), v);
+            }
+        }
+        (false, 8) => {
+            for (j, col) in cols.iter_mut().enumerate() {
+                let v = _mm512_i32gather_pd::<8>(idx8, base.add(j).cast::<f64>());
                 _mm512_storeu_pd(col.as_mut_ptr().cast::<f64>(), v);
             }
         }
-    } else {
-        for (j, col) in cols.iter_mut().enumerate() {
-            *col = std::array::from_fn(|l| rows[l * K + j]);
+        _ => {
+            for (j, col) in cols.iter_mut().enumerate() {
+                *col = std::array::from_fn(|l| rows[l * K + j]);
+            }
         }
     }
 }
@@ -47,10 +66,10 @@ pub(crate) unsafe fn gather_columns<T: Real, const K: usize, const W: usize>(row
 mod tests {
     use super::*;
 
-    fn check<T: Real, const K: usize>(rows: &[T]) {
-        let mut cols = [[T::default(); 8]; K];
+    fn check<T: Real, const K: usize, const W: usize>(rows: &[T]) {
+        let mut cols = [[T::default(); W]; K];
         // SAFETY: run only after AVX-512F was detected.
-        unsafe { gather_columns::<T, K, 8>(rows, &mut cols) };
+        unsafe { gather_columns::<T, K, W>(rows, &mut cols) };
         for (j, col) in cols.iter().enumerate() {
             for (l, v) in col.iter().enumerate() {
                 assert_eq!(
@@ -62,7 +81,8 @@ mod tests {
         }
     }
 
-    /// Every lane of every column is the row-major value it stands for, float32 and float64, K from 1 to 20,
+    /// Every lane of every column is the row-major value it stands for, for every lane count gathered (8
+    /// float32, 4 and 8 float64) and K from 1 to 20,
     /// for a block with values past its end (a gather must not read them into the lanes).
     #[test]
     fn gathered_lanes_are_the_transposed_rows() {
@@ -72,13 +92,16 @@ mod tests {
         }
         let values: Vec<f64> = (0..8 * 20 + 5).map(|i| i as f64 * 1.5 - 7.0).collect();
         let singles: Vec<f32> = values.iter().map(|&v| v as f32).collect();
-        check::<f64, 1>(&values);
-        check::<f64, 3>(&values);
-        check::<f64, 10>(&values);
-        check::<f64, 20>(&values);
-        check::<f32, 1>(&singles);
-        check::<f32, 7>(&singles);
-        check::<f32, 10>(&singles);
-        check::<f32, 20>(&singles);
+        check::<f64, 1, 8>(&values);
+        check::<f64, 3, 8>(&values);
+        check::<f64, 10, 8>(&values);
+        check::<f64, 20, 8>(&values);
+        check::<f64, 1, 4>(&values);
+        check::<f64, 16, 4>(&values);
+        check::<f32, 1, 8>(&singles);
+        check::<f32, 7, 8>(&singles);
+        check::<f32, 10, 8>(&singles);
+        check::<f32, 16, 8>(&singles);
+        check::<f32, 20, 8>(&singles);
     }
 }

@@ -43,6 +43,7 @@ use crate::engine::sga_bounds::{MAX_LOG_PSI_STEP, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
 
 use super::isa::Isa;
+use super::lane_syrk::LaneSyrk;
 
 use super::k_dispatch::for_k;
 pub(crate) use super::k_dispatch::MAX_K;
@@ -147,10 +148,11 @@ struct Group<T, const K: usize, const W: usize> {
     psi: [f64; W],
 }
 
-/// The block's per-lane partial sums: u (K lanes) and S (upper triangle, K×K lanes).
+/// The block's per-lane partial sums: u (K lanes) and S (upper triangle, K×K lanes, through its kept terms).
 struct LaneSums<T, const K: usize, const W: usize> {
     u: [[T; W]; K],
-    s: [[[T; W]; K]; K],
+    /// S (upper triangle) with the kept f and y = f/ψ lanes of the last groups (z = f in [`LaneSyrk`]).
+    syrk: LaneSyrk<T, K, W>,
 }
 
 /// `v.min(hi)` as a compare and select (NaN gives `hi`, as `f64::min` does).
@@ -231,15 +233,18 @@ fn step_lanes<T: Real, const K: usize, const W: usize>(
 ) -> usize {
     let zero = T::default();
     let (dt, d) = d;
-    // g = f P (or f Σ): gp_j = Σ_i f_i P[i][j], i ascending.
+    // g = f P (or f Σ): gp_j = Σ_i f_i P[i][j], i ascending, one output column at a time (with i outer,
+    // LLVM vectorised float32 at K = 16 across j and spent most of the pass shuffling lanes).
     let mut fp = [[zero; W]; K];
-    for i in 0..K {
-        for j in 0..K {
-            let pij = st.p[i][j];
+    for (j, out) in fp.iter_mut().enumerate() {
+        let mut acc = [zero; W];
+        for (fi, pi) in g.f.iter().zip(&st.p) {
+            let pij = pi[j];
             for l in 0..W {
-                fp[j][l] = fp[j][l] + g.f[i][l] * pij;
+                acc[l] = acc[l] + fi[l] * pij;
             }
         }
+        *out = acc;
     }
     // q (f64) and the vector the F step multiplies by m: d' (f64 form) or r (residual form).
     let mut q = [0.0f64; W];
@@ -427,7 +432,7 @@ pub(crate) fn exp_lanes<const W: usize>(x: [f64; W]) -> [f64; W] {
 /// to every sum). Inlined twice by [`sga_block`], with n = W a constant for the full groups. Returns the
 /// number of diverged ψ steps.
 #[inline(always)]
-fn sga_group<T: Real, const K: usize, const W: usize>(
+fn sga_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
     c: &SgaConsts<'_>,
     st: Option<&StepT<T, K>>,
     io: &mut SgaBlockIo<'_, T>,
@@ -446,9 +451,17 @@ fn sga_group<T: Real, const K: usize, const W: usize>(
     let (psi_rows, d_last_rows) = (&mut io.psi[r0..r0 + n], &mut io.d_last[r0..r0 + n]);
     let (mean_rows, x_rows) = (&mut io.mean[r0..r0 + n], &io.x[r0..r0 + n]);
     let mut d_prev = [zero; W];
+    #[cfg(target_arch = "x86_64")]
+    if GATHER && n == W {
+        // SAFETY: GATHER is set only by the entry point for CPUs with AVX-512 (so AVX2 as well).
+        unsafe { super::lane_gather::gather_columns::<T, K, W>(f_rows, &mut g.f) };
+    }
+    let gathered = GATHER && n == W && cfg!(target_arch = "x86_64");
     for l in 0..n {
-        for j in 0..K {
-            g.f[j][l] = f_rows[l * K + j];
+        if !gathered {
+            for j in 0..K {
+                g.f[j][l] = f_rows[l * K + j];
+            }
         }
         g.psi[l] = psi_rows[l].to_f64();
         d_prev[l] = d_last_rows[l];
@@ -490,46 +503,52 @@ fn sga_group<T: Real, const K: usize, const W: usize>(
     for l in 0..W {
         inv_psi[l] = T::from_f64(1.0 / g.psi[l]);
     }
+    // S's terms are kept and added tile by tile when the chunk is full (`LaneSyrk::flush`), in group order.
+    let slot = acc.syrk.kept;
     for i in 0..K {
         let mut y = [zero; W];
         for l in 0..W {
             y[l] = g.f[i][l] * inv_psi[l];
             acc.u[i][l] = acc.u[i][l] + y[l] * d[l];
         }
-        for j in i..K {
-            for l in 0..W {
-                acc.s[i][j][l] = acc.s[i][j][l] + y[l] * g.f[j][l];
-            }
-        }
+        acc.syrk.y[slot][i] = y;
+        acc.syrk.z[slot][i] = g.f[i];
     }
+    acc.syrk.kept += 1;
     overshoot
 }
 
 /// The block: groups of W rows, the last one padded (see [`sga_group`]); the per-lane partial sums in T,
 /// added to the f64 totals lane by lane at the end.
 #[inline(always)]
-fn sga_block<T: Real, const K: usize, const W: usize>(c: &SgaConsts<'_>, io: &mut SgaBlockIo<'_, T>, nb: usize) {
+fn sga_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(
+    c: &SgaConsts<'_>,
+    io: &mut SgaBlockIo<'_, T>,
+    nb: usize,
+) {
     let zero = T::default();
     let st = c.step.as_ref().map(StepT::<T, K>::new);
     let mut acc = LaneSums::<T, K, W> {
         u: [[zero; W]; K],
-        s: [[[zero; W]; K]; K],
+        syrk: LaneSyrk::new(),
     };
     let mut overshoot = 0usize;
     let mut r0 = 0;
     while r0 < nb {
         if nb - r0 >= W {
-            overshoot += sga_group::<T, K, W>(c, st.as_ref(), io, r0, W, &mut acc);
+            overshoot += sga_group::<T, K, W, GATHER>(c, st.as_ref(), io, r0, W, &mut acc);
         } else {
-            overshoot += sga_group::<T, K, W>(c, st.as_ref(), io, r0, nb - r0, &mut acc);
+            overshoot += sga_group::<T, K, W, GATHER>(c, st.as_ref(), io, r0, nb - r0, &mut acc);
         }
+        acc.syrk.flush_if_full();
         r0 += W;
     }
+    acc.syrk.flush();
     let lanes = |v: &[T; W]| v.iter().fold(0.0f64, |acc, x| acc + x.to_f64());
     for i in 0..K {
         io.u[i] += lanes(&acc.u[i]);
         for j in i..K {
-            io.s[i * K + j] += lanes(&acc.s[i][j]);
+            io.s[i * K + j] += lanes(&acc.syrk.s[i][j]);
         }
     }
     *io.overshoot += overshoot as f64;
@@ -537,12 +556,12 @@ fn sga_block<T: Real, const K: usize, const W: usize>(c: &SgaConsts<'_>, io: &mu
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn sga_block_avx2<T: Real, const K: usize, const W: usize>(
+unsafe fn sga_block_avx2<T: Real, const K: usize, const W: usize, const GATHER: bool>(
     c: &SgaConsts<'_>,
     io: &mut SgaBlockIo<'_, T>,
     nb: usize,
 ) {
-    sga_block::<T, K, W>(c, io, nb)
+    sga_block::<T, K, W, GATHER>(c, io, nb)
 }
 
 fn sga_block_portable<T: Real, const K: usize, const W: usize>(
@@ -550,7 +569,7 @@ fn sga_block_portable<T: Real, const K: usize, const W: usize>(
     io: &mut SgaBlockIo<'_, T>,
     nb: usize,
 ) {
-    sga_block::<T, K, W>(c, io, nb)
+    sga_block::<T, K, W, false>(c, io, nb)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -561,7 +580,19 @@ fn sga_block_avx2_entry<T: Real, const K: usize, const W: usize>(
 ) {
     // SAFETY: this function is only handed out by `SgaRowKernel::select` with `Isa::Avx2` or `Isa::Avx512`,
     // which `Isa::available` constructs only after `is_x86_feature_detected!("avx2")`.
-    unsafe { sga_block_avx2::<T, K, W>(c, io, nb) }
+    unsafe { sga_block_avx2::<T, K, W, false>(c, io, nb) }
+}
+
+/// The AVX2 code with gathered rows (see `lane_gather`), for CPUs with AVX-512.
+#[cfg(target_arch = "x86_64")]
+fn sga_block_avx512_entry<T: Real, const K: usize, const W: usize>(
+    c: &SgaConsts<'_>,
+    io: &mut SgaBlockIo<'_, T>,
+    nb: usize,
+) {
+    // SAFETY: only handed out by `SgaRowKernel::select` with `Isa::Avx512`, which `Isa::available` constructs
+    // only after detecting avx2 and avx512f.
+    unsafe { sga_block_avx2::<T, K, W, true>(c, io, nb) }
 }
 
 /// One block of the SGA pass: (constants, rows, number of rows).
@@ -589,9 +620,13 @@ macro_rules! pick {
     ($isa:expr, $kk:ident) => {
         match ($isa, T::SINGLE) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2 | Isa::Avx512, true) => sga_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
+            (Isa::Avx512, true) => sga_block_avx512_entry::<T, $kk, 8> as BlockFn<T>,
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2 | Isa::Avx512, false) => sga_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
+            (Isa::Avx512, false) => sga_block_avx512_entry::<T, $kk, 4> as BlockFn<T>,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, true) => sga_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, false) => sga_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
             (Isa::Portable, true) => sga_block_portable::<T, $kk, 8> as BlockFn<T>,
             (Isa::Portable, false) => sga_block_portable::<T, $kk, 4> as BlockFn<T>,
         }
