@@ -255,16 +255,8 @@ fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
     // Ā rows, transposed to K lane-arrays, one column at a time (each lane-array can be assembled in a
     // register and stored whole).
     let mut a = [[zero; W]; K];
-    #[cfg(target_arch = "x86_64")]
-    if GATHER {
-        // SAFETY: GATHER is set only by the AVX-512 entry point, which runs on CPUs with AVX-512F.
-        unsafe { super::lane_gather::gather_columns::<T, K, W>(a_rows, &mut a) };
-    }
-    if !GATHER || cfg!(not(target_arch = "x86_64")) {
-        for (j, col) in a.iter_mut().enumerate() {
-            *col = std::array::from_fn(|l| a_rows[l * K + j]);
-        }
-    }
+    // SAFETY: GATHER is set only by the AVX-512 entry point, which runs on CPUs with AVX-512F.
+    unsafe { super::lane_gather::load_columns::<T, K, W, GATHER>(a_rows, &mut a) };
     // The previous sample's pending moments (lines 5, 6, 14), then its line 12.
     let mut m0 = [0.0f64; W];
     let mut dsq0 = [0.0f64; W];

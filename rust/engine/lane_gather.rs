@@ -16,6 +16,25 @@
 
 use crate::scalar::Real;
 
+/// `cols[j][l] = rows[l·K + j]` for j < K, l < W: by [`gather_columns`] when `GATHER`, else value by value
+/// (every code path without gathers, and every target but x86-64).
+///
+/// # Safety
+/// With `GATHER`, as for [`gather_columns`]; without, none.
+#[inline(always)]
+pub(crate) unsafe fn load_columns<T: Real, const K: usize, const W: usize, const GATHER: bool>(
+    rows: &[T],
+    cols: &mut [[T; W]; K],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if GATHER {
+        return gather_columns::<T, K, W>(rows, cols);
+    }
+    for (j, col) in cols.iter_mut().enumerate() {
+        *col = std::array::from_fn(|l| rows[l * K + j]);
+    }
+}
+
 /// `cols[j][l] = rows[l·K + j]` for j < K, l < W (rows: W×K row-major, at least W·K values). One gather per
 /// column for 256-bit lane-arrays (8 float32 or 4 float64 lanes) and 8 float64 lanes when K > 1; element-wise
 /// otherwise.

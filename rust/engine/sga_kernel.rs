@@ -446,19 +446,17 @@ fn sga_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
         psi: [1.0; W],
     };
     // The group's rows as slices of length n (W for full groups, so every index below is in bounds at
-    // compile time and the transposition is plain loads and shuffles, not gathers).
+    // compile time); full groups are moved into lanes by `load_columns`, the last one value by value.
     let f_rows = &mut io.f[r0 * K..(r0 + n) * K];
     let (psi_rows, d_last_rows) = (&mut io.psi[r0..r0 + n], &mut io.d_last[r0..r0 + n]);
     let (mean_rows, x_rows) = (&mut io.mean[r0..r0 + n], &io.x[r0..r0 + n]);
     let mut d_prev = [zero; W];
-    #[cfg(target_arch = "x86_64")]
-    if GATHER && n == W {
-        // SAFETY: GATHER is set only by the entry point for CPUs with AVX-512 (so AVX2 as well).
-        unsafe { super::lane_gather::gather_columns::<T, K, W>(f_rows, &mut g.f) };
+    if n == W {
+        // SAFETY: GATHER is set only for CPUs with AVX-512 (so AVX2 as well), see `SgaRowKernel::select`.
+        unsafe { super::lane_gather::load_columns::<T, K, W, GATHER>(f_rows, &mut g.f) };
     }
-    let gathered = GATHER && n == W && cfg!(target_arch = "x86_64");
     for l in 0..n {
-        if !gathered {
+        if n < W {
             for j in 0..K {
                 g.f[j][l] = f_rows[l * K + j];
             }
@@ -572,27 +570,17 @@ fn sga_block_portable<T: Real, const K: usize, const W: usize>(
     sga_block::<T, K, W, false>(c, io, nb)
 }
 
+/// The AVX2 code, with the rows gathered into lanes when `GATHER` (see `lane_gather`; for CPUs with AVX-512).
 #[cfg(target_arch = "x86_64")]
-fn sga_block_avx2_entry<T: Real, const K: usize, const W: usize>(
+fn sga_block_avx2_entry<T: Real, const K: usize, const W: usize, const GATHER: bool>(
     c: &SgaConsts<'_>,
     io: &mut SgaBlockIo<'_, T>,
     nb: usize,
 ) {
     // SAFETY: this function is only handed out by `SgaRowKernel::select` with `Isa::Avx2` or `Isa::Avx512`,
-    // which `Isa::available` constructs only after `is_x86_feature_detected!("avx2")`.
-    unsafe { sga_block_avx2::<T, K, W, false>(c, io, nb) }
-}
-
-/// The AVX2 code with gathered rows (see `lane_gather`), for CPUs with AVX-512.
-#[cfg(target_arch = "x86_64")]
-fn sga_block_avx512_entry<T: Real, const K: usize, const W: usize>(
-    c: &SgaConsts<'_>,
-    io: &mut SgaBlockIo<'_, T>,
-    nb: usize,
-) {
-    // SAFETY: only handed out by `SgaRowKernel::select` with `Isa::Avx512`, which `Isa::available` constructs
-    // only after detecting avx2 and avx512f.
-    unsafe { sga_block_avx2::<T, K, W, true>(c, io, nb) }
+    // which `Isa::available` constructs only after `is_x86_feature_detected!("avx2")`, and with GATHER only
+    // for `Isa::Avx512`, constructed only after detecting avx512f as well.
+    unsafe { sga_block_avx2::<T, K, W, GATHER>(c, io, nb) }
 }
 
 /// One block of the SGA pass: (constants, rows, number of rows).
@@ -620,13 +608,13 @@ macro_rules! pick {
     ($isa:expr, $kk:ident) => {
         match ($isa, T::SINGLE) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => sga_block_avx512_entry::<T, $kk, 8> as BlockFn<T>,
+            (Isa::Avx512, true) => sga_block_avx2_entry::<T, $kk, 8, true> as BlockFn<T>,
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => sga_block_avx512_entry::<T, $kk, 4> as BlockFn<T>,
+            (Isa::Avx512, false) => sga_block_avx2_entry::<T, $kk, 4, true> as BlockFn<T>,
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => sga_block_avx2_entry::<T, $kk, 8> as BlockFn<T>,
+            (Isa::Avx2, true) => sga_block_avx2_entry::<T, $kk, 8, false> as BlockFn<T>,
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => sga_block_avx2_entry::<T, $kk, 4> as BlockFn<T>,
+            (Isa::Avx2, false) => sga_block_avx2_entry::<T, $kk, 4, false> as BlockFn<T>,
             (Isa::Portable, true) => sga_block_portable::<T, $kk, 8> as BlockFn<T>,
             (Isa::Portable, false) => sga_block_portable::<T, $kk, 4> as BlockFn<T>,
         }
