@@ -17,25 +17,69 @@ from typing import Any
 import numpy as np
 import pytest
 
-#: Wall-clock bound of a forked child (its work takes well under one second).
+#: Seconds a forked child may go without progress (its work takes well under one second of CPU).
 CHILD_DEADLINE = 60.0
 
-#: Wall-clock bound of one spawned run (a hang fails the test instead of blocking the suite).
+#: Seconds the spawned ranks of a run may go without progress before they are taken for hung.
 RUN_DEADLINE = 120.0
+
+#: Wall-clock bound of any child, progress or not (under the suite's per-test timeout).
+HARD_DEADLINE = 900.0
+
+#: CPU seconds the watched processes must use within a deadline window to count as making progress.
+_PROGRESS_CPU_SECONDS = 0.05
+
+
+def cpu_seconds(pids: list[int]) -> float | None:
+    """CPU time (user + system, waited-for children included) the processes have used, from ``/proc``;
+    None where ``/proc`` cannot tell (then only wall-clock deadlines apply)."""
+    total, ticks = 0.0, os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue  # exited: its time no longer grows
+        except OSError:
+            return None
+        total += sum(int(value) for value in fields[11:15]) / ticks  # utime, stime, cutime, cstime
+    return total
+
+
+class Progress:
+    """Tells a hang from slowness: a run is hung when its processes used (almost) no CPU for ``stall``
+    seconds (a deadlocked collective or a blocked child sleeps), or when ``HARD_DEADLINE`` has passed. A busy
+    machine slows a run down but its processes keep using CPU, so it is not taken for hung."""
+
+    def __init__(self, stall: float) -> None:
+        self.stall = stall
+        self.start = self.window_start = time.monotonic()
+        self.window_cpu: float | None = None
+
+    def hung(self, pids: list[int]) -> bool:
+        now, used = time.monotonic(), cpu_seconds(pids)
+        if now - self.start > HARD_DEADLINE:
+            return True
+        if used is None:  # no /proc: the stall bound applies to the wall clock
+            return now - self.start > self.stall
+        if self.window_cpu is None or used - self.window_cpu >= _PROGRESS_CPU_SECONDS:
+            self.window_start, self.window_cpu = now, used
+            return False
+        return now - self.window_start > self.stall
 
 
 def run_bounded(worker: Any, world: int, tmp: Path, *args: Any, deadline: float = RUN_DEADLINE) -> None:
     """Spawn ``world`` processes running ``worker(rank, world, str(tmp), *args)``; kill them and fail the
-    test if they have not all finished after ``deadline`` seconds."""
+    test if they make no progress for ``deadline`` seconds (see :class:`Progress`)."""
     mp = pytest.importorskip("torch.multiprocessing")
     context = mp.spawn(worker, args=(world, str(tmp), *args), nprocs=world, join=False)
-    end = time.monotonic() + deadline
+    progress = Progress(deadline)
     while not context.join(timeout=1.0):
-        if time.monotonic() > end:
+        if progress.hung([process.pid for process in context.processes if process.pid is not None]):
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
-            pytest.fail(f"the spawned ranks did not finish within {deadline} s (a hang)")
+            pytest.fail(f"the spawned ranks made no progress for {deadline} s (a hang)")
 
 
 def factor_stream(n: int, n_features: int, n_components: int, seed: int = 0) -> np.ndarray:
@@ -66,15 +110,16 @@ def run_in_fork(work: Callable[[], object], deadline: float = CHILD_DEADLINE) ->
             os._exit(status)
     os.close(write_end)
     chunks: list[bytes] = []
-    end = time.monotonic() + deadline
+    progress = Progress(deadline)
     with os.fdopen(read_end, "rb", buffering=0) as source:
         while True:
-            remaining = end - time.monotonic()
-            ready, _, _ = select.select([source], [], [], max(remaining, 0.0))
-            if not ready:
+            ready, _, _ = select.select([source], [], [], 1.0)
+            if not ready and progress.hung([pid]):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-                pytest.fail(f"the forked child did not finish within {deadline} s (hang)")
+                pytest.fail(f"the forked child made no progress for {deadline} s (hang)")
+            if not ready:
+                continue
             chunk = source.read(1 << 16)
             if not chunk:
                 break
@@ -87,9 +132,9 @@ def run_in_fork(work: Callable[[], object], deadline: float = CHILD_DEADLINE) ->
 
 def wait_for_child(pid: int, deadline: float, hang_message: str) -> int:
     """Wait for the forked child ``pid`` and return its wait status; kill it and fail the test with
-    ``hang_message`` if it has not exited after ``deadline`` seconds."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
+    ``hang_message`` if it makes no progress for ``deadline`` seconds (see :class:`Progress`)."""
+    progress = Progress(deadline)
+    while not progress.hung([pid]):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return status

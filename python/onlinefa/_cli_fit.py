@@ -96,7 +96,7 @@ def open_samples(path: Path) -> np.ndarray[Any, Any]:
         data = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError as err:
         raise CommandError(f"no such file: {path}") from err
-    except (ValueError, OSError, EOFError) as err:
+    except (ValueError, OSError, EOFError, OverflowError, TypeError) as err:  # a damaged header (negative shape)
         raise CommandError(f"{path} is not a readable .npy array ({err})") from err
     if not isinstance(data, np.ndarray) or data.ndim != 2:
         raise CommandError(f"{path} must hold a 2-D (T, D) array")

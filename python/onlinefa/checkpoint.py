@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import math
 import os
@@ -322,6 +323,71 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def _members(kind: str, state: Mapping[str, Any]) -> dict[str, NDArray[Any]]:
+    """The archive's members for ``state`` of a ``kind`` model: the header (version, class, manifest,
+    digest), then the entries."""
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"kind must be a non-empty string, got {kind!r}")
+    manifest, arrays = _encode_state(state)
+    members: dict[str, NDArray[Any]] = {
+        _VERSION_KEY: np.array(FORMAT_VERSION, dtype="<i8"),
+        _CLASS_KEY: np.array(kind, dtype="<U"),
+        _MANIFEST_KEY: np.array(json.dumps(manifest, sort_keys=True), dtype="<U"),
+        _DIGEST_KEY: np.array(state_digest(FORMAT_VERSION, kind, manifest, arrays), dtype="<U"),
+    }
+    members.update(arrays)
+    return members
+
+
+def state_to_bytes(kind: str, state: Mapping[str, Any]) -> bytes:
+    """The bytes :func:`save_state` would write for ``state`` of a ``kind`` model (same format, same
+    checks), for containers that hold bytes rather than files, such as a trainer's checkpoint.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`save_state`.
+    """
+    members = _members(kind, state)
+    buffer = io.BytesIO()
+    _write_archive(buffer, members)
+    return buffer.getvalue()
+
+
+def state_from_bytes(data: bytes, kind: str, *, source: str) -> StateDict:
+    """Read a state from bytes written by :func:`state_to_bytes`, with every check of :func:`load_state`.
+
+    Parameters
+    ----------
+    data : bytes
+    kind : str
+        Expected model class name.
+    source : str
+        What the bytes are, named in every error message (e.g. the checkpoint file that held them).
+
+    Raises
+    ------
+    ValueError
+        As :func:`load_state`; the message names ``source``.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"expected bytes, got {type(data).__name__}")
+    handle = io.BytesIO(bytes(data))
+    try:
+        archive = _Archive(handle, file_size=len(data))
+    except Exception as err:
+        raise ValueError(f"{source} is not a valid onlinefa checkpoint (truncated or corrupted?): {err}") from err
+    try:
+        with archive.zip:
+            return _read_state(archive, kind, adopt=False)
+    except _Invalid as err:
+        raise ValueError(f"{source} is not a valid {kind} checkpoint: {err}") from err
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        raise ValueError(f"{source} is not a valid onlinefa checkpoint (truncated or corrupted?): {err}") from err
+
+
 def save_state(path: str | os.PathLike[str], kind: str, state: Mapping[str, Any]) -> None:
     """Write ``state`` of a ``kind`` model to ``path`` atomically, in the format described above.
 
@@ -344,16 +410,7 @@ def save_state(path: str | os.PathLike[str], kind: str, state: Mapping[str, Any]
     OSError
         Writing failed; the destination is then unchanged and the temporary file removed.
     """
-    if not isinstance(kind, str) or not kind:
-        raise TypeError(f"kind must be a non-empty string, got {kind!r}")
-    manifest, arrays = _encode_state(state)
-    members: dict[str, NDArray[Any]] = {
-        _VERSION_KEY: np.array(FORMAT_VERSION, dtype="<i8"),
-        _CLASS_KEY: np.array(kind, dtype="<U"),
-        _MANIFEST_KEY: np.array(json.dumps(manifest, sort_keys=True), dtype="<U"),
-        _DIGEST_KEY: np.array(state_digest(FORMAT_VERSION, kind, manifest, arrays), dtype="<U"),
-    }
-    members.update(arrays)
+    members = _members(kind, state)
     destination = os.path.abspath(os.fspath(path))
     directory, base_name = os.path.split(destination)
     _remove_stale_temporaries(directory, base_name)
@@ -419,9 +476,10 @@ def _parse_npy(name: str, stream: IO[bytes], data_bytes: int) -> NDArray[Any]:
 class _Archive:
     """The members of an open checkpoint archive, by entry name; reading a member verifies its CRC-32."""
 
-    def __init__(self, handle: IO[bytes]) -> None:
+    def __init__(self, handle: IO[bytes], file_size: int | None = None) -> None:
         self.zip = zipfile.ZipFile(handle)
-        file_size = os.fstat(handle.fileno()).st_size
+        if file_size is None:
+            file_size = os.fstat(handle.fileno()).st_size
         self.infos: dict[str, zipfile.ZipInfo] = {}
         for info in self.zip.infolist():
             if not info.filename.endswith(".npy"):

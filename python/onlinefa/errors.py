@@ -15,7 +15,7 @@ from ._core import NumericalBreakdownError
 
 __all__ = [
     "CommandError", "ConvergenceWarning", "ModelHeldAtForkError", "NotFittedError", "NumericalBreakdownError",
-    "ShardCommunicationError", "SlowCollectionWarning",
+    "PosteriorResumeError", "ShardCommunicationError", "SlowCollectionWarning",
 ]
 
 
@@ -46,3 +46,9 @@ class ShardCommunicationError(RuntimeError):
 
 class SlowCollectionWarning(UserWarning):
     """A snapshot costs the training loop more than one training step (forward, backward and optimiser step) (see ``SnapshotCollector``)."""
+
+
+class PosteriorResumeError(RuntimeError):
+    """A trainer callback cannot continue its posterior from the checkpoint a run resumes from: the checkpoint
+    holds no posterior (``on_missing="warn"`` goes on with an empty one), or one fitted with other settings
+    than the callback's (``on_mismatch="reset"`` starts a new one)."""

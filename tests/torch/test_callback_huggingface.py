@@ -133,14 +133,6 @@ def test_a_resumed_run_ends_with_the_posterior_of_an_uninterrupted_one(tmp_path:
             np.testing.assert_array_equal(value, right[key], err_msg=key)
 
 
-def test_a_resume_without_the_posterior_warns(tmp_path: Path) -> None:
-    train([], 3, tmp_path / "plain", save=True)  # checkpoints written without the callback
-    fresh = PosteriorCallback(n_components=2)
-    with pytest.warns(UserWarning, match="the posterior starts empty"):
-        train([fresh], 5, tmp_path / "plain", resume=True)
-    assert fresh.posterior.n_seen == 2  # epochs 3 and 4 only
-
-
 def test_bayesian_model_average_under_the_fitted_posterior(tmp_path: Path) -> None:
     swag = PosteriorCallback(n_components=2)
     model = train([swag], 5, tmp_path)
@@ -149,3 +141,142 @@ def test_bayesian_model_average_under_the_fitted_posterior(tmp_path: Path) -> No
     draws = swag.bayesian_model_average(model, [x], n_samples=8, seed=0, task="regression")
     assert draws.shape == (8, BATCH, 1) and torch.isfinite(draws).all()
     assert torch.all(draws.std(dim=0) > 0)
+
+
+# --- nothing lost, nothing loaded wrong ------------------------------------------------------------------
+
+
+class Killed(BaseException):
+    """The process dying at this point: nothing after it runs (not even the trainer's exception handling)."""
+
+
+def _kill_on_save_at(step: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the callback's on_save die at ``step``, after the trainer has written (and rotated) checkpoint-N."""
+    original = PosteriorCallback.on_save
+
+    def on_save(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == step:
+            raise Killed
+        original(self, args, state, control, **kwargs)
+
+    monkeypatch.setattr(PosteriorCallback, "on_save", on_save)
+
+
+def _train_with(callbacks: list[Any], epochs: int, out: Path, resume: Any = None, **options: Any) -> Any:
+    model = TinyRegressor()
+    settings: dict[str, Any] = dict(
+        output_dir=str(out), num_train_epochs=epochs, per_device_train_batch_size=BATCH, learning_rate=0.05,
+        optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, save_strategy="epoch", report_to=[],
+        logging_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0)
+    settings.update(options)
+    trainer = InOrderTrainer(model=model, args=transformers.TrainingArguments(**settings), train_dataset=rows(),
+                             callbacks=callbacks)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="transformers|accelerate|torch")
+        trainer.train(resume_from_checkpoint=resume)
+    return model
+
+
+def _assert_same_posterior(left: Any, right: Any) -> None:
+    expected = engine_state(right)
+    for key, value in engine_state(left).items():
+        np.testing.assert_array_equal(value, expected[key], err_msg=key)
+
+
+@pytest.mark.parametrize("save_total_limit", [None, 1])
+def test_a_kill_between_the_trainers_save_and_the_callbacks_loses_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, save_total_limit: int | None) -> None:
+    whole = PosteriorCallback(n_components=3, dtype="float64")
+    _train_with([whole], 4, tmp_path / "whole")
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        _kill_on_save_at(6, patch)  # the end of epoch 2 (3 steps per epoch)
+        with pytest.raises(Killed):
+            _train_with([PosteriorCallback(n_components=3, dtype="float64")], 4, run,
+                        save_total_limit=save_total_limit)
+    assert (run / "checkpoint-6").is_dir() and not (run / "checkpoint-6" / POSTERIOR_FILE).exists()
+    if save_total_limit == 1:  # the trainer has already removed the checkpoint before
+        assert not (run / "checkpoint-3").exists()
+    resumed = PosteriorCallback(n_components=3, dtype="float64")
+    _train_with([resumed], 4, run, resume=True, save_total_limit=save_total_limit)
+    remaining = sorted(run.glob("checkpoint-*"))
+    assert remaining and all((folder / POSTERIOR_FILE).is_file() for folder in remaining)
+    assert len(remaining) == (1 if save_total_limit == 1 else 4)
+    assert resumed.n_snapshots == 2 and resumed.posterior.n_seen == whole.posterior.n_seen == 4
+    _assert_same_posterior(resumed.posterior, whole.posterior)
+    assert not list(run.glob(".onlinefa_posterior-step-*"))  # nothing pending is left behind
+
+
+def test_bit_flips_in_the_saved_posterior_are_refused_naming_the_file(tmp_path: Path) -> None:
+    first = PosteriorCallback(n_components=2, dtype="float64")
+    _train_with([first], 2, tmp_path / "run")
+    path = tmp_path / "run" / "checkpoint-6" / POSTERIOR_FILE
+    original = path.read_bytes()
+    rng = np.random.default_rng(0)
+    refused = 0
+    for _ in range(8):
+        damaged = bytearray(original)
+        position = int(rng.integers(len(damaged)))
+        damaged[position] ^= 1 << int(rng.integers(8))
+        path.write_bytes(bytes(damaged))
+        callback = PosteriorCallback(n_components=2, dtype="float64")
+        try:
+            callback.load_checkpoint(path.parent)
+        except ValueError as err:
+            assert str(path) in str(err)
+            refused += 1
+        else:  # a flip in bytes no reader looks at (a zip timestamp): the very same posterior
+            _assert_same_posterior(callback._core.posterior, first.posterior)
+    assert refused >= 6
+    path.write_bytes(original[: len(original) // 2])
+    with pytest.raises(ValueError, match="onlinefa_posterior.npz"):
+        _train_with([PosteriorCallback(n_components=2, dtype="float64")], 3, tmp_path / "run", resume=True)
+
+
+@pytest.mark.parametrize("changed", [{"n_components": 3}, {"dtype": "float32"}])
+def test_a_resume_with_other_settings_is_refused_or_reset(tmp_path: Path, changed: dict[str, Any]) -> None:
+    _train_with([PosteriorCallback(n_components=2, dtype="float64")], 2, tmp_path / "run")
+    settings: dict[str, Any] = {"n_components": 2, "dtype": "float64", **changed}
+    with pytest.raises(onlinefa.errors.PosteriorResumeError, match=next(iter(changed))):
+        _train_with([PosteriorCallback(**settings)], 3, tmp_path / "run", resume=True)
+    reset = PosteriorCallback(**settings, on_mismatch="reset")
+    _train_with([reset], 3, tmp_path / "run", resume=True)
+    assert reset.posterior.n_components == settings["n_components"] and reset.posterior.dtype == settings["dtype"]
+    assert reset.posterior.n_seen == 1  # epoch 2 only
+
+
+def test_a_resume_without_the_posterior_is_refused_unless_asked_to_warn(tmp_path: Path) -> None:
+    train([], 3, tmp_path / "plain", save=True)  # checkpoints written without the callback
+    with pytest.raises(onlinefa.errors.PosteriorResumeError, match="checkpoint-9.*does not exist"):
+        train([PosteriorCallback(n_components=2)], 5, tmp_path / "plain", resume=True)
+    fresh = PosteriorCallback(n_components=2, on_missing="warn")
+    with pytest.warns(UserWarning, match="the posterior starts empty"):
+        train([fresh], 5, tmp_path / "plain", resume=True)
+    assert fresh.posterior.n_seen == 2  # epochs 3 and 4 only
+
+
+def test_bad_settings_are_refused_when_the_callback_is_made() -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        PosteriorCallback(dtype="float16")
+    with pytest.raises(ValueError, match="on_missing"):
+        PosteriorCallback(on_missing="ignore")
+    with pytest.raises(ValueError, match="on_mismatch"):
+        PosteriorCallback(on_mismatch="keep")
+
+
+@pytest.mark.parametrize("accumulation", [2, 3])
+def test_gradient_accumulation_collects_each_optimiser_step_once(tmp_path: Path, accumulation: int) -> None:
+    swag, recorder = PosteriorCallback(n_components=2, every_n_steps=1), Recorder()
+    model = TinyRegressor()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), num_train_epochs=3, per_device_train_batch_size=8, learning_rate=0.05,
+        optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, save_strategy="no", report_to=[],
+        logging_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, gradient_accumulation_steps=accumulation)
+    trainer = InOrderTrainer(model=model, args=args, train_dataset=rows(), callbacks=[swag, recorder])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="transformers|accelerate|torch")
+        trainer.train()
+    steps = [step for _, step, _, _ in recorder.after_step]
+    assert steps == list(range(1, trainer.state.global_step + 1))  # 6 micro-batches an epoch, fewer steps
+    assert trainer.state.global_step < 18 and swag.posterior.n_seen == trainer.state.global_step
+    _assert_same_posterior(swag.posterior, reference([theta for _, _, theta, _ in recorder.after_step], 2))

@@ -149,3 +149,158 @@ def test_bad_arguments_are_refused_before_training() -> None:
         PosteriorCallback(start_epoch=-1)
     with pytest.raises(RuntimeError, match="no posterior yet"):
         PosteriorCallback().bayesian_model_average(torch.nn.Linear(2, 1), [torch.zeros(1, 2)])
+
+
+# --- nothing lost, nothing loaded wrong ------------------------------------------------------------------
+
+
+def _checkpointed_run(tmp_path: Path, callbacks: list[Any], max_epochs: int = 3) -> Path:
+    """A run saving a checkpoint every epoch; the path of the one at the end of epoch 1."""
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_epochs=1)
+    fit([*callbacks, checkpoints], max_epochs, tmp_path / "first")
+    (saved,) = sorted((tmp_path / "ckpt").glob("epoch=1-*.ckpt"))
+    return saved
+
+
+def _posterior_key(stored: dict[str, Any]) -> str:
+    (key,) = [k for k, state in stored["callbacks"].items() if "posterior" in state]
+    return key
+
+
+def test_bit_flips_in_the_checkpoints_posterior_are_refused(tmp_path: Path) -> None:
+    first = PosteriorCallback(n_components=2, dtype="float64")
+    saved = _checkpointed_run(tmp_path, [first])
+    stored = torch.load(saved, weights_only=True)
+    key = _posterior_key(stored)
+    original = stored["callbacks"][key]["posterior"].clone()
+    rng = np.random.default_rng(0)
+    refused = 0
+    for trial in range(8):
+        damaged = original.clone()
+        damaged[int(rng.integers(damaged.numel()))] ^= 1 << int(rng.integers(8))
+        stored["callbacks"][key]["posterior"] = damaged
+        path = tmp_path / f"damaged-{trial}.ckpt"
+        torch.save(stored, path)
+        callback = PosteriorCallback(n_components=2, dtype="float64")
+        try:
+            fit([callback], 3, tmp_path / f"resumed-{trial}", ckpt_path=str(path))
+        except ValueError as err:
+            assert "the posterior in the Lightning checkpoint" in str(err)
+            refused += 1
+        else:  # a flip in bytes no reader looks at (a zip timestamp): the posterior is the saved one
+            assert callback.posterior.n_seen == first.posterior.n_seen
+    assert refused >= 6
+
+
+@pytest.mark.parametrize("changed", [{"n_components": 3}, {"dtype": "float32"}])
+def test_a_resume_with_other_settings_is_refused_or_reset(tmp_path: Path, changed: dict[str, Any]) -> None:
+    saved = _checkpointed_run(tmp_path, [PosteriorCallback(n_components=2, dtype="float64")])
+    settings: dict[str, Any] = {"n_components": 2, "dtype": "float64", **changed}
+    with pytest.raises(onlinefa.errors.PosteriorResumeError, match=next(iter(changed))):
+        fit([PosteriorCallback(**settings)], 4, tmp_path / "resumed", ckpt_path=str(saved))
+    reset = PosteriorCallback(**settings, on_mismatch="reset")
+    fit([reset], 4, tmp_path / "reset", ckpt_path=str(saved))
+    assert reset.posterior.n_components == settings["n_components"] and reset.posterior.dtype == settings["dtype"]
+    assert reset.posterior.n_seen == 2  # epochs 2 and 3
+
+
+def test_a_checkpoint_without_the_posterior_is_refused_unless_asked_to_warn(tmp_path: Path) -> None:
+    saved = _checkpointed_run(tmp_path, [])  # written without the callback
+    with pytest.raises(onlinefa.errors.PosteriorResumeError, match="holds no posterior"):
+        fit([PosteriorCallback(n_components=2)], 4, tmp_path / "resumed", ckpt_path=str(saved))
+    fresh = PosteriorCallback(n_components=2, on_missing="warn")
+    with pytest.warns(UserWarning, match="the posterior starts empty"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the frameworks' advice on a tiny run
+        warnings.filterwarnings("always", module="onlinefa")
+        trainer = pl.Trainer(max_epochs=4, callbacks=[fresh], logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu", enable_checkpointing=False,
+                             default_root_dir=tmp_path / "warned")
+        trainer.fit(TinyRegressor(), loader(), ckpt_path=str(saved))
+    assert fresh.posterior.n_seen == 2
+
+
+def test_bad_settings_are_refused_when_the_callback_is_made() -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        PosteriorCallback(dtype="float16")
+    with pytest.raises(ValueError, match="on_missing"):
+        PosteriorCallback(on_missing="ignore")
+
+
+class StepRecorder(pl.Callback):  # type: ignore[misc]
+    """θ after every optimiser step (the step hook of the optimiser itself, not the trainer's counters)."""
+
+    def __init__(self) -> None:
+        self.thetas: list[np.ndarray] = []
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        trainer.optimizers[0].register_step_post_hook(
+            lambda *args: self.thetas.append(Recorder.theta(pl_module)))
+
+
+@pytest.mark.parametrize("accumulation", [2, 3])
+def test_gradient_accumulation_collects_each_optimiser_step_once(tmp_path: Path, accumulation: int) -> None:
+    swag, steps = PosteriorCallback(n_components=2, every_n_steps=1), StepRecorder()
+    trainer = pl.Trainer(max_epochs=3, callbacks=[swag, steps], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", enable_checkpointing=False,
+                         accumulate_grad_batches=accumulation, default_root_dir=tmp_path)
+    data = torch.utils.data.DataLoader(loader().dataset, batch_size=8, shuffle=False)  # 6 batches an epoch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyRegressor(), data)
+    assert len(steps.thetas) == trainer.global_step == 3 * (-(-6 // accumulation))
+    assert swag.posterior.n_seen == len(steps.thetas)
+    left, right = engine_state(swag.posterior), engine_state(reference(steps.thetas, 2))
+    for key, value in right.items():
+        np.testing.assert_array_equal(left[key], value, err_msg=key)
+
+
+class EpochSeededSampler(torch.utils.data.Sampler):  # type: ignore[misc]
+    """The usage guide's recipe."""
+
+    def __init__(self, n_rows: int, seed: int = 0) -> None:
+        self.n_rows, self.seed, self.epoch = n_rows, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n_rows, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+
+def _shuffled_fit(callbacks: list[Any], root: Path, sampler: bool, ckpt_path: str | None = None,
+                  ours: Any = "error") -> Any:
+    """A run of 4 epochs over shuffled batches; the library's own warnings get the action ``ours``, the
+    frameworks' advice on a tiny run is ignored."""
+    dataset = loader().dataset
+    data = (torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=EpochSeededSampler(len(dataset)))
+            if sampler else torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True))
+    trainer = pl.Trainer(max_epochs=4, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", deterministic=True, default_root_dir=root,
+                         enable_checkpointing=any(isinstance(c, pl.callbacks.ModelCheckpoint) for c in callbacks))
+    pl.seed_everything(0, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.filterwarnings(ours, module="onlinefa")
+        trainer.fit(TinyRegressor(), data, ckpt_path=ckpt_path)
+
+
+@pytest.mark.parametrize("sampler", [True, False], ids=["epoch-seeded sampler", "shuffle=True"])
+def test_a_shuffled_resume_is_exact_with_the_epoch_seeded_sampler_and_warns_without(tmp_path: Path,
+                                                                                    sampler: bool) -> None:
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_epochs=1)
+    whole = PosteriorCallback(n_components=2, dtype="float64")
+    _shuffled_fit([whole, checkpoints], tmp_path / "whole", sampler)
+    (saved,) = sorted((tmp_path / "ckpt").glob("epoch=1-*.ckpt"))
+    resumed = PosteriorCallback(n_components=2, dtype="float64")
+    if sampler:
+        _shuffled_fit([resumed], tmp_path / "resumed", sampler, str(saved), ours="error")
+        left, right = engine_state(resumed.posterior), engine_state(whole.posterior)
+        for key, value in right.items():
+            np.testing.assert_array_equal(left[key], value, err_msg=key)
+    else:
+        with pytest.warns(UserWarning, match="RandomSampler"):
+            _shuffled_fit([resumed], tmp_path / "resumed", sampler, str(saved), ours="always")

@@ -112,28 +112,97 @@ def test_a_background_error_is_raised_on_the_training_thread_and_later_snapshots
     assert collector._feeder is None
 
 
+class _Clock:
+    """An injected clock: only what a test adds to it passes, so no assertion depends on this machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Costly:
+    """A posterior whose update costs ``seconds`` on the injected clock."""
+
+    def __init__(self, inner: Any, clock: _Clock, seconds: float) -> None:
+        self.inner, self.clock, self.seconds = inner, clock, seconds
+
+    def update(self, theta: np.ndarray) -> None:
+        self.clock.now += self.seconds
+        self.inner.update(theta)
+
+
+def _train_on_clock(net: Any, opt: Any, n_steps: int, clock: _Clock, step_seconds: float) -> None:
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n_steps):
+        x = torch.randn(8, 5, generator=g)
+        opt.zero_grad()
+        net(x).pow(2).mean().backward()
+        clock.now += step_seconds  # the forward and backward passes of this step
+        opt.step()
+
+
 def test_snapshot_cost_is_reported_in_optimiser_steps_and_warns_once() -> None:
     net = _net()
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     d = sum(p.numel() for p in net.parameters())
-    # a 0.1 s update is far more than a step of this 113-parameter net on any machine; only lower bounds of
-    # sleeps and the definition of the ratio are asserted, never how fast this machine steps
-    posterior = _Slow(onlinefa.OnlineEM(d, 2, seed=0), seconds=0.1)
-    collector = SnapshotCollector(posterior, net, every=1).attach(opt)
+    clock = _Clock()
+    posterior = _Costly(onlinefa.OnlineEM(d, 2, seed=0), clock, seconds=0.1)
+    collector = SnapshotCollector(posterior, net, every=1)
+    collector._clock = clock
+    collector.attach(opt)
     with pytest.warns(SlowCollectionWarning, match="asynchronous=True") as caught:
-        _train(net, opt, 6)
-    assert len(caught) == 1
-    assert collector.seconds_per_snapshot >= 0.1 and collector.snapshot_cost_in_steps > 1
-    assert collector.snapshot_cost_in_steps == pytest.approx(collector.seconds_per_snapshot / collector.step_seconds)
+        _train_on_clock(net, opt, 6, clock, step_seconds=0.01)
+    assert len(caught) == 1 and "10.0 training steps" in str(caught[0].message)
+    assert collector.seconds_per_snapshot == pytest.approx(0.1)
+    assert collector.step_seconds == pytest.approx(0.01)
+    assert collector.snapshot_cost_in_steps == pytest.approx(10.0)
     collector.close()
-    # the same slow posterior behind the asynchronous collector costs the loop only the copy of θ while a
-    # buffer is free (three snapshots, four buffers: nobody waits for a 0.1 s update)
-    posterior = _Slow(onlinefa.OnlineEM(d, 2, seed=0), seconds=0.1)
+
+
+@pytest.mark.parametrize(("update_seconds", "step_seconds"), [(0.004, 0.001), (0.01, 0.02)])
+def test_no_warning_for_a_cheap_snapshot_or_one_cheaper_than_a_step(update_seconds: float,
+                                                                    step_seconds: float) -> None:
+    """Below 5 ms a snapshot never warns; above, only when it costs more than a step."""
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    clock = _Clock()
+    posterior = _Costly(onlinefa.OnlineEM(sum(p.numel() for p in net.parameters()), 2, seed=0), clock,
+                        update_seconds)
+    collector = SnapshotCollector(posterior, net, every=1)
+    collector._clock = clock
     with warnings.catch_warnings():
         warnings.simplefilter("error", SlowCollectionWarning)
-        with SnapshotCollector(posterior, net, every=4, asynchronous=True, n_buffers=4).attach(opt) as quick:
-            _train(net, opt, 12)
-    assert quick.seconds_per_snapshot < 0.1 and len(posterior.seen) == 3
+        with collector.attach(opt):
+            _train_on_clock(net, opt, 8, clock, step_seconds)
+    assert collector.snapshot_cost_in_steps == pytest.approx(update_seconds / step_seconds)
+
+
+def test_the_asynchronous_collector_costs_the_loop_only_the_copy_while_a_buffer_is_free() -> None:
+    """The worker's updates block until released: with four buffers and three snapshots the training thread
+    never waits for them, so no time passes on its clock and nothing warns."""
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    release = threading.Event()
+
+    class Blocked(_Slow):
+        def update(self, theta: np.ndarray) -> None:
+            release.wait(timeout=600)
+            super().update(theta)
+
+    posterior = Blocked(onlinefa.OnlineEM(sum(p.numel() for p in net.parameters()), 2, seed=0))
+    clock = _Clock()
+    quick = SnapshotCollector(posterior, net, every=4, asynchronous=True, n_buffers=4)
+    quick._clock = clock
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowCollectionWarning)
+        quick.attach(opt)
+        _train_on_clock(net, opt, 12, clock, step_seconds=0.001)
+        assert quick.n_snapshots == 3 and quick.seconds_per_snapshot == 0.0 and not posterior.seen
+        release.set()
+        quick.close()
+    assert len(posterior.seen) == 3
 
 
 def test_bad_options_are_refused() -> None:

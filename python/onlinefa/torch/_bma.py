@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 import torch
 
@@ -35,10 +35,45 @@ def _no_batches(loader: object, name: str) -> ValueError:
     return ValueError(f"{name} yielded no batches")
 
 
+#: Keys of a dict batch that hold targets, not inputs (the Hugging Face Trainer's default label names).
+LABEL_KEYS = ("labels", "label", "label_ids")
+
+
+def _to(value: object, device: torch.device) -> object:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
 def _inputs(batch: object, device: torch.device) -> object:
     """The inputs of a batch (its first element when it is a tuple or list), moved to ``device``."""
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
+    return _to(inputs, device)
+
+
+def _forward(module: torch.nn.Module, batch: object, device: torch.device) -> object:
+    """The module's output on a batch: a dict batch (the Hugging Face Trainer's) as keyword arguments
+    without its labels, anything else through :func:`_inputs`."""
+    if isinstance(batch, Mapping):
+        return module(**{key: _to(value, device) for key, value in batch.items() if key not in LABEL_KEYS})
+    return module(_inputs(batch, device))
+
+
+def _overrides_predict_step(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a Lightning module that defines its own ``predict_step``."""
+    for base in type(module).__mro__:
+        if base.__name__ == "LightningModule" and base.__module__.startswith(("lightning", "pytorch_lightning")):
+            return getattr(type(module), "predict_step") is not getattr(base, "predict_step")
+    return False
+
+
+def _logits(output: object) -> torch.Tensor:
+    """A prediction as a tensor: itself, or the ``logits`` of a model output (``transformers.ModelOutput``,
+    a dict)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    raise TypeError(f"the module returned a {type(output).__name__}, neither a tensor nor an output with logits")
 
 
 def _batch_norm_layers(module: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:
@@ -58,7 +93,8 @@ def refresh_batch_norm(module: torch.nn.Module, loader: Iterable[object], *, dev
     ----------
     module : torch.nn.Module
     loader : iterable of batches
-        The inputs are the first element of each tuple/list batch, or the batch itself.
+        The inputs are the first element of each tuple/list batch, or the batch itself; a dict batch is
+        passed as keyword arguments, less its labels.
     device : torch.device, optional
         Where to move the inputs (default: the device of the first parameter, else left alone).
 
@@ -85,7 +121,7 @@ def refresh_batch_norm(module: torch.nn.Module, loader: Iterable[object], *, dev
         n_batches = 0
         with torch.no_grad():
             for batch in loader:
-                module(_inputs(batch, device))
+                _forward(module, batch, device)
                 n_batches += 1
         if n_batches == 0:
             with torch.no_grad():
@@ -97,6 +133,15 @@ def refresh_batch_norm(module: torch.nn.Module, loader: Iterable[object], *, dev
         for layer, momentum in zip(layers, momenta):
             layer.momentum = momentum
         module.train(was_training)
+
+
+def _to_device(batch: object, device: torch.device) -> object:
+    """Every tensor of a batch (a tensor, a tuple/list or a dict of them) moved to ``device``."""
+    if isinstance(batch, Mapping):
+        return {key: _to(value, device) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to(value, device) for value in batch)
+    return _to(batch, device)
 
 
 @contextmanager
@@ -115,7 +160,11 @@ def _preserved(module: torch.nn.Module, parameters: tuple[torch.Tensor, ...]) ->
 
 
 def _predict(module: torch.nn.Module, loader: Iterable[object], device: torch.device) -> torch.Tensor:
-    outputs = [module(_inputs(batch, device)) for batch in loader]
+    if _overrides_predict_step(module):
+        step = getattr(module, "predict_step")
+        outputs = [_logits(step(_to_device(batch, device), index)) for index, batch in enumerate(loader)]
+    else:
+        outputs = [_logits(_forward(module, batch, device)) for batch in loader]
     if not outputs:
         raise _no_batches(loader, "the loader")
     return torch.cat(outputs)
@@ -147,7 +196,11 @@ def bayesian_model_average(
         Gaussian over θ (D = the number of entries of ``parameters``).
     loader : iterable of batches
         Inputs are the first element of each tuple/list batch (or the batch itself), moved to the
-        parameters' device. Iterated once per draw: a list or a DataLoader, not a generator (one is
+        parameters' device; a dict batch (the Hugging Face Trainer's) is passed as keyword arguments, less
+        its labels (``"labels"``, ``"label"``, ``"label_ids"``). A Lightning module that defines
+        ``predict_step`` predicts through it (``predict_step(batch, batch_idx)``, the batch moved to the
+        device). The prediction is the module's output, or its ``logits`` (a ``transformers.ModelOutput``
+        or a dict with that key). Iterated once per draw: a list or a DataLoader, not a generator (one is
         accepted only with ``n_samples=1``).
     n_samples : int, default=30
         Number of draws S (>= 1).

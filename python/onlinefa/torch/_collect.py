@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +123,10 @@ class SnapshotCollector:
         self._step_seconds: list[float] = []
         self._warned = False
 
+    #: The clock snapshots and steps are timed with (seconds; replaced on an instance to test the warning
+    #: with an injected cost instead of this machine's speed).
+    _clock: Callable[[], float] = staticmethod(time.perf_counter)
+
     @property
     def posterior(self) -> object:
         """The model the snapshots are fed to."""
@@ -187,7 +191,7 @@ class SnapshotCollector:
             A layer of the module was replaced, added or removed since the collector was made (the
             posterior is not updated): make a new collector for the changed module.
         """
-        start = time.perf_counter()
+        start = self._clock()
         if self._asynchronous:
             feeder = self._background()
             buffer = feeder.acquire()
@@ -201,7 +205,7 @@ class SnapshotCollector:
             self._posterior.update(self._vector.gather())  # θ stays on its device: no host copy
         else:
             self._apply(self._vector.numpy())
-        self._seconds.append(time.perf_counter() - start)
+        self._seconds.append(self._clock() - start)
 
     def _apply(self, theta: np.ndarray) -> None:
         update = getattr(self._posterior, "update", None)
@@ -266,12 +270,12 @@ class SnapshotCollector:
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._last_step_end is not None:
-            self._step_seconds.append(time.perf_counter() - self._last_step_end)
+            self._step_seconds.append(self._clock() - self._last_step_end)
         self._n_steps += 1
         if self._n_steps % self._every == 0:
             self.collect()
             self._warn_if_slow()
-        self._last_step_end = time.perf_counter()
+        self._last_step_end = self._clock()
 
     def _warn_if_slow(self) -> None:
         if self._warned or len(self._seconds) < _WARN_AFTER or not self.snapshot_cost_in_steps > 1.0:

@@ -4,16 +4,32 @@ the posterior as checkpoint bytes, and Bayesian model averaging at the end."""
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Iterable
+import math
+import warnings
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._validation import check_int, check_positive_float
+from ..errors import PosteriorResumeError
 from ..streaming import OnlineEM
-from ._bma import bayesian_model_average
+from ._bma import bayesian_model_average, refresh_batch_norm
+from ._params import ParameterVector
+from ._posterior import gaussian_parameters
 from ._collect import SnapshotCollector
+from ._trainer_store import SavedPosterior
+
+_DTYPES = ("float32", "float64")
+_ON_MISSING = ("raise", "warn")
+_ON_MISMATCH = ("raise", "reset")
+
+
+def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
 
 
 class TrainerPosterior:
@@ -37,14 +53,35 @@ class TrainerPosterior:
     asynchronous : bool
         Fit the snapshots on a worker thread (:class:`~onlinefa.torch.SnapshotCollector`); the posterior is
         complete whenever it is saved, read through :attr:`posterior`, or used by the BMA.
+    on_missing : {"raise", "warn"}
+        A resumed run whose checkpoint holds no posterior: refuse, or warn and start an empty one.
+    on_mismatch : {"raise", "reset"}
+        A checkpoint's posterior fitted with other settings than the callback's: refuse, or drop it and start
+        a new one.
     """
 
     def __init__(self, posterior: object | None, *, n_components: int, seed: int, dtype: str,
-                 every_n_steps: int | None, start_epoch: int, swa_lr: float | None, asynchronous: bool) -> None:
+                 every_n_steps: int | None, start_epoch: int, swa_lr: float | None, asynchronous: bool,
+                 on_missing: str = "raise", on_mismatch: str = "raise",
+                 parameters: Callable[[torch.nn.Module], Iterable[torch.Tensor]] | None = None,
+                 anneal_epochs: int = 0, swa_weights: bool = False) -> None:
+        if parameters is not None and not callable(parameters):
+            raise TypeError("parameters must be a function of the module giving its tensors to model, e.g. "
+                            f"lambda module: module.head.parameters(); got {type(parameters).__name__}")
+        self._select = parameters
+        self.anneal_epochs = check_int(anneal_epochs, "anneal_epochs", 0)
+        if self.anneal_epochs and swa_lr is None:
+            raise ValueError("anneal_epochs needs swa_lr (the rate annealed to)")
+        self.swa_weights = bool(swa_weights)
+        self._anneal_from: list[float] | None = None
         self._posterior = posterior
+        self._given_class = None if posterior is None else type(posterior)
         self.n_components = check_int(n_components, "n_components", 1)
         self.seed = seed
-        self.dtype = dtype
+        self.dtype = _check_choice(dtype, "dtype", _DTYPES)
+        self.on_missing = _check_choice(on_missing, "on_missing", _ON_MISSING)
+        self.on_mismatch = _check_choice(on_mismatch, "on_mismatch", _ON_MISMATCH)
+        self._last_step: int | None = None
         self.every_n_steps = None if every_n_steps is None else check_int(every_n_steps, "every_n_steps", 1)
         self.start_epoch = check_int(start_epoch, "start_epoch", 0)
         self.swa_lr = None if swa_lr is None else check_positive_float(swa_lr, "swa_lr")
@@ -59,13 +96,20 @@ class TrainerPosterior:
         return self._posterior
 
     @property
+    def last_step(self) -> int:
+        """The last optimiser step seen (0 before training)."""
+        return self._last_step or 0
+
+    @property
     def n_snapshots(self) -> int:
         """Snapshots collected in this process (a resumed run counts from the resume)."""
         return 0 if self._collector is None else self._collector.n_snapshots
 
-    def start(self, module: torch.nn.Module) -> None:
-        """Build the default posterior for ``module`` if none was given or restored, and the collector."""
-        parameters = [p for p in module.parameters() if p.requires_grad]
+    def start(self, module: torch.nn.Module, global_step: int = 0) -> None:
+        """Build the default posterior for ``module`` if none was given or restored, and the collector;
+        ``global_step``: the optimiser steps taken before (a resumed run's), none of which is collected."""
+        self._last_step = global_step
+        parameters = self.parameters_of(module)
         if self._posterior is None:
             n_features = sum(p.numel() for p in parameters)
             self._posterior = OnlineEM(n_features, self.n_components, seed=self.seed, dtype=self.dtype)
@@ -74,8 +118,23 @@ class TrainerPosterior:
             self._collector = SnapshotCollector(self._posterior, parameters, dtype=dtype,
                                                 asynchronous=self.asynchronous)
 
+    def parameters_of(self, module: torch.nn.Module) -> list[torch.Tensor]:
+        """The tensors the posterior covers: those of ``parameters(module)``, or every trainable one."""
+        if self._select is None:
+            return [p for p in module.parameters() if p.requires_grad]
+        chosen = list(self._select(module))
+        if not chosen or not all(isinstance(t, torch.Tensor) for t in chosen):
+            raise ValueError("parameters(module) must give one or more tensors of the module")
+        return chosen
+
     def collects_after_step(self, epoch: int, global_step: int) -> bool:
-        """Whether optimiser step ``global_step`` (1-based, counted over the whole run) of ``epoch`` is collected."""
+        """Whether optimiser step ``global_step`` (1-based, counted over the whole run) of ``epoch`` is collected.
+
+        Called after every batch: a step already seen (a batch that only accumulated gradients, or the
+        first batches before any step) is never collected, so each optimiser step counts once."""
+        if global_step == self._last_step:
+            return False
+        self._last_step = global_step
         every = self.every_n_steps
         return every is not None and epoch >= self.start_epoch and global_step % every == 0
 
@@ -90,22 +149,75 @@ class TrainerPosterior:
         self._collector.collect()
 
     def set_swa_lr(self, epoch: int, optimizers: Iterable[torch.optim.Optimizer]) -> None:
-        """Set every parameter group's learning rate to ``swa_lr`` from ``start_epoch`` on."""
+        """From ``start_epoch`` on, set every parameter group's learning rate to ``swa_lr``, annealed over the
+        first ``anneal_epochs`` epochs from the rate the group had when ``start_epoch`` began (a cosine, as
+        ``torch.optim.swa_utils.SWALR``): epoch ``start_epoch + i`` trains at α·swa_lr + (1 − α)·lr₀ with
+        α = (1 − cos(π (i + 1) / anneal_epochs)) / 2, so ``swa_lr`` itself from epoch
+        ``start_epoch + anneal_epochs − 1`` on."""
         if self.swa_lr is None or epoch < self.start_epoch:
             return
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = self.swa_lr
+        groups = [group for optimizer in optimizers for group in optimizer.param_groups]
+        if self._anneal_from is None or len(self._anneal_from) != len(groups):
+            self._anneal_from = [float(group["lr"]) for group in groups]
+        step = epoch - self.start_epoch + 1
+        alpha = 1.0 if step >= self.anneal_epochs else (1.0 - math.cos(math.pi * step / self.anneal_epochs)) / 2.0
+        for group, start in zip(groups, self._anneal_from):
+            group["lr"] = alpha * self.swa_lr + (1.0 - alpha) * start
 
-    def to_bytes(self) -> bytes:
-        """The posterior as bytes (its class-tagged pickle: restored exactly by :meth:`restore`)."""
-        return pickle.dumps(self.posterior, protocol=pickle.HIGHEST_PROTOCOL)
+    @property
+    def anneal_from(self) -> list[float] | None:
+        """The learning rates the annealing started from (saved with the posterior), or None before."""
+        return self._anneal_from
 
-    def restore(self, data: bytes) -> None:
-        """Continue from a posterior saved by :meth:`to_bytes` (before training starts)."""
+    def resume_annealing(self, rates: list[float] | None) -> None:
+        """Continue an annealing that started from ``rates`` (read from a checkpoint)."""
+        self._anneal_from = None if rates is None else [float(r) for r in rates]
+
+    def finish(self, module: torch.nn.Module, loader: Iterable[object] | None) -> None:
+        """Apply every snapshot, stop the collector; with ``swa_weights``, leave the posterior's mean (the
+        SWA weights) in the module, with the batch-norm statistics recomputed over ``loader``."""
+        self.close()
+        if not self.swa_weights or self._posterior is None:
+            return
+        vector = ParameterVector(self.parameters_of(module))
+        mean = torch.as_tensor(np.array(gaussian_parameters(self._posterior).mean), dtype=vector.dtype)
+        vector.assign(mean.to(vector.device))
+        if loader is not None:
+            refresh_batch_norm(module, loader)
+
+    def restore(self, saved: SavedPosterior, source: str) -> None:
+        """Continue from a posterior read from ``source`` (before training starts), after checking that it
+        was fitted with this callback's settings (``on_mismatch``)."""
         if self._collector is not None:
             raise RuntimeError("the posterior can only be restored before training starts")
-        self._posterior = pickle.loads(data)
+        self.resume_annealing(saved.anneal_from)
+        problem = self._mismatch(saved.posterior)
+        if problem is None:
+            self._posterior = saved.posterior
+        elif self.on_mismatch == "raise":
+            raise PosteriorResumeError(
+                f"{source} holds a posterior fitted with other settings than this callback's ({problem}): "
+                "resume with the checkpoint's settings, or pass on_mismatch='reset' to start a new posterior")
+
+    def _mismatch(self, restored: object) -> str | None:
+        """What differs between a restored posterior and this callback's settings, or None."""
+        if self._given_class is not None:
+            if type(restored) is not self._given_class:
+                return f"a {type(restored).__name__}, not the {self._given_class.__name__} given"
+            return None
+        if not isinstance(restored, OnlineEM):
+            return f"a {type(restored).__name__}, not the default OnlineEM"
+        if restored.n_components != self.n_components:
+            return f"n_components={restored.n_components}, not {self.n_components}"
+        if restored.dtype != self.dtype:
+            return f"dtype={restored.dtype!r}, not {self.dtype!r}"
+        return None
+
+    def missing(self, reason: str) -> None:
+        """A resumed run without its posterior: :class:`PosteriorResumeError`, or a warning (``on_missing``)."""
+        if self.on_missing == "raise":
+            raise PosteriorResumeError(f"{reason}; pass on_missing='warn' to go on with an empty posterior")
+        warnings.warn(f"{reason}: the posterior starts empty here", UserWarning, stacklevel=2)
 
     def close(self) -> None:
         """Apply every snapshot taken and stop the collector's worker, if any."""
@@ -118,8 +230,7 @@ class TrainerPosterior:
         posterior = self.posterior
         if posterior is None:
             raise RuntimeError("no posterior yet: train with the callback first")
-        parameters = [p for p in module.parameters() if p.requires_grad]
-        return bayesian_model_average(module, posterior, loader, parameters=parameters, **options)
+        return bayesian_model_average(module, posterior, loader, parameters=self.parameters_of(module), **options)
 
 
 #: The parameters of both trainer callbacks, for their docstrings.
@@ -147,6 +258,23 @@ CALLBACK_PARAMETERS = """
     asynchronous : bool, default=False
         Fit snapshots on a worker thread while training goes on (the posterior is complete whenever it is
         read, saved or used).
+    on_missing : {"raise", "warn"}, default="raise"
+        A run resumed from a checkpoint that holds no posterior of this callback (written without it, or
+        damaged): raise :class:`~onlinefa.errors.PosteriorResumeError`, or warn and go on with an empty one.
+    on_mismatch : {"raise", "reset"}, default="raise"
+        A checkpoint's posterior fitted with other settings (another ``n_components`` or ``dtype``, another
+        class than the ``posterior`` given): raise :class:`~onlinefa.errors.PosteriorResumeError`, or drop
+        it and start a new posterior with this callback's settings.
+    parameters : callable, optional
+        ``parameters(module)`` gives the tensors the posterior covers, e.g.
+        ``lambda module: module.head.parameters()`` for the last layer (the others keep their trained
+        values in the BMA). Default: every tensor with ``requires_grad``.
+    anneal_epochs : int, default=0
+        Anneal the learning rate to ``swa_lr`` over this many epochs from ``start_epoch`` (a cosine from
+        each group's rate then, as ``torch.optim.swa_utils.SWALR``); 0: jump to ``swa_lr`` at once.
+    swa_weights : bool, default=False
+        At the end of training leave the posterior's mean (the SWA weights) in the module, with the
+        batch-norm statistics recomputed over the training data (as Lightning's ``StochasticWeightAveraging``).
 """
 
 
@@ -155,10 +283,13 @@ class PosteriorCallbackBase:
 
     def __init__(self, posterior: object | None = None, *, n_components: int = 20, every_n_steps: int | None = None,
                  start_epoch: int = 0, swa_lr: float | None = None, dtype: str = "float32", seed: int = 0,
-                 asynchronous: bool = False) -> None:
+                 asynchronous: bool = False, on_missing: str = "raise", on_mismatch: str = "raise",
+                 parameters: Callable[[torch.nn.Module], Iterable[torch.Tensor]] | None = None,
+                 anneal_epochs: int = 0, swa_weights: bool = False) -> None:
         self._core = TrainerPosterior(posterior, n_components=n_components, seed=seed, dtype=dtype,
                                       every_n_steps=every_n_steps, start_epoch=start_epoch, swa_lr=swa_lr,
-                                      asynchronous=asynchronous)
+                                      asynchronous=asynchronous, on_missing=on_missing, on_mismatch=on_mismatch,
+                                      parameters=parameters, anneal_epochs=anneal_epochs, swa_weights=swa_weights)
 
     @property
     def posterior(self) -> object:

@@ -17,6 +17,7 @@ interrupted run resumes), ``uci_bnn_choices.csv`` (the chosen grid point and ÏƒÂ
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import zlib
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import CommandError
-from .._common import append_rows, output_dir, progress, read_rows
+from .._common import append_rows, output_dir, progress, read_rows, write_rows
 
 NAME = "uci-bnn"
 HELP = "the 20-split UCI regression benchmark (MAP, SWAG family, SWAG-FA, VIFA, ensembles, MC dropout, SLANG)"
@@ -88,6 +89,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated output folders of runs of the same splits under other budgets: write "
                              "to --out, per data set, split and method, the row of the run whose chosen grid point "
                              "scored best on validation (the test rows are not compared)")
+
+
+#: The options that decide a row's numbers: recorded in ``uci_bnn_budget.json``, and a rerun into the same
+#: ``--out`` with other values is refused (its rows would be skipped as done, or mixed with the others).
+BUDGET_OPTIONS = ("batch_size", "epochs", "collect_epochs", "snapshots_per_epoch", "rank", "n_draws", "vifa_epochs",
+                  "slang_epochs", "adam_lr", "weight_decays", "epoch_fractions", "collect_lrs", "dropout_rates",
+                  "slang_lrs", "seed")
+BUDGET_FILE = "uci_bnn_budget.json"
+
+
+def _check_budget(args: argparse.Namespace, out: Path) -> None:
+    """Record this run's budget in ``out``, or refuse (CommandError) one that differs from the recorded."""
+    budget = {name: getattr(args, name) for name in BUDGET_OPTIONS}
+    path = out / BUDGET_FILE
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise CommandError(f"{path} is not readable JSON ({err}); use another --out") from err
+        differ = [f"--{n.replace('_', '-')} {recorded.get(n)!r} there, {budget[n]!r} here"
+                  for n in BUDGET_OPTIONS if recorded.get(n) != budget[n]]
+        if differ:
+            raise CommandError(f"{out} holds rows of another budget ({'; '.join(differ)}): use another --out, "
+                               "or the recorded options")
+        return
+    if read_rows(out / "uci_bnn.csv"):
+        raise CommandError(f"{out} holds rows without a record of their budget ({BUDGET_FILE}): use another --out")
+    temporary = out / f".{BUDGET_FILE}.tmp"
+    temporary.write_text(json.dumps(budget, indent=1, sort_keys=True) + "\n")
+    temporary.replace(path)
+
+
+def _completed(out: Path) -> set[tuple[str, str, str]]:
+    """The (data set, split, method) of the rows present in both result files; rows in only one of them (a
+    run killed between its two appends) are removed, so that the pair is written again."""
+    from ._report import CHOICE_FIELDS, FIELDS
+
+    def key(row: dict[str, str]) -> tuple[str, str, str]:
+        return row["dataset"], row["split"], row["method"]
+
+    files = ((out / "uci_bnn.csv", FIELDS), (out / "uci_bnn_choices.csv", CHOICE_FIELDS))
+    tables = [read_rows(path) for path, _ in files]
+    both = {key(r) for r in tables[0]} & {key(r) for r in tables[1]}
+    for (path, fields), rows in zip(files, tables):
+        kept = [r for r in rows if key(r) in both]
+        if path.exists() and (len(kept) < len(rows) or path.read_bytes()[-1:] not in (b"", b"\n")):
+            write_rows(path, kept, fields)
+    return both
 
 
 def _dataset_seed(args: argparse.Namespace, name: str, split: int, stage: int) -> np.random.SeedSequence:
@@ -153,8 +202,10 @@ def _run_split(args: argparse.Namespace, dataset: Any, split: int, train: Any, t
         choice = {"dataset": dataset.name, "split": split, "method": method, "weight_decay": config[0],
                   "setting": config[1], "noise_variance": noise, "validation_ll": score,
                   "tuning_seconds": round(tuning_seconds, 3)}
-        append_rows(out / "uci_bnn.csv", [row], FIELDS)
+        # The choice first: a kill between the two appends leaves a choice without its result, which the
+        # next run removes and writes again (see _completed).
         append_rows(out / "uci_bnn_choices.csv", [choice], CHOICE_FIELDS)
+        append_rows(out / "uci_bnn.csv", [row], FIELDS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -228,8 +279,9 @@ def _run(args: argparse.Namespace) -> int:
         (out / "uci_bnn.md").write_text(summary)
         print(summary)
         return 0
-    done = {(r["dataset"], r["split"], r["method"]) for r in read_rows(out / "uci_bnn.csv")}
     datasets = [load_dataset(name, args.data_dir) for name in args.datasets]
+    _check_budget(args, out)
+    done = _completed(out)
     tasks = []
     for dataset in datasets:
         n_splits = dataset.n_splits if args.splits is None else min(args.splits, dataset.n_splits)

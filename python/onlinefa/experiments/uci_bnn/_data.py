@@ -65,8 +65,49 @@ def folder_names(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and _data_folder(root, p.name) is not None)
 
 
-def _read_int(path: Path) -> int:
-    return int(path.read_text().split()[0])
+def _read_count(path: Path, minimum: int) -> int:
+    """A positive count from a one-number file; CommandError naming the file otherwise."""
+    words = path.read_text().split()
+    try:
+        value = int(words[0]) if len(words) == 1 else None
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise CommandError(f"{path} must hold one integer >= {minimum}, got {' '.join(words)[:40]!r}")
+    return value
+
+
+def _read_table(path: Path) -> FloatArray:
+    """``data.txt``: a non-empty rectangular table of finite numbers."""
+    try:
+        table = np.loadtxt(path, dtype=np.float64, ndmin=2)
+    except ValueError as err:  # ragged rows, words
+        raise CommandError(f"{path} is not a table of numbers ({err})") from err
+    if table.size == 0:
+        raise CommandError(f"{path} holds no data")
+    if not np.all(np.isfinite(table)):
+        rows = np.unique(np.nonzero(~np.isfinite(table))[0])
+        raise CommandError(f"{path} holds non-finite values (NaN or inf) in {rows.size} rows, the first row "
+                           f"{int(rows[0]) + 1}; a benchmark needs finite data")
+    return table
+
+
+def _read_columns(path: Path, n_columns: int) -> NDArray[np.intp]:
+    """Column indices of ``data.txt``: integers in [0, n_columns), no repeats."""
+    try:
+        values = np.loadtxt(path, dtype=np.float64, ndmin=1)
+    except ValueError as err:
+        raise CommandError(f"{path} must hold column indices ({err})") from err
+    if values.size == 0 or not np.all(values == np.round(values)):
+        raise CommandError(f"{path} must hold integer column indices")
+    columns = values.astype(np.intp)
+    bad = columns[(columns < 0) | (columns >= n_columns)]
+    if bad.size:
+        raise CommandError(f"{path}: column {int(bad[0])} is out of range (data.txt has {n_columns} columns, "
+                           f"0 to {n_columns - 1}; negative indices are refused)")
+    if np.unique(columns).size != columns.size:
+        raise CommandError(f"{path} names a column twice")
+    return columns
 
 
 def _load_folder(root: Path, name: str) -> Dataset:
@@ -75,15 +116,18 @@ def _load_folder(root: Path, name: str) -> Dataset:
         raise CommandError(f"no data set {name!r} in {root} (found: {', '.join(folder_names(root)) or 'none'})")
     folder = _data_folder(root, matches[0])
     assert folder is not None
-    table = np.loadtxt(folder / "data.txt", dtype=np.float64, ndmin=2)
-    features = np.loadtxt(folder / "index_features.txt", dtype=np.intp, ndmin=1)
-    target = np.loadtxt(folder / "index_target.txt", dtype=np.intp, ndmin=1)
+    table = _read_table(folder / "data.txt")
+    features = _read_columns(folder / "index_features.txt", table.shape[1])
+    target = _read_columns(folder / "index_target.txt", table.shape[1])
     if target.size != 1:
         raise CommandError(f"{folder}: index_target.txt must name exactly one column")
+    if int(target[0]) in features:
+        raise CommandError(f"{folder}: the target column {int(target[0])} is also listed in "
+                           "index_features.txt (the target would leak into the inputs)")
     X = np.ascontiguousarray(table[:, features])
     y = np.ascontiguousarray(table[:, int(target[0])])
-    return Dataset(short_name(matches[0]), X, y, _read_int(folder / "n_splits.txt"),
-                   _read_int(folder / "n_hidden.txt"), _read_int(folder / "n_epochs.txt"))
+    return Dataset(short_name(matches[0]), X, y, _read_count(folder / "n_splits.txt", 1),
+                   _read_count(folder / "n_hidden.txt", 1), _read_count(folder / "n_epochs.txt", 1))
 
 
 def load_dataset(name: str, data_dir: Path | None) -> Dataset:
