@@ -89,3 +89,22 @@ def test_a_file_truncated_during_the_fit_is_a_clear_error(tmp_path: Path) -> Non
     assert result.returncode == 2, (result.returncode, result.stderr)  # was -7: SIGBUS through the memory map
     assert "truncated while it was read" in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("shape", ["(-3, 6)", "(400, -6)", "(-1,)", "(2**70, 6)"])
+def test_a_npy_header_with_an_impossible_shape_is_a_clear_error(tmp_path: Path, shape: str) -> None:
+    path = samples(tmp_path)
+    data = bytearray(path.read_bytes())
+    old = repr((T, D)).encode()
+    start = data.index(old)
+    new = shape.replace("2**70", str(2**70)).encode()
+    # keep the header's length (the padding spaces before its newline absorb the difference)
+    end = data.index(b"\n", start)
+    header = data[start:end].replace(old, new, 1)
+    data[start:end] = header[: end - start].ljust(end - start)
+    path.write_bytes(bytes(data))
+    out = tmp_path / "model.ckpt"
+    result = run_fit(str(path), "-k", str(K), "-o", str(out))
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and "samples.npy" in result.stderr, result.stderr
+    assert not out.exists()

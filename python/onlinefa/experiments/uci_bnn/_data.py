@@ -79,6 +79,8 @@ def _read_count(path: Path, minimum: int) -> int:
 
 def _read_table(path: Path) -> FloatArray:
     """``data.txt``: a non-empty rectangular table of finite numbers."""
+    if not path.read_text().split():
+        raise CommandError(f"{path} holds no data")
     try:
         table = np.loadtxt(path, dtype=np.float64, ndmin=2)
     except ValueError as err:  # ragged rows, words
