@@ -280,3 +280,39 @@ def test_gradient_accumulation_collects_each_optimiser_step_once(tmp_path: Path,
     assert steps == list(range(1, trainer.state.global_step + 1))  # 6 micro-batches an epoch, fewer steps
     assert trainer.state.global_step < 18 and swag.posterior.n_seen == trainer.state.global_step
     _assert_same_posterior(swag.posterior, reference([theta for _, _, theta, _ in recorder.after_step], 2))
+
+
+# --- what a trainer user expects: a parameter filter, annealing, the SWA weights, logged metrics ----------
+
+
+def test_annealing_a_parameter_filter_and_the_swa_weights(tmp_path: Path) -> None:
+    swag = PosteriorCallback(n_components=2, start_epoch=1, swa_lr=0.01, anneal_epochs=2, swa_weights=True,
+                             parameters=lambda model: model.net[2].parameters())
+    recorder = Recorder()
+    model = train([swag, recorder], 4, tmp_path)
+    lr_by_epoch = {int(np.ceil(epoch)) - 1: round(lr, 12) for epoch, _, _, lr in recorder.after_step}
+    assert lr_by_epoch == {0: 0.05, 1: round(0.5 * 0.01 + 0.5 * 0.05, 12), 2: 0.01, 3: 0.01}
+    assert swag.posterior.n_features == 9 and swag.posterior.n_seen == 3
+    expected = reference([theta[-9:] for theta in recorder.after_epoch[1:]], 2)
+    _assert_same_posterior(swag.posterior, expected)
+    mean = torch.from_numpy(np.asarray(swag.posterior.mean, dtype=np.float32))
+    torch.testing.assert_close(torch.nn.utils.parameters_to_vector(model.net[2].parameters()), mean, rtol=0, atol=0)
+    first_layer_end = torch.from_numpy(recorder.after_epoch[-1][:40])
+    torch.testing.assert_close(torch.nn.utils.parameters_to_vector(model.net[0].parameters()), first_layer_end,
+                               rtol=0, atol=0)  # outside the posterior: the trained values
+
+
+def test_the_snapshot_count_and_cost_are_in_the_log_history(tmp_path: Path) -> None:
+    swag = PosteriorCallback(n_components=2, every_n_steps=1)
+    model = TinyRegressor()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), num_train_epochs=2, per_device_train_batch_size=BATCH, learning_rate=0.05,
+        optim="sgd", lr_scheduler_type="constant", save_strategy="no", report_to=[], logging_strategy="steps",
+        logging_steps=2, use_cpu=True, seed=0, disable_tqdm=True)
+    trainer = InOrderTrainer(model=model, args=args, train_dataset=rows(), callbacks=[swag])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="transformers|accelerate|torch")
+        trainer.train()
+    logged = [(entry["step"], entry["onlinefa/n_snapshots"]) for entry in trainer.state.log_history
+              if "onlinefa/n_snapshots" in entry and "loss" in entry]
+    assert logged == [(2, 2.0), (4, 4.0), (6, 6.0)]

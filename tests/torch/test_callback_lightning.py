@@ -4,6 +4,7 @@ learning rate, an exact resume from the trainer's checkpoint, and BMA at the end
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -304,3 +305,80 @@ def test_a_shuffled_resume_is_exact_with_the_epoch_seeded_sampler_and_warns_with
     else:
         with pytest.warns(UserWarning, match="RandomSampler"):
             _shuffled_fit([resumed], tmp_path / "resumed", sampler, str(saved), ours="always")
+
+
+# --- what a trainer user expects: a parameter filter, annealing, the SWA weights, logged metrics ----------
+
+
+def test_a_posterior_over_chosen_parameters(tmp_path: Path) -> None:
+    swag = PosteriorCallback(n_components=2, parameters=lambda module: module.net[2].parameters())
+    recorder = Recorder()
+    module = fit([swag, recorder], 4, tmp_path)
+    assert swag.posterior.n_features == 9  # the last layer: 8 weights and a bias
+    last_layer = [theta[-9:] for _, theta in recorder.after_epoch]
+    left, right = engine_state(swag.posterior), engine_state(reference(last_layer, 2))
+    for key, value in right.items():
+        np.testing.assert_array_equal(left[key], value, err_msg=key)
+    x, _ = next(iter(loader()))
+    first = module.net[0].weight.detach().clone()
+    draws = swag.bayesian_model_average(module, [x], n_samples=4, seed=0, task="regression")
+    assert torch.all(draws.std(dim=0) > 0) and torch.equal(module.net[0].weight, first)
+
+
+def test_the_learning_rate_anneals_to_swa_lr_and_resumes_mid_annealing(tmp_path: Path) -> None:
+    def lrs(recorder: Recorder) -> dict[int, set[float]]:
+        return {e: {round(lr, 12) for epoch, _, _, lr in recorder.after_step if epoch == e}
+                for e in {epoch for epoch, _, _, _ in recorder.after_step}}
+
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_epochs=1)
+    whole, recorder = PosteriorCallback(n_components=2, start_epoch=1, swa_lr=0.01, anneal_epochs=3), Recorder()
+    fit([whole, recorder, checkpoints], 6, tmp_path / "whole")
+    alpha = [(1 - math.cos(math.pi * i / 3)) / 2 for i in (1, 2)]
+    assert lrs(recorder) == {0: {0.05}, 1: {round(alpha[0] * 0.01 + (1 - alpha[0]) * 0.05, 12)},
+                             2: {round(alpha[1] * 0.01 + (1 - alpha[1]) * 0.05, 12)}, 3: {0.01}, 4: {0.01},
+                             5: {0.01}}
+    (saved,) = sorted((tmp_path / "ckpt").glob("epoch=1-*.ckpt"))  # mid-annealing
+    resumed = PosteriorCallback(n_components=2, start_epoch=1, swa_lr=0.01, anneal_epochs=3)
+    later = Recorder()
+    fit([resumed, later], 6, tmp_path / "resumed", ckpt_path=str(saved))
+    assert lrs(later) == {e: v for e, v in lrs(recorder).items() if e >= 2}
+    with pytest.raises(ValueError, match="anneal_epochs needs swa_lr"):
+        PosteriorCallback(anneal_epochs=2)
+
+
+class BatchNormRegressor(TinyRegressor):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                                       torch.nn.Linear(8, 1))
+
+
+def test_the_swa_weights_are_left_in_the_model_with_fresh_batch_norm_statistics(tmp_path: Path) -> None:
+    swag = PosteriorCallback(n_components=2, start_epoch=1, swa_weights=True)
+    module = fit([swag], 5, tmp_path, module=BatchNormRegressor())
+    mean = torch.from_numpy(np.asarray(swag.posterior.mean, dtype=np.float32))
+    torch.testing.assert_close(torch.nn.utils.parameters_to_vector(module.parameters()), mean, rtol=0, atol=0)
+    # the statistics of one pass over the training batches, at these weights: the plain average of the
+    # batch means and unbiased batch variances of the layer's input
+    inputs = [module.net[0](x).detach() for x, _ in loader()]
+    norm = module.net[1]
+    torch.testing.assert_close(norm.running_mean, torch.stack([i.mean(0) for i in inputs]).mean(0))
+    torch.testing.assert_close(norm.running_var, torch.stack([i.var(0, unbiased=True) for i in inputs]).mean(0))
+    plain = PosteriorCallback(n_components=2, start_epoch=1)
+    kept = fit([plain], 5, tmp_path / "plain", module=BatchNormRegressor())
+    assert not torch.equal(torch.nn.utils.parameters_to_vector(kept.parameters()), mean)  # the last iterate
+
+
+def test_the_snapshot_count_and_cost_are_logged(tmp_path: Path) -> None:
+    swag = PosteriorCallback(n_components=2, every_n_steps=2)
+    trainer = pl.Trainer(max_epochs=3, callbacks=[swag], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", enable_checkpointing=False,
+                         default_root_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyRegressor(), loader())
+    metrics = trainer.callback_metrics
+    assert float(metrics["onlinefa/n_snapshots"]) == swag.n_snapshots == 4  # steps 2, 4, 6, 8
+    cost = float(metrics["onlinefa/snapshot_cost_in_steps"])
+    assert math.isfinite(cost) and cost > 0

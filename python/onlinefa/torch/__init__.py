@@ -8,7 +8,8 @@ Needs PyTorch (the optional extra ``torch``: ``pip install ".[torch]"`` in the s
 - :func:`sample_parameters`: chunked draws θ ~ N(c, scale·(F Fᵀ + Ψ)) from any onlinefa posterior or a
   :class:`MultiSWAG` mixture.
 - :func:`bayesian_model_average`: predictions averaged over draws, with batch-norm refresh
-  (:func:`refresh_batch_norm`).
+  (:func:`refresh_batch_norm`); :func:`regression_log_likelihood` and :func:`fit_noise_variance`: the
+  regression predictive of its draws (a mixture of Gaussians with a given or fitted noise variance).
 - :func:`vifa_step`: one VIFA training step on a module; :class:`VIFA` keeps VIFA's state in torch tensors
   on any device.
 - :class:`GaussianNoise`, :func:`vifa_regression_step`: a regression noise variance σ² learned from the
@@ -37,6 +38,7 @@ from ._sharded import ShardedOnlineEM, ShardedOnlineSGA
 from ._sharded_vifa import ShardedVIFA
 from ._params import ParameterVector
 from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
+from ._predictive import fit_noise_variance, regression_log_likelihood
 from ._sampling import sample_parameters
 from ._vifa import vifa_step
 from ._vifa_model import VIFA
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
 __all__ = [
     "GaussianNoise", "GaussianParameters", "MultiSWAG", "OnlineEM", "OnlineSGA", "ParameterVector", "SWAG",
     "ShardedOnlineEM", "ShardedOnlineSGA", "ShardedVIFA", "VIFA", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
-    "gaussian_parameters", "refresh_batch_norm", "sample_parameters", "to_torch", "vifa_regression_step",
+    "fit_noise_variance", "gaussian_parameters", "refresh_batch_norm", "regression_log_likelihood",
+    "sample_parameters", "to_torch", "vifa_regression_step",
     "vifa_step",
 ]  # fmt: skip
 

@@ -5,6 +5,7 @@ the posterior as checkpoint bytes, and Bayesian model averaging at the end."""
 from __future__ import annotations
 
 import math
+import statistics
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -82,6 +83,8 @@ class TrainerPosterior:
         self.on_missing = _check_choice(on_missing, "on_missing", _ON_MISSING)
         self.on_mismatch = _check_choice(on_mismatch, "on_mismatch", _ON_MISMATCH)
         self._last_step: int | None = None
+        self._step_end: float | None = None
+        self._step_seconds: list[float] = []
         self.every_n_steps = None if every_n_steps is None else check_int(every_n_steps, "every_n_steps", 1)
         self.start_epoch = check_int(start_epoch, "start_epoch", 0)
         self.swa_lr = None if swa_lr is None else check_positive_float(swa_lr, "swa_lr")
@@ -147,6 +150,27 @@ class TrainerPosterior:
         if self._collector is None:
             raise RuntimeError("training has not started: the callback has no network yet")
         self._collector.collect()
+
+    def step_ended(self, before_snapshot: float, after_snapshot: float) -> None:
+        """Mark the end of an optimiser step, before and after its snapshot (the same time without one;
+        seconds), for :attr:`snapshot_cost_in_steps`: a step lasts from the previous step's end (after its
+        snapshot) to this one's before the snapshot."""
+        if self._step_end is not None:
+            self._step_seconds.append(before_snapshot - self._step_end)
+        self._step_end = after_snapshot
+
+    @property
+    def snapshot_cost_in_steps(self) -> float:
+        """Median seconds a snapshot costs the training loop over the median seconds of a training step
+        without one (NaN before a snapshot and two steps)."""
+        if self._collector is None or not self._step_seconds or not self._collector.n_snapshots:
+            return float("nan")
+        return self._collector.seconds_per_snapshot / statistics.median(self._step_seconds)
+
+    def metrics(self) -> dict[str, float]:
+        """What the callbacks log through the trainer: the snapshot count and a snapshot's cost in steps."""
+        return {"onlinefa/n_snapshots": float(self.n_snapshots),
+                "onlinefa/snapshot_cost_in_steps": self.snapshot_cost_in_steps}
 
     def set_swa_lr(self, epoch: int, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """From ``start_epoch`` on, set every parameter group's learning rate to ``swa_lr``, annealed over the

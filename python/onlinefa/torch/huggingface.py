@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from typing import Any
 
 import torch
@@ -83,17 +84,25 @@ class PosteriorCallback(PosteriorCallbackBase, TrainerCallback):
         folder = _checkpoint_dir(args, state)
         path, pending = os.path.join(folder, POSTERIOR_FILE), _pending_path(args, state.global_step)
         if not os.path.isfile(path) and os.path.isfile(pending) and os.path.isdir(folder):
-            _move(pending, path)  # killed between the trainer's save and the callback's: completed now
-        if not os.path.isfile(path):
+            # Killed between the trainer's save and the callback's: the posterior is completed now (by the
+            # main process; the others read it wherever it is at that moment).
+            if state.is_world_process_zero:
+                _move(pending, path)
+        found = next((p for p in (path, pending, path) if os.path.isfile(p)), None)
+        if found is None:
             self._core.missing(f"training resumes at step {state.global_step} but {path} does not exist "
                                "(call load_checkpoint(folder) before train() to continue one saved elsewhere)")
             return
-        saved = read_posterior(path)
+        try:
+            saved = read_posterior(found)
+        except FileNotFoundError:  # moved into the checkpoint by the main process meanwhile
+            found = path
+            saved = read_posterior(path)
         if saved.global_step != state.global_step:
-            self._core.missing(f"{path} holds the posterior of step {saved.global_step}, not of the checkpoint's "
-                               f"step {state.global_step}")
+            self._core.missing(f"{found} holds the posterior of step {saved.global_step}, not of the "
+                               f"checkpoint's step {state.global_step}")
             return
-        self._core.restore(saved, repr(path))
+        self._core.restore(saved, repr(found))
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
@@ -103,9 +112,24 @@ class PosteriorCallback(PosteriorCallbackBase, TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
         # Called once per optimiser step (accumulating micro-batches call on_substep_end instead).
+        before = time.perf_counter()
         if self._core.collects_after_step(_current_epoch(state), state.global_step):
             self._core.collect()
+        self._core.step_ended(before, time.perf_counter())
         self._write_pending(args, state, control)
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """Add the snapshot count and a snapshot's cost in training steps to the Trainer's log history
+        (``state.log_history``, saved in ``trainer_state.json``) and to the logs the callbacks after this one
+        receive."""
+        if self._core.posterior is None:
+            return
+        metrics = self._core.metrics()
+        if logs is not None:
+            logs.update(metrics)
+        if state.log_history:
+            state.log_history[-1].update(metrics)
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
@@ -117,7 +141,7 @@ class PosteriorCallback(PosteriorCallbackBase, TrainerCallback):
         """Before the trainer writes (and rotates) ``checkpoint-N``: the posterior of step N into
         ``output_dir``, so that a kill before :meth:`on_save` cannot leave the newest checkpoint without it."""
         posterior = self._core.posterior
-        if control.should_save and posterior is not None:
+        if control.should_save and posterior is not None and state.is_world_process_zero:
             os.makedirs(args.output_dir or ".", exist_ok=True)
             write_posterior(_pending_path(args, state.global_step), posterior, state.global_step,
                             self._core.anneal_from)
@@ -126,7 +150,7 @@ class PosteriorCallback(PosteriorCallbackBase, TrainerCallback):
                 **kwargs: Any) -> None:
         """Put the posterior into the checkpoint folder the trainer has just written (atomically)."""
         posterior = self._core.posterior
-        if posterior is None:
+        if posterior is None or not state.is_world_process_zero:  # every rank holds the same posterior
             return
         folder = _checkpoint_dir(args, state)
         os.makedirs(folder, exist_ok=True)

@@ -19,6 +19,7 @@ Under gradient accumulation each optimiser step is collected once.
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any
 
@@ -33,6 +34,10 @@ __all__ = ["PosteriorCallback"]
 
 class PosteriorCallback(PosteriorCallbackBase, pl.Callback):
     """Collect snapshots of the trainable parameters into a posterior during ``Trainer.fit``."""
+
+    #: Log the snapshot count and a snapshot's cost in training steps (``onlinefa/n_snapshots``,
+    #: ``onlinefa/snapshot_cost_in_steps``) through ``LightningModule.log_dict`` after every optimiser step.
+    log_metrics = True
 
     #: Whether the trainer is restoring a checkpoint (``on_load_checkpoint`` was called) and whether that
     #: checkpoint held this callback's posterior (``load_state_dict``).
@@ -55,8 +60,14 @@ class PosteriorCallback(PosteriorCallbackBase, pl.Callback):
                            batch_idx: int) -> None:
         # global_step counts optimiser steps: under gradient accumulation it stays put on the batches that
         # only accumulate, and the core collects each step once.
+        stepped = trainer.global_step != self._core.last_step
+        before = time.perf_counter()
         if self._core.collects_after_step(trainer.current_epoch, trainer.global_step):
             self._core.collect()
+        if stepped:
+            self._core.step_ended(before, time.perf_counter())
+            if self.log_metrics:
+                pl_module.log_dict(self._core.metrics(), on_step=True, on_epoch=False)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._core.collects_after_epoch(trainer.current_epoch):
