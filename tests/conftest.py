@@ -6,6 +6,7 @@ tests can use them too (Hypothesis refuses function-scoped fixtures).
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,11 @@ from hypothesis import settings
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# ONLINEFA_REQUIRE_EXTRAS=torch,lightning,...: those optional packages must import, or the run stops here with
+# their ImportError (CI sets it: an installed but broken extra must fail the suite, not skip its tests).
+for _name in filter(None, os.environ.get("ONLINEFA_REQUIRE_EXTRAS", "").split(",")):
+    importlib.import_module(_name.strip())
 
 # `reference.py` lives beside this file; make it importable whatever pytest's import mode is.
 _TESTS_DIR = str(Path(__file__).resolve().parent)
