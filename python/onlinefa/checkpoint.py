@@ -309,7 +309,7 @@ def _open_temporary(directory: str, base_name: str) -> tuple[str, IO[bytes]]:
     raise FileExistsError(f"could not create a temporary file in {directory!r}")  # pragma: no cover
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
     """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -425,7 +425,7 @@ def save_state(path: str | os.PathLike[str], kind: str, state: Mapping[str, Any]
         with contextlib.suppress(OSError):
             os.unlink(temp_path)
         raise
-    _fsync_directory(directory)
+    fsync_directory(directory)
 
 
 # -- reading ----------------------------------------------------------------------------------------

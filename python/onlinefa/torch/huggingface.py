@@ -33,6 +33,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..checkpoint import fsync_directory
 from ._trainer_core import CALLBACK_PARAMETERS, PosteriorCallbackBase
 from ._trainer_store import read_posterior, write_posterior
 
@@ -190,13 +191,7 @@ def _pending_path(args: TrainingArguments, global_step: int) -> str:
 def _move(source: str, destination: str) -> None:
     """Rename ``source`` over ``destination`` (atomic on one file system) and make the rename durable."""
     os.replace(source, destination)
-    fd = os.open(os.path.dirname(destination) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - file systems that cannot sync a directory
-        pass
-    finally:
-        os.close(fd)
+    fsync_directory(os.path.dirname(destination) or ".")
 
 
 def _remove_stale_pending(args: TrainingArguments, global_step: int) -> None:

@@ -50,6 +50,7 @@ class PosteriorCallback(PosteriorCallbackBase, pl.Callback):
                                "posterior of this callback")
         if self._resuming:
             warn_if_not_resumable(trainer)
+        self._resuming = self._restored = False  # this fit's checkpoint is dealt with
         self._core.start(pl_module, trainer.global_step)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
