@@ -316,3 +316,20 @@ def test_the_snapshot_count_and_cost_are_in_the_log_history(tmp_path: Path) -> N
     logged = [(entry["step"], entry["onlinefa/n_snapshots"]) for entry in trainer.state.log_history
               if "onlinefa/n_snapshots" in entry and "loss" in entry]
     assert logged == [(2, 2.0), (4, 4.0), (6, 6.0)]
+
+
+def test_only_the_main_process_writes_the_posterior_files(tmp_path: Path) -> None:
+    """Under DDP every rank calls on_step_end/on_save with the same posterior; one writer is enough (and
+    several would race on the same files)."""
+    swag = PosteriorCallback(n_components=2)
+    train([swag], 1, tmp_path / "run")  # a posterior to save
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "ranks"), report_to=[], use_cpu=True)
+    control = transformers.TrainerControl(should_save=True)
+    for rank_zero, expected in ((False, []), (True, ["checkpoint-7"])):
+        state = transformers.TrainerState(global_step=7, is_world_process_zero=rank_zero)
+        swag.on_step_end(args, state, control)  # the pending posterior (the trainer writes checkpoint-7 next)
+        swag.on_save(args, state, control)
+        written = sorted(p.name for p in (tmp_path / "ranks").glob("checkpoint-*")) if (tmp_path / "ranks").exists() else []
+        assert written == expected
+    assert (tmp_path / "ranks" / "checkpoint-7" / POSTERIOR_FILE).is_file()
+    assert not list((tmp_path / "ranks").glob(".onlinefa_posterior-step-*"))
