@@ -1,6 +1,8 @@
 //! The bounds every online-SGA step keeps ψ inside, shared by the row kernels (`sga_kernel`, `sga_wide`) and
 //! the model's scalar paths (`online_sga`).
 
+use crate::scalar::Real;
+
 /// Growth factor of ψ_d in one step, beyond both its previous value and the step's squared deviation d², that no
 /// convergent run reaches. The step is ψ_new = ψ_old · exp(α ∇β) with ∇β ≈ ½ (r / ψ_old − 1) and r the
 /// sample's squared residual, whose fixed point is ψ = E[r]; for data whose variance is many orders above ψ_old
@@ -32,5 +34,44 @@ pub(crate) fn log_psi_step(step: f64, precondition: bool) -> f64 {
         step.clamp(-MAX_LOG_PSI_STEP, MAX_LOG_PSI_STEP)
     } else {
         step.min(700.0)
+    }
+}
+
+/// Largest f_j² / ψ an SGA step leaves in a row. F and ψ kept inside their own bounds (±`MAX_STATE`,
+/// [floor, `MAX_STATE`]) can still hold loadings far above their noise: in float64, (10¹⁵⁰)² / 10⁻²⁰⁰ = 10⁵⁰⁰,
+/// so Fᵀ Ψ⁻¹ F, which the queries and the next E-step form, overflows (an outlier of 10⁹⁸ after rows of 10⁻⁵⁶
+/// under a constant step of 1 did it: F = 2·10¹⁴² with ψ = 5·10⁻⁴³). With f_j² ≤ 10²⁰⁰ ψ every entry of
+/// Fᵀ Ψ⁻¹ F is below D · 10²⁰⁰. Float32 never meets the bound (ψ ≥ 10⁻³⁰ gives √(10¹⁷⁰) far above its
+/// `MAX_STATE` of 10¹⁸), nor does any state of a convergent run.
+pub(crate) const MAX_LOADING_RATIO: f64 = 1e200;
+
+/// The bound of |f_j| in a row whose (stepped, stored) noise variance is `psi`:
+/// min(`MAX_STATE`, √(`MAX_LOADING_RATIO` · ψ)).
+#[inline(always)]
+pub(crate) fn loading_bound<T: Real>(psi: f64) -> f64 {
+    let bound = (MAX_LOADING_RATIO * psi).sqrt();
+    if bound < T::MAX_STATE {
+        bound
+    } else {
+        T::MAX_STATE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loading_bound_keeps_the_gram_terms_finite_and_float32_at_its_own_ceiling() {
+        // float64 at its smallest floor: |f| ≤ 1, so f² / ψ = 1e200 at most (was (1e150)² / 1e-200 = 1e500).
+        let tiny = <f64 as Real>::MIN_FLOOR;
+        assert_eq!(loading_bound::<f64>(tiny), (MAX_LOADING_RATIO * tiny).sqrt());
+        assert!(loading_bound::<f64>(tiny).powi(2) / tiny <= MAX_LOADING_RATIO * (1.0 + 1e-15));
+        // a large ψ: MAX_STATE binds first
+        assert_eq!(loading_bound::<f64>(1e120), <f64 as Real>::MAX_STATE);
+        // float32: its floor already keeps f² / ψ ≤ (1e18)² / 1e-30 = 1e66, the bound is its MAX_STATE
+        for psi in [<f32 as Real>::MIN_FLOOR, 1.0, 1e18] {
+            assert_eq!(loading_bound::<f32>(psi), <f32 as Real>::MAX_STATE);
+        }
     }
 }

@@ -10,6 +10,7 @@
 //!   ∇β = ½ ψ⁻¹ (d'² − 2 d' f·m + g·f) − ½                       (4.25, 4.26)
 //!   f ← clip(f + α s (d' m − g)),     s = ψ⁻¹ (4.24), or 1 when preconditioned by ψ
 //!   ψ ← clip(ψ · exp(clip(α ∇β)), floor, MAX_STATE)              (β = log ψ, lines 10–14)
+//!   f ← clip(f, ±√(MAX_LOADING_RATIO · ψ)) with the new ψ         (Fᵀ Ψ⁻¹ F finite, see `sga_bounds`)
 //!   whitened rule (`SgaRule::Whitened`): α is a_F, then f ← clip(f L) (K² multiply-adds, L lower
 //!   triangular), and ψ ← clip(ψ + a (q − ψ), floor, MAX_STATE) with q = 2ψ ∇β + ψ instead of the exp
 //!   θ̄ ← θ̄ + ρ (x − θ̄),   d = x − θ̄                              (lines 5, 6)
@@ -39,7 +40,7 @@
 //! Every lane computes the same operations in the same order on every path, with the same W, and Rust never
 //! contracts a·b + c into an FMA, so the paths agree bit for bit.
 
-use crate::engine::sga_bounds::{MAX_LOG_PSI_STEP, MAX_PSI_OVERSHOOT};
+use crate::engine::sga_bounds::{loading_bound, MAX_LOG_PSI_STEP, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
 
 use super::isa::Isa;
@@ -333,6 +334,14 @@ fn step_lanes<T: Real, const K: usize, const W: usize>(
         let reach = if dd > old { dd } else { old };
         // The natural step ψ + a (q − ψ) lies between ψ and q ≥ 0: it cannot diverge, so it is not checked.
         overshoot += usize::from(l < n && c.psi_rate.is_none() && g.psi[l] > MAX_PSI_OVERSHOOT * reach);
+    }
+    // f ← clip(f, ±min(MAX_STATE, √(MAX_LOADING_RATIO · ψ))) with the new ψ: Fᵀ Ψ⁻¹ F stays finite.
+    for l in 0..W {
+        let bound = loading_bound::<T>(g.psi[l]);
+        let (lo, hi) = (T::from_f64(-bound), T::from_f64(bound));
+        for fj in g.f.iter_mut() {
+            fj[l] = bounded_lane(fj[l], lo, hi);
+        }
     }
     overshoot
 }

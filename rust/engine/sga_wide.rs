@@ -27,7 +27,7 @@
 use super::isa::Isa;
 use super::sga_kernel::{bounded_lane, residual_form, SgaBlockIo, SgaConsts, SgaStep, Start};
 use super::tiled::{padded_width, TileElem, Tiled, TILE_ROWS};
-use crate::engine::sga_bounds::{bounded, log_psi_step, MAX_PSI_OVERSHOOT};
+use crate::engine::sga_bounds::{bounded, loading_bound, log_psi_step, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
 
 /// Largest sub-block (rows).
@@ -157,6 +157,7 @@ impl SgaWide {
             if let Some(l) = &self.l {
                 whiten_rows::<T, E>(self.isa, sc, l, nb, nbp, kp, k);
             }
+            bound_loadings::<T, E>(&mut sc.f[..nb * kp], &psi[..nb], kp, k);
         }
         if c.step.is_some() || c.start.is_some() {
             for r in 0..nb {
@@ -208,6 +209,21 @@ fn whiten_rows<T: Real, E: TileElem>(
     for r in 0..nb {
         for (fv, &gv) in sc.f[r * kp..r * kp + k].iter_mut().zip(&sc.g[r * kp..r * kp + k]) {
             *fv = E::from_f64(stored::<T>(bounded_lane(gv, lo, hi).to_f64()).1);
+        }
+    }
+}
+
+/// f ← clip(f, ±√(MAX_LOADING_RATIO · ψ)) on each row (kp wide, k used) with its new ψ: Fᵀ Ψ⁻¹ F stays
+/// finite (see `sga_bounds`). The bound is rounded to T, as the narrow kernel's.
+fn bound_loadings<T: Real, E: Real>(f: &mut [E], psi: &[f64], kp: usize, k: usize) {
+    for (row, &p) in f.chunks_mut(kp).zip(psi) {
+        let bound = loading_bound::<T>(p);
+        let (lo, hi) = (
+            E::from_f64(T::from_f64(-bound).to_f64()),
+            E::from_f64(T::from_f64(bound).to_f64()),
+        );
+        for v in row[..k].iter_mut() {
+            *v = bounded_lane(*v, lo, hi);
         }
     }
 }

@@ -16,6 +16,15 @@ from ..errors import NumericalBreakdownError
 #: Largest |x| accepted, the ceiling of the state and the lower bound of the relative floor, per state dtype.
 MAX_INPUT = {torch.float64: 1e100, torch.float32: 1e18}
 MAX_STATE = {torch.float64: 1e150, torch.float32: 1e18}
+#: Largest f_j² / ψ an SGA step leaves in a row (the Rust core's ``MAX_LOADING_RATIO``): Fᵀ Ψ⁻¹ F stays finite.
+MAX_LOADING_RATIO = 1e200
+
+
+def loading_bound(psi: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """min(MAX_STATE, √(MAX_LOADING_RATIO · ψ)) per row (float64), rounded to the state's ``dtype`` as the
+    Rust kernels round it: the bound of |f_j| after an SGA step with the new ψ."""
+    bound = torch.sqrt(MAX_LOADING_RATIO * psi.to(torch.float64)).clamp(max=MAX_STATE[dtype])
+    return bound.to(dtype).to(torch.float64)
 #: Adam's constants (Kingma & Ba 2015): β₁, β₂, ε.
 ADAM_BETA1, ADAM_BETA2, ADAM_EPS = 0.9, 0.999, 1e-8
 MIN_FLOOR = {torch.float64: 1e-200, torch.float32: 1e-30}

@@ -41,7 +41,7 @@ import torch
 from ..errors import NumericalBreakdownError
 from ._sga_triton import available as fused_available
 from ._sga_triton import fused_pass
-from ._kk_algebra import MAX_STATE, cpu64, eye64, relative_floor, spd_factor, spd_inverse, step_size, stored
+from ._kk_algebra import MAX_STATE, cpu64, eye64, loading_bound, relative_floor, spd_factor, spd_inverse, step_size, stored
 
 #: ψ growing more than this factor past both its previous value and d'² in one step is a diverged step.
 MAX_PSI_OVERSHOOT = 1e6
@@ -170,10 +170,15 @@ class SGAEngine:
         if self.pending.psi_rate is not None:
             # ψ + a (q − ψ) lies between ψ and q ≥ 0: it cannot diverge, so it is not checked.
             new_psi = stored(_bounded(psi + self.pending.psi_rate * (q - psi), floor, hi), self.dtype)
-            return new_f, new_psi, False
+            return self._bound_loadings(new_f, new_psi), new_psi, False
         new_psi = stored(_bounded(psi * torch.exp(log_step), floor, hi), self.dtype)
         diverged = bool((new_psi > MAX_PSI_OVERSHOOT * torch.maximum(psi, d * d)).any())
-        return new_f, new_psi, diverged
+        return self._bound_loadings(new_f, new_psi), new_psi, diverged
+
+    def _bound_loadings(self, f: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+        """f ← clip(f, ±min(MAX_STATE, √(MAX_LOADING_RATIO · ψ))) with the new ψ: Fᵀ Ψ⁻¹ F stays finite."""
+        bound = loading_bound(psi, self.dtype)[:, None]
+        return stored(torch.minimum(torch.maximum(f.to(torch.float64), -bound), bound), self.dtype)
 
     def _log_step_bounds(self) -> tuple[float, float]:
         """(lower, upper) bound of the log-ψ step α ∇β: ±1 under ``"data"``; under ``"unit"`` only the upper

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ._kk_algebra import MAX_LOADING_RATIO
 from ._triton_common import BLOCK_ROWS, available, padded_components, scalar_table, triton
 
 __all__ = ["available", "fused_pass"]
@@ -81,6 +82,10 @@ if triton is not None:
             new_f = _bounded(f + lr * grad, -hi, hi).to(f.dtype)
             new_psi = _bounded(psi * tl.exp(log_step), floor, hi).to(psi.dtype)
             diverged = (new_psi > 1e6 * tl.maximum(psi, d_prev * d_prev)) & row_ok
+        # f ← clip(f, ±min(MAX_STATE, √(MAX_LOADING_RATIO · ψ))) with the new ψ (Fᵀ Ψ⁻¹ F stays finite)
+        ratio = tl.load(scalar_ptr + 7)
+        bound = tl.minimum(tl.sqrt(ratio * new_psi), hi)
+        new_f = tl.minimum(tl.maximum(new_f, -bound[:, None]), bound[:, None])
         tl.store(new_f_ptr + rows[:, None] * K + cols[None, :], new_f, mask=mask)
         tl.store(new_psi_ptr + rows, new_psi, mask=row_ok)
         # the running mean and this sample's deviation
@@ -118,7 +123,7 @@ def fused_pass(engine: Any, x: torch.Tensor, mean_rho: float, floor: float, max_
     step = engine.pending
     whitened = step.whiten is not None
     psi_rate = step.psi_rate if step.psi_rate is not None else 0.0
-    scalars = scalar_table([step.f_rate, mean_rho, floor, max_state, *log_bounds, psi_rate], f)
+    scalars = scalar_table([step.f_rate, mean_rho, floor, max_state, *log_bounds, psi_rate, MAX_LOADING_RATIO], f)
     lower = _padded(step.whiten if whitened else torch.zeros(k, k, dtype=torch.float64), kp, f)
     new = {"loadings": torch.empty_like(f), "psi": torch.empty_like(psi), "mean": torch.empty_like(engine.mean),
            "d_last": torch.empty_like(engine.d_last)}
