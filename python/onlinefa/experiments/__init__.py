@@ -27,6 +27,7 @@ EXPERIMENT_MODULES: tuple[str, ...] = (
     "linreg_vifa",
     "uci_linreg",
     "swag",
+    "calibration",
     "uci_bnn",
     "vbfa_transform",
     "gfa",

@@ -1,4 +1,4 @@
-"""Predictive metrics of the ``swag`` experiment: NLL, accuracy, calibration (ECE, reliability diagram).
+"""Predictive metrics of the ``swag`` and ``calibration`` experiments: NLL, accuracy, ECE, Brier, OOD AUROC.
 
 NumPy only, except :func:`plot_reliability` (matplotlib). Calibration follows Guo et al., "On Calibration
 of Modern Neural Networks" (2017), Section 2: predictions are binned by their confidence (the largest
@@ -140,3 +140,64 @@ def plot_reliability(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def brier_score(probabilities: FloatArray, labels: IntArray) -> float:
+    """Mean over rows of Σ_c (p_c − [c = y])², the multi-class Brier score (0 = perfect, at most 2).
+
+    Parameters
+    ----------
+    probabilities : ndarray of shape (N, C)
+    labels : ndarray of shape (N,)
+
+    Returns
+    -------
+    float
+    """
+    _check_probabilities(probabilities, labels)
+    onehot = np.zeros_like(probabilities)
+    onehot[np.arange(labels.size), labels] = 1.0
+    return float(np.mean(np.sum((probabilities - onehot) ** 2, axis=1)))
+
+
+def predictive_entropy(probabilities: FloatArray) -> FloatArray:
+    """−Σ_c p_c log p_c per row (0 log 0 = 0), shape (N,)."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0.0, p * np.log(p), 0.0)
+    entropy: FloatArray = -terms.sum(axis=1)
+    return entropy
+
+
+def auroc(in_scores: FloatArray, out_scores: FloatArray) -> float:
+    """Area under the ROC curve of telling ``out_scores`` (positives) from ``in_scores`` by a larger score.
+
+    The Mann–Whitney statistic P(out > in) + ½ P(out = in), from the mid-ranks of the pooled scores.
+
+    Parameters
+    ----------
+    in_scores : ndarray of shape (N_in,)
+        Scores of in-distribution rows (e.g. predictive entropy on the clean test set).
+    out_scores : ndarray of shape (N_out,)
+        Scores of out-of-distribution rows.
+
+    Returns
+    -------
+    float
+        In [0, 1]; 0.5 when the scores do not separate the two.
+    """
+    a, b = np.asarray(in_scores, dtype=np.float64), np.asarray(out_scores, dtype=np.float64)
+    if a.ndim != 1 or b.ndim != 1 or a.size == 0 or b.size == 0:
+        raise ValueError(f"need two non-empty 1-D score arrays, got shapes {a.shape} and {b.shape}")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError("scores must be finite")
+    pooled = np.concatenate([a, b])
+    order = np.argsort(pooled, kind="mergesort")
+    ranks = np.empty(pooled.size)
+    sorted_scores = pooled[order]
+    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
+    ends = np.r_[starts[1:], pooled.size]
+    for start, end in zip(starts, ends):  # ties share their mean rank (1-based)
+        ranks[order[start:end]] = 0.5 * (start + end - 1) + 1.0
+    out_rank_sum = ranks[a.size:].sum()
+    return float((out_rank_sum - b.size * (b.size + 1) / 2.0) / (a.size * b.size))

@@ -10,6 +10,9 @@ Needs PyTorch (the optional extra ``torch``: ``pip install ".[torch]"`` in the s
 - :func:`bayesian_model_average`: predictions averaged over draws, with batch-norm refresh
   (:func:`refresh_batch_norm`); :func:`regression_log_likelihood` and :func:`fit_noise_variance`: the
   regression predictive of its draws (a mixture of Gaussians with a given or fitted noise variance).
+- :func:`linearized_predictions`, :func:`linearized_model_average`: the linearised (GLM) predictive
+  f(x; c) + J(x)(θ − c) of the draws, by Jacobian-vector products; :func:`select_scale`: the covariance
+  scale chosen by held-out likelihood or by the ELBO of the training data.
 - :func:`vifa_step`: one VIFA training step on a module; :class:`VIFA` keeps VIFA's state in torch tensors
   on any device.
 - :class:`GaussianNoise`, :func:`vifa_regression_step`: a regression noise variance σ² learned from the
@@ -36,10 +39,12 @@ from ._online_em import OnlineEM
 from ._online_sga import OnlineSGA
 from ._sharded import ShardedOnlineEM, ShardedOnlineSGA
 from ._sharded_vifa import ShardedVIFA
+from ._linearized import LinearizedPredictions, linearized_model_average, linearized_predictions
 from ._params import ParameterVector
 from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
 from ._predictive import fit_noise_variance, regression_log_likelihood
 from ._sampling import sample_parameters
+from ._scale import ScaleSelection, select_scale
 from ._vifa import vifa_step
 from ._vifa_model import VIFA
 
@@ -47,9 +52,10 @@ if TYPE_CHECKING:
     from .swag import SWAG
 
 __all__ = [
-    "GaussianNoise", "GaussianParameters", "MultiSWAG", "OnlineEM", "OnlineSGA", "ParameterVector", "SWAG",
-    "ShardedOnlineEM", "ShardedOnlineSGA", "ShardedVIFA", "VIFA", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
-    "fit_noise_variance", "gaussian_parameters", "refresh_batch_norm", "regression_log_likelihood",
+    "GaussianNoise", "GaussianParameters", "LinearizedPredictions", "MultiSWAG", "OnlineEM", "OnlineSGA", "ParameterVector", "SWAG",
+    "ScaleSelection", "ShardedOnlineEM", "ShardedOnlineSGA", "ShardedVIFA", "VIFA", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
+    "fit_noise_variance", "gaussian_parameters", "linearized_model_average", "linearized_predictions",
+    "refresh_batch_norm", "regression_log_likelihood", "select_scale",
     "sample_parameters", "to_torch", "vifa_regression_step",
     "vifa_step",
 ]  # fmt: skip

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from ._maximise import maximise_log
+
 __all__ = ["fit_noise_variance", "regression_log_likelihood"]
 
 #: Golden-section iterations of :func:`fit_noise_variance` (the bracket shrinks 0.618× each: 1e-15 of it left).
@@ -100,21 +102,8 @@ def fit_noise_variance(draws: torch.Tensor, targets: torch.Tensor) -> float:
     scale = float(residual.square().mean())
     if not scale > 0.0:
         raise ValueError("the draws fit the targets exactly: no noise variance > 0 maximises the likelihood")
-    grid = [math.log(scale) + math.log(10.0) * (-_DECADES_BELOW + (_DECADES_BELOW + _DECADES_ABOVE) * i
-                                                / (_GRID_POINTS - 1)) for i in range(_GRID_POINTS)]
-    scores = [_mean_log_likelihood(residual, math.exp(v)) for v in grid]
-    best = max(range(_GRID_POINTS), key=scores.__getitem__)
-    low, high = grid[max(best - 1, 0)], grid[min(best + 1, _GRID_POINTS - 1)]
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = high - ratio * (high - low), low + ratio * (high - low)
-    fa, fb = _mean_log_likelihood(residual, math.exp(a)), _mean_log_likelihood(residual, math.exp(b))
-    for _ in range(_REFINE_STEPS):
-        if fa >= fb:
-            high, b, fb = b, a, fa
-            a = high - ratio * (high - low)
-            fa = _mean_log_likelihood(residual, math.exp(a))
-        else:
-            low, a, fa = a, b, fb
-            b = low + ratio * (high - low)
-            fb = _mean_log_likelihood(residual, math.exp(b))
-    return math.exp((low + high) / 2.0)
+    centre = math.log(scale)
+    best = maximise_log(lambda v: _mean_log_likelihood(residual, math.exp(v)),
+                        centre - _DECADES_BELOW * math.log(10.0), centre + _DECADES_ABOVE * math.log(10.0),
+                        grid_points=_GRID_POINTS, refine_steps=_REFINE_STEPS)
+    return math.exp(best)

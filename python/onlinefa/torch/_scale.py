@@ -1,0 +1,158 @@
+"""The covariance scale of a posterior, chosen from data: :func:`select_scale`.
+
+A Gaussian fitted to SGD iterates has the width that the step size leaves them, not the width the data
+support. With the linearised predictive (:func:`linearized_predictions`) every scale s of the covariance
+gives the outputs centre + √s · deviation from one pass, so s can be chosen by a score of the data:
+
+- ``rule="validation"``: the mean log predictive density of held-out rows,
+  (1/N) Σ_n log (1/S) Σ_s p(y_n | f_s(x_n)), which is what the test NLL measures.
+- ``rule="elbo"``: the evidence lower bound of the training rows for q_s = N(c, s Σ) under the prior
+  N(0, α⁻¹ I) (Blundell et al., "Weight Uncertainty in Neural Networks", 2015, eq. (1)), with the shape Σ
+  kept and only its scale learned:
+
+      ELBO(s) = Σ_n E_q[log p(y_n | f_lin(x_n; θ))] − ½ α s tr Σ + ½ D log s + const.
+
+  For a linear-Gaussian model whose Σ is the exact posterior covariance divided by s₀, the maximiser is
+  s = D / tr(P Σ) = s₀, P the posterior precision (the exact posterior maximises the ELBO).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from ._linearized import LinearizedPredictions
+from ._maximise import maximise_log
+from ._posterior import MultiSWAG, gaussian_parameters
+
+__all__ = ["ScaleSelection", "select_scale"]
+
+#: Grid points per decade of the scale's bracket, and golden-section steps after the grid.
+_POINTS_PER_DECADE, _REFINE_STEPS = 8, 40
+
+
+class ScaleSelection(NamedTuple):
+    """The chosen covariance scale and the score it reached."""
+
+    scale: float  #: the maximising s
+    score: float  #: the rule's score at s (mean log predictive, or the ELBO up to a constant)
+    at_bound: bool  #: whether s lies on an end of ``bounds`` (the bracket may need widening)
+
+
+def _per_draw_log_likelihood(outputs: torch.Tensor, targets: torch.Tensor, task: str,
+                             noise_variance: float | None) -> torch.Tensor:
+    """log p(y_n | f_s(x_n)) for every draw s and row n: shape (S, N), float64."""
+    if task == "classification":
+        labels = targets.to(device=outputs.device, dtype=torch.int64).reshape(-1)
+        if labels.shape[0] != outputs.shape[1]:
+            raise ValueError(f"{labels.shape[0]} targets for {outputs.shape[1]} rows")
+        log_probabilities = torch.log_softmax(outputs.to(torch.float64), dim=-1)
+        index = labels.view(1, -1, 1).expand(outputs.shape[0], -1, 1)
+        return log_probabilities.gather(-1, index).squeeze(-1)
+    assert noise_variance is not None
+    values = targets.to(device=outputs.device, dtype=torch.float64)
+    if values.numel() != math.prod(outputs.shape[1:]):
+        raise ValueError(f"targets of shape {tuple(targets.shape)} do not match outputs {tuple(outputs.shape)}")
+    residual = (values.reshape(outputs.shape[1:]).unsqueeze(0) - outputs.to(torch.float64)).flatten(2)
+    return (-0.5 * residual.square().sum(dim=2) / noise_variance
+            - 0.5 * residual.shape[2] * math.log(2.0 * math.pi * noise_variance))
+
+
+def _check_arguments(rule: str, task: str, noise_variance: float | None, bounds: tuple[float, float]) -> None:
+    if rule not in ("validation", "elbo"):
+        raise ValueError(f"rule must be 'validation' or 'elbo', got {rule!r}")
+    if task not in ("classification", "regression"):
+        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    if task == "regression" and not (isinstance(noise_variance, (int, float)) and math.isfinite(noise_variance)
+                                     and noise_variance > 0):
+        raise ValueError(f"regression needs a finite noise_variance > 0, got {noise_variance!r}")
+    low, high = bounds
+    if not (0.0 < low < high and math.isfinite(high)):
+        raise ValueError(f"bounds must satisfy 0 < low < high < inf, got {bounds!r}")
+
+
+def _elbo_terms(posterior: object, prior_precision: float | None) -> tuple[float, int, float]:
+    """(α, D, tr Σ) of the ELBO rule."""
+    if posterior is None or isinstance(posterior, MultiSWAG):
+        raise ValueError("rule='elbo' needs the posterior (one Gaussian, not a mixture)")
+    if not (isinstance(prior_precision, (int, float)) and math.isfinite(prior_precision) and prior_precision > 0):
+        raise ValueError(f"rule='elbo' needs a finite prior_precision > 0, got {prior_precision!r}")
+    gaussian = gaussian_parameters(posterior)
+    trace = float((gaussian.loadings**2).sum() + gaussian.noise_variance.sum())
+    if not trace > 0.0:
+        raise ValueError("the posterior's covariance is zero: no scale of it can be chosen")
+    return float(prior_precision), int(gaussian.mean.shape[0]), trace
+
+
+def select_scale(
+    predictions: LinearizedPredictions,
+    *,
+    rule: str = "validation",
+    task: str = "classification",
+    targets: torch.Tensor | None = None,
+    noise_variance: float | None = None,
+    posterior: object = None,
+    prior_precision: float | None = None,
+    n_data: int | None = None,
+    bounds: tuple[float, float] = (1e-3, 1e6),
+) -> ScaleSelection:
+    """The covariance scale s that maximises a score of the linearised predictions.
+
+    Parameters
+    ----------
+    predictions : LinearizedPredictions
+        :func:`linearized_predictions` on held-out rows (``rule="validation"``) or on the training rows
+        (``rule="elbo"``); never on the test rows the scale is then used on.
+    rule : {"validation", "elbo"}, default="validation"
+        See the module notes.
+    task : {"classification", "regression"}, default="classification"
+        Softmax likelihood of class labels, or a Gaussian likelihood with ``noise_variance``.
+    targets : torch.Tensor, optional
+        Class labels (N,) or regression targets (N, ...); default ``predictions.targets``.
+    noise_variance : float, optional
+        σ² of the regression likelihood (required when ``task="regression"``).
+    posterior : model, optional
+        The Gaussian the predictions were drawn from (``rule="elbo"``: its D and tr Σ).
+    prior_precision : float, optional
+        α of the prior N(0, α⁻¹ I) (``rule="elbo"``). SGD on a mean loss with ``weight_decay`` λ over N
+        rows is MAP under α = N λ.
+    n_data : int, optional
+        Rows of the full training set when the predictions cover a subset (``rule="elbo"``: the
+        likelihood term is scaled by n_data / N); default N.
+    bounds : (float, float), default=(1e-3, 1e6)
+        The bracket of s searched (geometric grid of 8 points per decade, then golden section).
+
+    Returns
+    -------
+    ScaleSelection
+
+    Raises
+    ------
+    ValueError
+        An unknown rule or task, missing targets, σ², posterior or α, a mixture posterior for
+        ``rule="elbo"``, a zero covariance, or bad bounds.
+    """
+    _check_arguments(rule, task, noise_variance, bounds)
+    labels = predictions.targets if targets is None else torch.as_tensor(targets)
+    if labels is None:
+        raise ValueError("no targets: the loader's batches carried none, pass targets=")
+    n_rows, n_draws = predictions.centre.shape[1], predictions.centre.shape[0]
+    if rule == "elbo":
+        alpha, n_features, trace = _elbo_terms(posterior, prior_precision)
+        weight = (n_rows if n_data is None else int(n_data)) / n_rows
+
+    def score(log_scale: float) -> float:
+        log_likelihood = _per_draw_log_likelihood(predictions.outputs(math.exp(log_scale)), labels, task,
+                                                  noise_variance)
+        if rule == "validation":
+            return float((torch.logsumexp(log_likelihood, dim=0) - math.log(n_draws)).mean())
+        expected = weight * float(log_likelihood.mean(dim=0).sum())
+        return expected - 0.5 * alpha * math.exp(log_scale) * trace + 0.5 * n_features * log_scale
+
+    log_low, log_high = math.log(bounds[0]), math.log(bounds[1])
+    points = max(3, int(round(_POINTS_PER_DECADE * (log_high - log_low) / math.log(10.0))) + 1)
+    best = maximise_log(score, log_low, log_high, grid_points=points, refine_steps=_REFINE_STEPS)
+    step = (log_high - log_low) / (points - 1)
+    return ScaleSelection(math.exp(best), score(best), bool(best - log_low < step or log_high - best < step))

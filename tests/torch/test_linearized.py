@@ -1,0 +1,215 @@
+"""The linearised predictive against a dense Jacobian and central finite differences (D <= 50), against
+exact BMA on a network that is linear in θ, and the scale rules against closed forms on a linear-Gaussian
+model whose exact posterior is known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+scipy_optimize = pytest.importorskip("scipy.optimize")
+
+from onlinefa.torch import (  # noqa: E402
+    MultiSWAG,
+    ParameterVector,
+    bayesian_model_average,
+    linearized_model_average,
+    linearized_predictions,
+    sample_parameters,
+    select_scale,
+)
+
+
+class Gaussian:
+    """A fixed N(c, F Fᵀ + diag ψ)."""
+
+    def __init__(self, mean: np.ndarray, loadings: np.ndarray, noise_variance: np.ndarray) -> None:
+        self.mean, self.loadings, self.noise_variance = mean, loadings, noise_variance
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()  # D = 26
+
+
+def _posterior(d: int, k: int, seed: int, width: float = 0.3) -> Gaussian:
+    rng = np.random.default_rng(seed)
+    return Gaussian(rng.standard_normal(d), width * rng.standard_normal((d, k)), width**2 * rng.uniform(0.1, 1, d))
+
+
+def _inputs(n: int = 5) -> torch.Tensor:
+    return torch.randn(n, 3, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+
+
+def _output_at(module: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    ParameterVector(module, dtype=torch.float64).assign(theta)
+    with torch.no_grad():
+        return module(x)
+
+
+def test_deviation_is_the_dense_jacobian_times_the_draw_and_matches_finite_differences() -> None:
+    module, x = _mlp(), _inputs()
+    post = _posterior(26, 3, seed=1)
+    before = [p.detach().clone() for p in module.parameters()]
+    got = linearized_predictions(module, post, [(x,)], n_samples=4, seed=5)
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters())), "θ must be left as it was"
+    mean = torch.as_tensor(post.mean)
+    draws = torch.cat(list(sample_parameters(post, 4, seed=5, dtype=torch.float64)))
+
+    def flat_output(theta: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(module, dict(zip([n for n, _ in module.named_parameters()],
+                                                           _split(module, theta))), (x,))
+
+    jacobian = torch.autograd.functional.jacobian(flat_output, mean)  # (N, C, D), dense
+    for s in range(4):
+        delta = draws[s] - mean
+        expected = torch.einsum("ncd,d->nc", jacobian, delta)
+        assert torch.allclose(got.deviation[s], expected, rtol=1e-10, atol=1e-12)
+        step = 1e-5
+        central = (_output_at(module, mean + step * delta, x) - _output_at(module, mean - step * delta, x)) / (2 * step)
+        assert torch.allclose(got.deviation[s], central, rtol=1e-6, atol=1e-8)
+        assert torch.allclose(got.centre[s], _output_at(module, mean, x), rtol=0, atol=1e-13)
+
+
+def _split(module: torch.nn.Module, theta: torch.Tensor) -> list[torch.Tensor]:
+    sizes = [p.numel() for p in module.parameters()]
+    return [part.view(p.shape) for part, p in zip(theta.split(sizes), module.parameters())]
+
+
+def test_a_network_linear_in_theta_predicts_exactly_as_bma() -> None:
+    torch.manual_seed(1)
+    module = torch.nn.Linear(3, 4).double()  # logits linear in θ: linearisation is exact
+    post = _posterior(16, 2, seed=2, width=1.0)
+    x = _inputs(6)
+    for scale in (0.3, 2.0):
+        lin = linearized_model_average(module, post, [(x[:4],), (x[4:],)], n_samples=7, scale=scale, seed=3)
+        bma = bayesian_model_average(module, post, [(x[:4],), (x[4:],)], n_samples=7, scale=scale, seed=3)
+        assert torch.allclose(lin, bma, rtol=1e-12, atol=1e-14)
+
+
+def test_a_mixture_linearises_each_component_around_its_own_mean() -> None:
+    module, x = _mlp(), _inputs()
+    parts = [_posterior(26, 2, seed=s) for s in (3, 4)]
+    got = linearized_predictions(module, MultiSWAG(parts), [(x, torch.zeros(5))], n_samples=5, seed=1)
+    counts = MultiSWAG(parts).split(5)
+    assert got.centre.shape == (5, 5, 2) and got.targets is not None and got.targets.shape == (5,)
+    for s in range(5):
+        part = parts[0] if s < counts[0] else parts[1]
+        assert torch.allclose(got.centre[s], _output_at(module, torch.as_tensor(part.mean), x), atol=1e-13)
+
+
+def test_outputs_scale_the_deviation_by_the_root_of_the_scale() -> None:
+    module, x = _mlp(), _inputs()
+    got = linearized_predictions(module, _posterior(26, 2, seed=1), [(x,)], n_samples=2, seed=0)
+    assert torch.allclose(got.outputs(4.0), got.centre + 2.0 * got.deviation)
+    with pytest.raises(ValueError, match="scale"):
+        got.outputs(-1.0)
+
+
+def test_bad_arguments_are_refused() -> None:
+    module, x = _mlp(), _inputs()
+    with pytest.raises(ValueError, match="features"):
+        linearized_predictions(module, _posterior(25, 2, seed=1), [(x,)], n_samples=1)
+    with pytest.raises(ValueError, match="one-shot"):
+        linearized_predictions(module, _posterior(26, 2, seed=1), iter([(x,)]), n_samples=2)
+    with pytest.raises(ValueError, match="no batches"):
+        linearized_predictions(module, _posterior(26, 2, seed=1), [], n_samples=1)
+    with pytest.raises(ValueError, match="task"):
+        linearized_model_average(module, _posterior(26, 2, seed=1), [(x,)], task="ranking")
+
+
+# --- scale rules on Bayesian linear regression y = X w + ε, ε ~ N(0, σ²), w ~ N(0, α⁻¹ I) ---------------
+
+SIGMA2, ALPHA, N_ROWS, N_FEATURES = 0.5, 2.0, 40, 3
+
+
+def _linear_problem(seed: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N_ROWS, N_FEATURES))
+    y = X @ rng.standard_normal(N_FEATURES) + math.sqrt(SIGMA2) * rng.standard_normal(N_ROWS)
+    precision = X.T @ X / SIGMA2 + ALPHA * np.eye(N_FEATURES)
+    covariance = np.linalg.inv(precision)
+    mean = covariance @ X.T @ y / SIGMA2
+    module = torch.nn.Linear(N_FEATURES, 1, bias=False).double()
+    return module, torch.as_tensor(X), torch.as_tensor(y), mean, covariance
+
+
+def _gaussian_with_covariance(mean: np.ndarray, covariance: np.ndarray) -> Gaussian:
+    """N(mean, covariance) written as F Fᵀ + ψ I (ψ half the smallest eigenvalue, F its Cholesky rest)."""
+    psi = 0.5 * float(np.linalg.eigvalsh(covariance).min())
+    loadings = np.linalg.cholesky(covariance - psi * np.eye(len(mean)))
+    return Gaussian(mean, loadings, np.full(len(mean), psi))
+
+
+@pytest.mark.parametrize("too_narrow", [0.1, 1.0, 30.0])
+def test_the_elbo_rule_recovers_the_exact_posterior_scale(too_narrow: float) -> None:
+    # Σ = Σ_post / s₀: the ELBO over scales of this shape peaks at s = D / tr(P Σ) = s₀ exactly; the rule
+    # estimates E_q log p by S = 8000 draws, whose relative error in tr(X Σ Xᵀ) is below sqrt(2/S) = 0.016,
+    # so 0.08 in log s is five standard errors.
+    module, X, y, mean, covariance = _linear_problem(seed=0)
+    post = _gaussian_with_covariance(mean, covariance / too_narrow)
+    predictions = linearized_predictions(module, post, [(X, y)], n_samples=8000, seed=1)
+    chosen = select_scale(predictions, rule="elbo", task="regression", noise_variance=SIGMA2, posterior=post,
+                          prior_precision=ALPHA)
+    assert abs(math.log(chosen.scale / too_narrow)) < 0.08, chosen
+    assert not chosen.at_bound
+
+
+def test_the_validation_rule_maximises_the_closed_form_predictive_density() -> None:
+    # The mixture of S Gaussians N(x c + √s x δ_s, σ²) tends to N(x c, σ² + s xᵀΣx); the closed form's
+    # maximiser over s, found by SciPy, is what the rule must choose (S = 8000, same tolerance as above).
+    module, X, y, mean, covariance = _linear_problem(seed=3)
+    rng = np.random.default_rng(4)
+    X_val = rng.standard_normal((200, N_FEATURES))
+    y_val = X_val @ rng.multivariate_normal(mean, covariance) + math.sqrt(SIGMA2) * rng.standard_normal(200)
+    post = _gaussian_with_covariance(mean, covariance / 20.0)
+    shape = np.einsum("nd,de,ne->n", X_val, covariance / 20.0, X_val)
+
+    def negative_density(log_scale: float) -> float:
+        variance = SIGMA2 + math.exp(log_scale) * shape
+        return float(np.mean(0.5 * (y_val - X_val @ mean) ** 2 / variance + 0.5 * np.log(2 * math.pi * variance)))
+
+    best = scipy_optimize.minimize_scalar(negative_density, bounds=(-5.0, 10.0), method="bounded",
+                                          options={"xatol": 1e-8}).x
+    predictions = linearized_predictions(module, post, [(torch.as_tensor(X_val), torch.as_tensor(y_val))],
+                                         n_samples=8000, seed=2)
+    chosen = select_scale(predictions, task="regression", noise_variance=SIGMA2)
+    assert abs(math.log(chosen.scale) - best) < 0.08, (chosen, math.exp(best))
+    assert abs(chosen.score + negative_density(best)) < 0.01
+
+
+def test_the_validation_rule_on_labels_prefers_width_where_the_centre_is_wrong() -> None:
+    # Classification: one row whose centre logits favour the wrong class; a wider posterior hedges it.
+    centre = torch.tensor([[[4.0, 0.0]]]).expand(200, 1, 2)
+    deviation = torch.randn(200, 1, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
+    from onlinefa.torch import LinearizedPredictions
+
+    wrong = select_scale(LinearizedPredictions(centre, deviation, torch.tensor([1])), bounds=(1e-2, 1e2))
+    right = select_scale(LinearizedPredictions(centre, deviation, torch.tensor([0])), bounds=(1e-2, 1e2))
+    assert wrong.scale > 10.0 and right.scale < 0.05
+
+
+def test_select_scale_refuses_bad_arguments() -> None:
+    from onlinefa.torch import LinearizedPredictions
+
+    preds = LinearizedPredictions(torch.zeros(2, 3, 2), torch.ones(2, 3, 2), None)
+    with pytest.raises(ValueError, match="no targets"):
+        select_scale(preds)
+    with pytest.raises(ValueError, match="rule"):
+        select_scale(preds, rule="aic", targets=torch.zeros(3))
+    with pytest.raises(ValueError, match="noise_variance"):
+        select_scale(preds, task="regression", targets=torch.zeros(3))
+    with pytest.raises(ValueError, match="bounds"):
+        select_scale(preds, targets=torch.zeros(3), bounds=(1.0, 0.5))
+    with pytest.raises(ValueError, match="posterior"):
+        select_scale(preds, rule="elbo", targets=torch.zeros(3), prior_precision=1.0)
+    post = Gaussian(np.zeros(4), np.zeros((4, 1)), np.zeros(4))
+    with pytest.raises(ValueError, match="zero"):
+        select_scale(preds, rule="elbo", targets=torch.zeros(3), posterior=post, prior_precision=1.0)
+    with pytest.raises(ValueError, match="prior_precision"):
+        select_scale(preds, rule="elbo", targets=torch.zeros(3), posterior=post)
+    with pytest.raises(ValueError, match="targets"):
+        select_scale(preds, targets=torch.zeros(4))
