@@ -64,7 +64,8 @@ def test_quick_run_on_digits_writes_every_output_and_resumes(tmp_path: Path,
     methods = ["map", "swa", "swag_fa", "onlinefa", "multiswag_fa", "deep_ensemble"]
     assert main(["experiment", "calibration", "--quick", "--seeds", "1", "--out", str(out), "--methods", *methods]) == 0
     rows = _read(out / "calibration.csv")
-    assert list(rows[0]) == ["dataset", "seed", "method", "evaluation", "accuracy", "nll", "ece", "brier", "auroc"]
+    assert list(rows[0]) == ["dataset", "seed", "method", "evaluation", "accuracy", "nll", "ece", "brier", "auroc",
+                             "rmse"]
     assert {r["dataset"] for r in rows} == {"digits", "digits04"}
     assert {r["method"] for r in rows} == set(methods)
     evaluations = {r["evaluation"] for r in rows if r["dataset"] == "digits"}
@@ -135,3 +136,15 @@ def test_missing_peers_are_named_with_their_pip_install_and_the_rest_runs(
     for package in ("laplace-torch", "ivon-opt", "torch-uncertainty"):
         assert f"pip install {package}" in printed
     assert {r["method"] for r in _read(out / "calibration.csv")} == {"map"}
+
+
+def test_a_uci_regression_set_reports_log_likelihood_and_rmse(tmp_path: Path) -> None:
+    out = tmp_path / "uci"
+    assert main(["experiment", "calibration", "--quick", "--seeds", "1", "--datasets", "yacht", "--out", str(out),
+                 "--methods", "swa", "onlinefa", "deep_ensemble"]) == 0
+    rows = _read(out / "calibration.csv")
+    assert {(r["method"], r["evaluation"]) for r in rows} == {("swa", "clean"), ("onlinefa", "clean"),
+                                                              ("deep_ensemble", "clean")}
+    for row in rows:
+        assert float(row["rmse"]) > 0 and np.isfinite(float(row["nll"])) and row["accuracy"] == row["auroc"] == ""
+    assert "### yacht (regression)" in (out / "calibration.md").read_text()

@@ -213,3 +213,26 @@ def test_select_scale_refuses_bad_arguments() -> None:
         select_scale(preds, rule="elbo", targets=torch.zeros(3), posterior=post)
     with pytest.raises(ValueError, match="targets"):
         select_scale(preds, targets=torch.zeros(4))
+
+
+class _DictModel(torch.nn.Module):
+    """A Hugging Face–style model: keyword inputs, an output mapping with ``logits``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _mlp()
+
+    def forward(self, input_values: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        return {"logits": self.body(input_values)}
+
+
+def test_dict_batches_pass_as_keywords_and_their_labels_are_the_targets() -> None:
+    model, x = _DictModel(), _inputs()
+    labels = torch.tensor([0, 1, 1, 0, 1])
+    post = _posterior(26, 2, seed=1)
+    batches = [{"input_values": x[:3], "labels": labels[:3]}, {"input_values": x[3:], "labels": labels[3:]}]
+    got = linearized_predictions(model, post, batches, n_samples=3, seed=4)
+    plain = linearized_predictions(model.body, post, [(x,)], n_samples=3, seed=4)
+    assert torch.equal(got.targets, labels)
+    assert torch.allclose(got.centre, plain.centre) and torch.allclose(got.deviation, plain.deviation)
+    assert plain.targets is None

@@ -23,7 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._calibration_runs import Budget, Predictor, Split, build_mlp
+from ._calibration_runs import Budget, Predictor, Split, build_mlp, training_loss
+
+#: Raw outputs of a sampled method: inputs (N, P) → (S, N, C) float64, one slice per draw.
+Outputs = Callable[[torch.Tensor], torch.Tensor]
 
 #: Peer method → (the module it imports, the pip package that brings it).
 PEER_PACKAGES: dict[str, tuple[str, str]] = {
@@ -93,60 +96,66 @@ def _epochs(split: Split, budget: Budget, orders: list[torch.Tensor], module: to
         after_epoch(epoch)
 
 
-def ivon_predictor(split: Split, n_classes: int, budget: Budget, orders: list[torch.Tensor], init_seed: int
-                   ) -> tuple[Predictor, float]:
-    """A network trained by IVON (README settings) on the same batches; returns the predictor and seconds."""
+def ivon_outputs(split: Split, n_outputs: int, budget: Budget, orders: list[torch.Tensor], init_seed: int
+                 ) -> tuple[Outputs, float]:
+    """A network trained by IVON (README settings) on the same batches; returns its sampled outputs and
+    the training seconds."""
     import ivon
 
     torch.manual_seed(init_seed)
-    module = build_mlp(split.x_train.shape[1], budget.hidden, n_classes)
+    module = build_mlp(split.x_train.shape[1], budget.hidden, n_outputs)
     optimizer = ivon.IVON(module.parameters(), lr=0.1, ess=split.x_train.shape[0])
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         with optimizer.sampled_params(train=True):
             optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(module(x), y).backward()  # type: ignore[no-untyped-call]
+            training_loss(module(x), y).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
     start = time.perf_counter()
     _epochs(split, budget, orders, module, step, lambda epoch: None)
     seconds = time.perf_counter() - start
 
-    def predict(x: torch.Tensor) -> np.ndarray:
+    def outputs(x: torch.Tensor) -> torch.Tensor:
         module.eval()
-        total = torch.zeros(x.shape[0], n_classes, dtype=torch.float64)
+        draws = []
         with torch.no_grad():
             for _ in range(budget.n_draws):
                 with optimizer.sampled_params():
-                    total += torch.softmax(module(x), dim=-1).double()
-        return (total / budget.n_draws).numpy()
+                    draws.append(module(x).double())
+        return torch.stack(draws)
 
-    return predict, seconds
+    return outputs, seconds
 
 
-def swag_peer_predictor(split: Split, n_classes: int, budget: Budget, orders: list[torch.Tensor],
-                        init_seed: int) -> tuple[Predictor, float]:
-    """torch-uncertainty's SWAG around SGD on the same batches; returns the predictor and seconds."""
+def swag_peer_outputs(split: Split, n_outputs: int, budget: Budget, orders: list[torch.Tensor], init_seed: int
+                      ) -> tuple[Outputs, float]:
+    """torch-uncertainty's SWAG around SGD on the same batches; returns its sampled outputs and seconds."""
     from torch_uncertainty.methods.swag import SWAG
 
     torch.manual_seed(init_seed)
-    module = build_mlp(split.x_train.shape[1], budget.hidden, n_classes)
+    module = build_mlp(split.x_train.shape[1], budget.hidden, n_outputs)
     optimizer = torch.optim.SGD(module.parameters(), lr=budget.lr)
     swag = SWAG(module, cycle_start=budget.epochs - budget.collect_epochs - 1, cycle_length=1)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         optimizer.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(module(x), y).backward()  # type: ignore[no-untyped-call]
+        training_loss(module(x), y).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
     start = time.perf_counter()
     _epochs(split, budget, orders, module, step, lambda epoch: swag.update_wrapper(epoch))
     seconds = time.perf_counter() - start
 
-    def predict(x: torch.Tensor) -> np.ndarray:
+    def outputs(x: torch.Tensor) -> torch.Tensor:
         swag.eval()
         with torch.no_grad():
-            logits = swag(x).reshape(-1, x.shape[0], n_classes)  # (draws, N, C), draws concatenated
-        return torch.softmax(logits.double(), dim=-1).mean(dim=0).numpy()
+            concatenated: torch.Tensor = swag(x)  # the draws' outputs, one after the other
+        return concatenated.double().reshape(-1, x.shape[0], n_outputs)
 
-    return predict, seconds
+    return outputs, seconds
+
+
+def mean_softmax(outputs: Outputs) -> Predictor:
+    """The classification predictor of sampled outputs: the mean of their softmax."""
+    return lambda x: torch.softmax(outputs(x), dim=-1).mean(dim=0).numpy()

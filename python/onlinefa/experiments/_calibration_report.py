@@ -53,10 +53,32 @@ def _evaluations(rows: Sequence[Mapping[str, str]], dataset: str) -> tuple[bool,
     return any(n.startswith("shift:") for n in names), sorted(n for n in names if n.startswith("ood:"))
 
 
+def _is_regression(rows: Sequence[Mapping[str, str]], dataset: str) -> bool:
+    return any(row["dataset"] == dataset and row.get("rmse", "") != "" for row in rows)
+
+
+def _regression_tables(rows: Sequence[Mapping[str, str]], dataset: str, present: Sequence[str]) -> list[str]:
+    lines = [f"### {dataset} (regression)", "", "| method | test log-likelihood | RMSE |", "|---|---|---|"]
+    for method in present:
+        log_likelihood = [-v for v in per_seed(rows, dataset, method, "nll", "clean").values()]
+        rmse = list(per_seed(rows, dataset, method, "rmse", "clean").values())
+        lines.append(f"| {method} | {_cell(log_likelihood, 3)} | {_cell(rmse, 3)} |")
+    if REFERENCE in present:
+        lines += ["", f"Paired differences against `{REFERENCE}` (method − {REFERENCE}; positive log-likelihood "
+                  "and negative RMSE differences favour the method):", "", "| method | Δ log-likelihood | Δ RMSE |",
+                  "|---|---|---|"]
+        for method in (m for m in present if m != REFERENCE):
+            delta = [-v for v in _paired(rows, dataset, method, "nll", "clean")]
+            lines.append(f"| {method} | {_cell(delta, 3)} | {_cell(_paired(rows, dataset, method, 'rmse', 'clean'), 3)} |")
+    return lines
+
+
 def _dataset_tables(rows: Sequence[Mapping[str, str]], costs: Sequence[Mapping[str, str]], dataset: str,
                     methods: Sequence[str]) -> list[str]:
     shifted, oods = _evaluations(rows, dataset)
     present = [m for m in methods if per_seed(rows, dataset, m, "nll", "clean")]
+    if _is_regression(rows, dataset):
+        return _regression_tables(rows, dataset, present) + _cost_table(costs, dataset, present)
     head = ["method", "accuracy", "NLL", "ECE", "Brier"] + (["shifted NLL"] if shifted else []) + [
         f"AUROC {o.removeprefix('ood:')}" for o in oods]
     lines = [f"### {dataset}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -78,8 +100,12 @@ def _dataset_tables(rows: Sequence[Mapping[str, str]], costs: Sequence[Mapping[s
                 cells.append(_cell(_paired(rows, dataset, method, "nll", "shift")))
             cells += [_cell(_paired(rows, dataset, method, "auroc", o), 3) for o in oods]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    lines += ["", "Costs as multiples of plain SGD training of one network (mean over seeds):", "",
-              "| method | training | post-hoc | prediction (every evaluation set) |", "|---|---|---|---|"]
+    return lines + _cost_table(costs, dataset, present)
+
+
+def _cost_table(costs: Sequence[Mapping[str, str]], dataset: str, present: Sequence[str]) -> list[str]:
+    lines = ["", "Costs as multiples of plain SGD training of one network (mean over seeds):", "",
+             "| method | training | post-hoc | prediction (every evaluation set) |", "|---|---|---|---|"]
     for method in present:
         picked = [row for row in costs if row["dataset"] == dataset and row["method"] == method]
         means = [np.mean([float(row[c]) for row in picked]) if picked else math.nan
@@ -126,7 +152,9 @@ def plot(rows: Sequence[Mapping[str, str]], folder: Path, path: Path) -> None:
 
     from ._calibration import reliability_bins
 
-    datasets = list(dict.fromkeys(row["dataset"] for row in rows))
+    datasets = [d for d in dict.fromkeys(row["dataset"] for row in rows) if not _is_regression(rows, d)]
+    if not datasets:
+        return
     fig, axes = plt.subplots(len(datasets), 2, figsize=(12, 4.2 * len(datasets)), squeeze=False)
     for (left, right), dataset in zip(axes, datasets):
         stored = folder / f"clean_{dataset}_seed0.npz"

@@ -86,9 +86,16 @@ def snapshot_every(n_rows: int, budget: Budget) -> int:
     return max(1, math.ceil(n_rows / budget.batch_size) // budget.snapshots_per_epoch)
 
 
+def training_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy for class labels (int64), half the mean squared error for regression targets."""
+    if targets.dtype == torch.int64:
+        return torch.nn.functional.cross_entropy(outputs, targets)
+    return 0.5 * torch.mean((outputs[:, 0] - targets) ** 2)
+
+
 def train_sgd(split: Split, n_classes: int, budget: Budget, orders: list[torch.Tensor], init_seed: int,
               collect: bool = True) -> Run:
-    """Plain SGD over ``orders``; with ``collect``, snapshots of the last ``collect_epochs`` epochs stream into
+    """Plain SGD over ``orders`` (``n_classes`` outputs; 1 for regression targets); with ``collect``, snapshots of the last ``collect_epochs`` epochs stream into
     OnlineEM through an asynchronous :class:`~onlinefa.torch.SnapshotCollector` (a worker thread fits them
     while training goes on), as a user would collect them."""
     torch.manual_seed(init_seed)
@@ -105,7 +112,7 @@ def train_sgd(split: Split, n_classes: int, budget: Budget, orders: list[torch.T
         for begin in range(0, order.numel(), budget.batch_size):
             index = order[begin : begin + budget.batch_size]
             optimizer.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(module(split.x_train[index]), split.y_train[index])
+            loss = training_loss(module(split.x_train[index]), split.y_train[index])
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
     if collector is not None:

@@ -28,13 +28,14 @@ NAME = "calibration"
 HELP = "single-network posteriors against laplace-torch, IVON, a third-party SWAG and deep ensembles"
 
 #: Output columns of calibration.csv and costs.csv.
-FIELDS = ["dataset", "seed", "method", "evaluation", "accuracy", "nll", "ece", "brier", "auroc"]
+FIELDS = ["dataset", "seed", "method", "evaluation", "accuracy", "nll", "ece", "brier", "auroc", "rmse"]
 COST_FIELDS = ["dataset", "seed", "method", "train", "posthoc", "predict"]
 #: Every method, in the order of the tables.
 METHODS = ["map", "swa", "swag_fa", "onlinefa", "multiswag_fa", "deep_ensemble", "laplace", "laplace_all",
            "ivon", "swag_peer"]
-#: Built-in tasks of ``--datasets``.
-BUILT_IN = ("digits", "breast_cancer")
+#: Built-in tasks of ``--datasets``: classification, then the packaged UCI regression sets.
+CLASSIFICATION_TASKS = ("digits", "breast_cancer")
+BUILT_IN = (*CLASSIFICATION_TASKS, "energy", "boston", "concrete", "yacht")
 #: Fraction of the training rows held out for validation.
 VALIDATION_FRACTION = 0.1
 #: Settings of ``--quick``.
@@ -92,9 +93,11 @@ def _check(args: argparse.Namespace) -> None:
 def _tasks(args: argparse.Namespace) -> list[Any]:
     from ._calibration_data import DataFileError, breast_cancer_set, digits_sets, load_npz
 
+    from ._calibration_regression import uci_set
+
     if args.data is None:
-        return [task for name in args.datasets
-                for task in (digits_sets() if name == "digits" else [breast_cancer_set()])]
+        built: dict[str, Callable[[], list[Any]]] = {"digits": digits_sets, "breast_cancer": lambda: [breast_cancer_set()]}
+        return [task for name in args.datasets for task in (built[name]() if name in built else [uci_set(name)])]
     try:
         return [load_npz(args.data)]
     except DataFileError as err:
@@ -119,13 +122,13 @@ def evaluate(predict: Callable[[Any], np.ndarray], task: Any) -> tuple[list[dict
 
     start = time.perf_counter()
     clean = run(task.x_test)
-    rows = [{"evaluation": "clean", **_metrics(clean, task.y_test), "auroc": ""}]
+    rows = [{"evaluation": "clean", **_metrics(clean, task.y_test), "auroc": "", "rmse": ""}]
     for name, (x, y) in task.shifts.items():
-        rows.append({"evaluation": f"shift:{name}", **_metrics(run(x), y), "auroc": ""})
+        rows.append({"evaluation": f"shift:{name}", **_metrics(run(x), y), "auroc": "", "rmse": ""})
     clean_entropy = predictive_entropy(clean)
     for name, x in task.ood.items():
         rows.append({"evaluation": f"ood:{name}", "accuracy": "", "nll": "", "ece": "", "brier": "",
-                     "auroc": auroc(clean_entropy, predictive_entropy(run(x)))})
+                     "auroc": auroc(clean_entropy, predictive_entropy(run(x))), "rmse": ""})
     return rows, time.perf_counter() - start, clean
 
 
@@ -211,11 +214,24 @@ class _SeedRun:
                                                            all_weights=method == "laplace_all")
                 self._record(method, predict, plain.seconds, seconds)
         if "ivon" in self.methods:
-            predict, seconds = peers.ivon_predictor(self.split, n_classes, self.budget, self.orders, seed)
-            self._record("ivon", predict, seconds, 0.0)
+            outputs, seconds = peers.ivon_outputs(self.split, n_classes, self.budget, self.orders, seed)
+            self._record("ivon", peers.mean_softmax(outputs), seconds, 0.0)
         if "swag_peer" in self.methods:
-            predict, seconds = peers.swag_peer_predictor(self.split, n_classes, self.budget, self.orders, seed)
-            self._record("swag_peer", predict, seconds, 0.0)
+            outputs, seconds = peers.swag_peer_outputs(self.split, n_classes, self.budget, self.orders, seed)
+            self._record("swag_peer", peers.mean_softmax(outputs), seconds, 0.0)
+
+
+def _job(args: argparse.Namespace, task: Any, seed: int, methods: list[str]) -> Any:
+    """The runner of one (task, seed): classification or, for a UCI set, regression."""
+    from ._calibration_regression import RegressionSeed, RegressionSet
+    from ._calibration_runs import Budget
+
+    if isinstance(task, RegressionSet):
+        budget = Budget(_hidden(args.hidden), args.epochs, args.collect_epochs, args.lr, args.batch_size,
+                        args.snapshots_per_epoch, args.rank, args.n_draws)
+        return RegressionSeed(task, seed, budget, [m for m in methods if m != "laplace_all"], args.members,
+                              VALIDATION_FRACTION)
+    return _SeedRun(args, task, seed, methods)
 
 
 def _done(path: Path) -> set[tuple[str, str]]:
@@ -260,9 +276,10 @@ def run(args: argparse.Namespace) -> int:
     done = _done(csv_path)
     jobs = [(task, seed) for task in tasks for seed in range(args.seeds) if (task.name, str(seed)) not in done]
     for task, seed in progress(jobs, total=len(jobs), desc=NAME):
-        job = _SeedRun(args, task, seed, methods)
+        job = _job(args, task, seed, methods)
         job.run()
-        np.savez(out / f"clean_{task.name}_seed{seed}.npz", **{"labels": task.y_test, **job.clean})
+        if isinstance(job, _SeedRun):
+            np.savez(out / f"clean_{task.name}_seed{seed}.npz", **{"labels": task.y_test, **job.clean})
         append_rows(cost_path, job.costs, COST_FIELDS)
         append_rows(csv_path, job.rows, FIELDS)  # last: a seed counts as done once its metrics are on disk
     from ._calibration_report import plot, summary_markdown
