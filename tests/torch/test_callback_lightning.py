@@ -382,3 +382,21 @@ def test_the_snapshot_count_and_cost_are_logged(tmp_path: Path) -> None:
     assert float(metrics["onlinefa/n_snapshots"]) == swag.n_snapshots == 4  # steps 2, 4, 6, 8
     cost = float(metrics["onlinefa/snapshot_cost_in_steps"])
     assert math.isfinite(cost) and cost > 0
+
+
+def test_the_recommended_recipe_takes_the_callbacks_posterior(tmp_path: Path) -> None:
+    # The two lines of the usage guide with a Lightning module: the linearised draws at the chosen scale
+    # are those the same posterior gives a plain module holding the same network.
+    from onlinefa.torch import linearized_model_average, linearized_predictions, select_scale
+
+    swag = PosteriorCallback(n_components=2)
+    module = fit([swag], 5, tmp_path)
+    val = list(loader())[:1]
+    chosen = select_scale(linearized_predictions(module, swag.posterior, val, n_samples=8, seed=0),
+                          task="regression", noise_variance=0.01)
+    draws = linearized_model_average(module, swag.posterior, val, n_samples=8, scale=chosen.scale, seed=1,
+                                     task="regression")
+    plain = linearized_model_average(module.net, swag.posterior, val, n_samples=8, scale=chosen.scale, seed=1,
+                                     task="regression")
+    assert chosen.scale > 0 and draws.shape == (8, BATCH, 1)
+    assert torch.allclose(draws, plain, rtol=1e-6, atol=1e-7)

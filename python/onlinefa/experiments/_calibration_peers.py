@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._calibration_runs import Budget, Predictor, Split, build_mlp, training_loss
+from ._calibration_runs import Budget, Predictor, Split, training_loss
+from ._swag_train import build_mlp
 
 #: Raw outputs of a sampled method: inputs (N, P) → (S, N, C) float64, one slice per draw.
 Outputs = Callable[[torch.Tensor], torch.Tensor]

@@ -29,6 +29,8 @@ from onlinefa.torch import (
     select_scale,
 )
 
+from ._swag_train import build_mlp
+
 #: A predictor: inputs (N, P) float32 → class probabilities (N, C) float64.
 Predictor = Callable[[torch.Tensor], np.ndarray]
 
@@ -62,17 +64,6 @@ class Run(NamedTuple):
     last: torch.Tensor
     posterior: Any  #: OnlineEM, or None for a run without collection
     seconds: float  #: training, collection included
-
-
-def build_mlp(n_inputs: int, hidden: Sequence[int], n_outputs: int) -> torch.nn.Sequential:
-    """A float32 ReLU MLP ``n_inputs → hidden… → n_outputs``."""
-    layers: list[torch.nn.Module] = []
-    width = n_inputs
-    for size in hidden:
-        layers += [torch.nn.Linear(width, size), torch.nn.ReLU()]
-        width = size
-    layers.append(torch.nn.Linear(width, n_outputs))
-    return torch.nn.Sequential(*layers)
 
 
 def batch_orders(n_rows: int, budget: Budget, seed: int) -> list[torch.Tensor]:

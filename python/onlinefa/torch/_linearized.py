@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .._validation import SeedLike, check_int, check_seed
-from ._bma import LABEL_KEYS, _no_batches, _refuse_one_shot, _to
+from ._bma import LABEL_KEYS, _logits, _no_batches, _refuse_one_shot, _to
 from ._params import ParameterVector
 from ._posterior import MultiSWAG, gaussian_parameters
 from ._sampling import _check_scale, _component_seeds, sample_parameters
@@ -80,15 +80,6 @@ def _batch_targets(batch: object) -> torch.Tensor | None:
     return None
 
 
-def _as_logits(output: object) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    raise TypeError(f"the module returned a {type(output).__name__}, neither a tensor nor an output with logits")
-
-
 @cache
 def _load_forward_mode_rules() -> None:
     """Import PyTorch's forward-mode decompositions once, quietly: importing them scripts functions with
@@ -117,7 +108,7 @@ class _Linearization:
 
         def forward(*tensors: torch.Tensor) -> torch.Tensor:
             values = dict(zip(self.names, tensors))
-            return _as_logits(torch.func.functional_call(self.module, values, args, kwargs))
+            return _logits(torch.func.functional_call(self.module, values, args, kwargs))
 
         result = torch.func.jvp(forward, self.mean, self._split(deviation))
         return result[0], result[1]
