@@ -16,7 +16,7 @@ __all__ = ["bayesian_model_average", "refresh_batch_norm"]
 _REITERABLE = "pass a list of batches or a DataLoader, which can be iterated again"
 
 
-def _refuse_one_shot(loader: object, name: str, n_passes: int) -> None:
+def refuse_one_shot(loader: object, name: str, n_passes: int) -> None:
     """ValueError when ``loader`` is a one-shot iterator (a generator, ``iter(...)``: ``iter(x) is x``) but
     must be iterated ``n_passes`` > 1 times. Decided from the type: no iterator is created."""
     if n_passes > 1 and isinstance(loader, Iterator):
@@ -26,7 +26,7 @@ def _refuse_one_shot(loader: object, name: str, n_passes: int) -> None:
         )
 
 
-def _no_batches(loader: object, name: str) -> ValueError:
+def no_batches_error(loader: object, name: str) -> ValueError:
     if isinstance(loader, Iterator):
         return ValueError(
             f"{name} yielded no batches: it is a one-shot iterator ({type(loader).__name__}) that was already "
@@ -39,21 +39,21 @@ def _no_batches(loader: object, name: str) -> ValueError:
 LABEL_KEYS = ("labels", "label", "label_ids")
 
 
-def _to(value: object, device: torch.device) -> object:
+def moved_to(value: object, device: torch.device) -> object:
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
 def _inputs(batch: object, device: torch.device) -> object:
     """The inputs of a batch (its first element when it is a tuple or list), moved to ``device``."""
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return _to(inputs, device)
+    return moved_to(inputs, device)
 
 
 def _forward(module: torch.nn.Module, batch: object, device: torch.device) -> object:
     """The module's output on a batch: a dict batch (the Hugging Face Trainer's) as keyword arguments
     without its labels, anything else through :func:`_inputs`."""
     if isinstance(batch, Mapping):
-        return module(**{key: _to(value, device) for key, value in batch.items() if key not in LABEL_KEYS})
+        return module(**{key: moved_to(value, device) for key, value in batch.items() if key not in LABEL_KEYS})
     return module(_inputs(batch, device))
 
 
@@ -65,7 +65,7 @@ def _overrides_predict_step(module: torch.nn.Module) -> bool:
     return False
 
 
-def _logits(output: object) -> torch.Tensor:
+def output_logits(output: object) -> torch.Tensor:
     """A prediction as a tensor: itself, or the ``logits`` of a model output (``transformers.ModelOutput``,
     a dict)."""
     if isinstance(output, torch.Tensor):
@@ -128,7 +128,7 @@ def refresh_batch_norm(module: torch.nn.Module, loader: Iterable[object], *, dev
                 for layer, buffers in zip(layers, saved):
                     for name, value in buffers.items():
                         getattr(layer, name).copy_(value)
-            raise _no_batches(loader, "the batch-norm loader")
+            raise no_batches_error(loader, "the batch-norm loader")
     finally:
         for layer, momentum in zip(layers, momenta):
             layer.momentum = momentum
@@ -138,10 +138,10 @@ def refresh_batch_norm(module: torch.nn.Module, loader: Iterable[object], *, dev
 def _to_device(batch: object, device: torch.device) -> object:
     """Every tensor of a batch (a tensor, a tuple/list or a dict of them) moved to ``device``."""
     if isinstance(batch, Mapping):
-        return {key: _to(value, device) for key, value in batch.items()}
+        return {key: moved_to(value, device) for key, value in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_to(value, device) for value in batch)
-    return _to(batch, device)
+        return type(batch)(moved_to(value, device) for value in batch)
+    return moved_to(batch, device)
 
 
 @contextmanager
@@ -162,11 +162,11 @@ def _preserved(module: torch.nn.Module, parameters: tuple[torch.Tensor, ...]) ->
 def _predict(module: torch.nn.Module, loader: Iterable[object], device: torch.device) -> torch.Tensor:
     if _overrides_predict_step(module):
         step = getattr(module, "predict_step")
-        outputs = [_logits(step(_to_device(batch, device), index)) for index, batch in enumerate(loader)]
+        outputs = [output_logits(step(_to_device(batch, device), index)) for index, batch in enumerate(loader)]
     else:
-        outputs = [_logits(_forward(module, batch, device)) for batch in loader]
+        outputs = [output_logits(_forward(module, batch, device)) for batch in loader]
     if not outputs:
-        raise _no_batches(loader, "the loader")
+        raise no_batches_error(loader, "the loader")
     return torch.cat(outputs)
 
 
@@ -238,9 +238,9 @@ def bayesian_model_average(
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     n = check_int(n_samples, "n_samples", 1)
-    _refuse_one_shot(loader, "the loader", n)
+    refuse_one_shot(loader, "the loader", n)
     if bn_loader is not None:
-        _refuse_one_shot(bn_loader, "bn_loader", n)
+        refuse_one_shot(bn_loader, "bn_loader", n)
     vector = ParameterVector(module if parameters is None else parameters)
     dtype = torch.float64 if any(p.dtype == torch.float64 for p in vector.parameters) else torch.float32
     draws = sample_parameters(posterior, n, scale=scale, seed=check_seed(seed), dtype=dtype, device=vector.device)

@@ -21,10 +21,10 @@ from typing import NamedTuple
 import torch
 
 from .._validation import SeedLike, check_int, check_seed
-from ._bma import LABEL_KEYS, _logits, _no_batches, _refuse_one_shot, _to
+from ._bma import LABEL_KEYS, output_logits, no_batches_error, refuse_one_shot, moved_to
 from ._params import ParameterVector
 from ._posterior import MultiSWAG, gaussian_parameters
-from ._sampling import _check_scale, _component_seeds, sample_parameters
+from ._sampling import check_scale, component_seeds, sample_parameters
 
 __all__ = ["LinearizedPredictions", "linearized_model_average", "linearized_predictions"]
 
@@ -51,7 +51,7 @@ class LinearizedPredictions(NamedTuple):
         -------
         torch.Tensor
         """
-        return torch.add(self.centre, self.deviation, alpha=_check_scale(scale) ** 0.5)
+        return torch.add(self.centre, self.deviation, alpha=check_scale(scale) ** 0.5)
 
 
 def _parameter_names(module: torch.nn.Module, vector: ParameterVector) -> tuple[str, ...]:
@@ -66,9 +66,9 @@ def _parameter_names(module: torch.nn.Module, vector: ParameterVector) -> tuple[
 def _call_inputs(batch: object, device: torch.device) -> tuple[tuple[object, ...], dict[str, object]]:
     """Positional and keyword arguments of the module's forward for one batch (as :func:`bayesian_model_average`)."""
     if isinstance(batch, Mapping):
-        return (), {key: _to(value, device) for key, value in batch.items() if key not in LABEL_KEYS}
+        return (), {key: moved_to(value, device) for key, value in batch.items() if key not in LABEL_KEYS}
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return (_to(inputs, device),), {}
+    return (moved_to(inputs, device),), {}
 
 
 def _batch_targets(batch: object) -> torch.Tensor | None:
@@ -108,7 +108,7 @@ class _Linearization:
 
         def forward(*tensors: torch.Tensor) -> torch.Tensor:
             values = dict(zip(self.names, tensors))
-            return _logits(torch.func.functional_call(self.module, values, args, kwargs))
+            return output_logits(torch.func.functional_call(self.module, values, args, kwargs))
 
         result = torch.func.jvp(forward, self.mean, self._split(deviation))
         return result[0], result[1]
@@ -117,7 +117,7 @@ class _Linearization:
 def _components(posterior: object, n_samples: int, seed: int | None) -> list[tuple[object, int, int | None]]:
     """(Gaussian, draws, seed) per mixture component, exactly as :func:`sample_parameters` splits them."""
     if isinstance(posterior, MultiSWAG):
-        parts = zip(posterior.components, posterior.split(n_samples), _component_seeds(seed, len(posterior)))
+        parts = zip(posterior.components, posterior.split(n_samples), component_seeds(seed, len(posterior)))
         return [(component, count, component_seed) for component, count, component_seed in parts if count > 0]
     return [(posterior, n_samples, seed)]
 
@@ -164,7 +164,7 @@ def linearized_predictions(
         or parameters that are not the module's.
     """
     n = check_int(n_samples, "n_samples", 1)
-    _refuse_one_shot(loader, "the loader", n)
+    refuse_one_shot(loader, "the loader", n)
     vector = ParameterVector(module if parameters is None else parameters)
     dtype = torch.float64 if any(p.dtype == torch.float64 for p in vector.parameters) else torch.float32
     centres: list[torch.Tensor] = []
@@ -203,7 +203,7 @@ def _pass(linear: _Linearization, loader: Iterable[object], deviation: torch.Ten
         if found is not None:
             targets.append(found.detach())
     if not centres:
-        raise _no_batches(loader, "the loader")
+        raise no_batches_error(loader, "the loader")
     joined = torch.cat(targets) if targets and len(targets) == len(centres) else None
     return torch.cat(centres), torch.cat(pushed), joined
 
@@ -242,7 +242,7 @@ def linearized_model_average(
     """
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
-    scale = _check_scale(scale)
+    scale = check_scale(scale)
     predictions = linearized_predictions(module, posterior, loader, n_samples=n_samples, seed=seed,
                                          parameters=parameters)
     outputs = predictions.outputs(scale)

@@ -15,7 +15,7 @@ from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
 __all__ = ["sample_parameters"]
 
 
-def _check_scale(scale: object) -> float:
+def check_scale(scale: object) -> float:
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
         raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
     value = float(scale)
@@ -24,7 +24,7 @@ def _check_scale(scale: object) -> float:
     return value
 
 
-def _component_seeds(seed: int | None, n_components: int) -> list[int | None]:
+def component_seeds(seed: int | None, n_components: int) -> list[int | None]:
     """Independent seeds of the mixture components, derived from ``seed`` by ``numpy.random.SeedSequence``."""
     if seed is None:
         return [None] * n_components
@@ -38,7 +38,7 @@ class _Plan:
     def __init__(self, posterior: object, n_samples: int, seed: int | None) -> None:
         if isinstance(posterior, MultiSWAG):
             counts = posterior.split(n_samples)
-            self.parts = list(zip(posterior.components, counts, _component_seeds(seed, len(posterior))))
+            self.parts = list(zip(posterior.components, counts, component_seeds(seed, len(posterior))))
             self.first: GaussianParameters | None = None
         else:
             self.first = gaussian_parameters(posterior)  # fail now, not at the first next()
@@ -109,7 +109,7 @@ def sample_parameters(
     plan = _Plan(posterior, n, check_seed(seed))
     return _draw_plan(
         plan,
-        scale=_check_scale(scale),
+        scale=check_scale(scale),
         dtype=check_float_dtype(dtype),
         device=torch.device(device),
         chunk_size=check_int(chunk_size, "chunk_size", 1),
