@@ -176,7 +176,7 @@ def test_the_validation_rule_maximises_the_closed_form_predictive_density() -> N
                                           options={"xatol": 1e-8}).x
     predictions = linearized_predictions(module, post, [(torch.as_tensor(X_val), torch.as_tensor(y_val))],
                                          n_samples=8000, seed=2)
-    chosen = select_scale(predictions, task="regression", noise_variance=SIGMA2)
+    chosen = select_scale(predictions, task="regression", noise_variance=SIGMA2, within_standard_error=False)
     assert abs(math.log(chosen.scale) - best) < 0.08, (chosen, math.exp(best))
     assert abs(chosen.score + negative_density(best)) < 0.01
 
@@ -236,3 +236,35 @@ def test_dict_batches_pass_as_keywords_and_their_labels_are_the_targets() -> Non
     assert torch.equal(got.targets, labels)
     assert torch.allclose(got.centre, plain.centre) and torch.allclose(got.deviation, plain.deviation)
     assert plain.targets is None
+
+
+def test_the_one_standard_error_rule_takes_the_widest_scale_within_one_se_of_the_best() -> None:
+    # An independent NumPy transcription on a dense grid: per-row log mixture densities, the best mean, one
+    # standard error of the mean at the best, and the last scale above the best still within it.
+    gen = torch.Generator().manual_seed(3)
+    centre = (3.0 * torch.randn(1, 60, 4, generator=gen, dtype=torch.float64)).expand(40, 60, 4)
+    deviation = torch.randn(40, 60, 4, generator=gen, dtype=torch.float64)
+    labels = centre[0].argmax(dim=-1)
+    labels[:4] = (labels[:4] + 1) % 4  # four rows whose centre is wrong: an interior best
+    from onlinefa.torch import LinearizedPredictions
+
+    predictions = LinearizedPredictions(centre, deviation, labels)
+    grid = np.linspace(math.log(1e-3), math.log(1e3), 6001)
+
+    def rows(log_scale: float) -> np.ndarray:
+        logits = (centre + math.exp(0.5 * log_scale) * deviation).numpy()
+        log_p = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+        picked = log_p[:, np.arange(60), labels.numpy()]
+        return np.log(np.exp(picked).mean(axis=0))
+
+    means = np.array([rows(v).mean() for v in grid])
+    best = int(means.argmax())
+    threshold = means[best] - rows(grid[best]).std(ddof=1) / math.sqrt(60)
+    last = best
+    while last + 1 < grid.size and means[last + 1] >= threshold:
+        last += 1
+    widest = select_scale(predictions, bounds=(1e-3, 1e3))
+    plain = select_scale(predictions, bounds=(1e-3, 1e3), within_standard_error=False)
+    assert abs(math.log(plain.scale) - grid[best]) < 0.01
+    assert abs(math.log(widest.scale) - grid[last]) < 0.01
+    assert widest.scale > 1.5 * plain.scale  # the rule moved: the test can tell it from the maximiser
