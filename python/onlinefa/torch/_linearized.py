@@ -184,7 +184,8 @@ def linearized_predictions(
                         centre, pushed, seen = _pass(linear, loader, theta - mean)
                         centres.append(centre)
                         deviations.append(pushed)
-                        targets = seen if not centres[1:] else targets  # the targets of the first pass
+                        if len(centres) == 1:  # every pass reads the same batches: keep the first's targets
+                            targets = seen
     finally:
         module.train(training)
     return LinearizedPredictions(torch.stack(centres), torch.stack(deviations), targets)
