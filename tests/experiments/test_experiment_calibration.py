@@ -64,6 +64,7 @@ def test_quick_run_on_digits_writes_every_output_and_resumes(tmp_path: Path,
     methods = ["map", "swa", "swag_fa", "onlinefa", "multiswag_fa", "deep_ensemble"]
     assert main(["experiment", "calibration", "--quick", "--seeds", "1", "--out", str(out), "--methods", *methods]) == 0
     rows = _read(out / "calibration.csv")
+    assert {r["seed"] for r in rows} == {"0"}, "an explicit --seeds wins over --quick's 2"
     assert list(rows[0]) == ["dataset", "seed", "method", "evaluation", "accuracy", "nll", "ece", "brier", "auroc",
                              "rmse"]
     assert {r["dataset"] for r in rows} == {"digits", "digits04"}

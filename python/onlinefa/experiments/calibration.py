@@ -38,7 +38,9 @@ CLASSIFICATION_TASKS = ("digits", "breast_cancer")
 BUILT_IN = (*CLASSIFICATION_TASKS, "energy", "boston", "concrete", "yacht")
 #: Fraction of the training rows held out for validation.
 VALIDATION_FRACTION = 0.1
-#: Settings of ``--quick``.
+#: Defaults of the options that ``--quick`` changes, and its settings (an option given explicitly wins).
+FULL: dict[str, Any] = {"seeds": 3, "hidden": "200,200", "epochs": 150, "collect_epochs": 50, "n_draws": 30,
+                        "members": 5, "rank": 20}
 QUICK: dict[str, Any] = {"seeds": 2, "hidden": "32,32", "epochs": 6, "collect_epochs": 3, "n_draws": 4,
                          "members": 2, "rank": 4}
 
@@ -57,18 +59,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="built-in tasks (digits: 10 classes with shifts and noise OOD, plus digits04: "
                              "digits 0-4 with 5-9 as OOD)")
     parser.add_argument("--out", type=Path, default=Path("results") / NAME, help="output folder")
-    parser.add_argument("--seeds", type=int, default=3, help="training seeds (>= 1)")
-    parser.add_argument("--hidden", default="200,200", help="MLP hidden widths, comma-separated")
-    parser.add_argument("--epochs", type=int, default=150, help="SGD epochs of every network")
-    parser.add_argument("--collect-epochs", type=int, default=50, help="last epochs whose iterates are collected")
+    parser.add_argument("--seeds", type=int, default=None, help="training seeds (>= 1; default 3)")
+    parser.add_argument("--hidden", default=None, help="MLP hidden widths, comma-separated (default 200,200)")
+    parser.add_argument("--epochs", type=int, default=None, help="SGD epochs of every network (default 150)")
+    parser.add_argument("--collect-epochs", type=int, default=None,
+                        help="last epochs whose iterates are collected (default 50)")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--snapshots-per-epoch", type=int, default=5)
-    parser.add_argument("--rank", type=int, default=20, help="K of OnlineEM")
-    parser.add_argument("--n-draws", type=int, default=30, help="posterior draws per prediction")
-    parser.add_argument("--members", type=int, default=5, help="runs of multiswag_fa and deep_ensemble")
+    parser.add_argument("--rank", type=int, default=None, help="K of OnlineEM (default 20)")
+    parser.add_argument("--n-draws", type=int, default=None, help="posterior draws per prediction (default 30)")
+    parser.add_argument("--members", type=int, default=None,
+                        help="runs of multiswag_fa and deep_ensemble (default 5)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS)
-    parser.add_argument("--quick", action="store_true", help="tiny run: 2 seeds, 6 epochs, small MLP")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny run: 2 seeds, 6 epochs, small MLP (options given explicitly still apply)")
 
 
 def _hidden(text: str) -> tuple[int, ...]:
@@ -260,9 +265,9 @@ def run(args: argparse.Namespace) -> int:
     int
         0 on success.
     """
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    for key in FULL:
+        if getattr(args, key) is None:
+            setattr(args, key, (QUICK if args.quick else FULL)[key])
     _check(args)
     _hidden(args.hidden)
     try:
