@@ -109,10 +109,7 @@ def ensemble_draws(runs: list[ours.Run]) -> Draws:
 
 def recipe(module: torch.nn.Module, posterior: Any, split: Split, n_draws: int, seed: int) -> tuple[Draws, float]:
     """The ``onlinefa`` recipe for regression: σ² and the covariance scale chosen on the validation rows."""
-    first: Any = posterior.components[0] if isinstance(posterior, MultiSWAG) else posterior
-    from onlinefa.torch import ParameterVector
-
-    ParameterVector(module).assign(torch.tensor(np.array(first.snapshot()[0]), dtype=torch.float32))
+    ours.assign_mean(module, posterior)
     val = linearized_predictions(module, posterior, [(split.x_val, split.y_val)], n_samples=n_draws, seed=seed + 1)
     noise = fit_noise_variance(val.outputs(1.0), split.y_val)
     scale = select_scale(val, task="regression", noise_variance=noise).scale

@@ -122,7 +122,8 @@ def _point(module: torch.nn.Module, theta: torch.Tensor) -> Predictor:
     return predict
 
 
-def _at_mean(module: torch.nn.Module, posterior: Any) -> None:
+def assign_mean(module: torch.nn.Module, posterior: Any) -> None:
+    """Put the posterior's mean (a mixture's first component's) into ``module``."""
     first: Any = posterior.components[0] if isinstance(posterior, MultiSWAG) else posterior
     ParameterVector(module).assign(torch.tensor(np.array(first.snapshot()[0]), dtype=torch.float32))
 
@@ -147,7 +148,7 @@ def bma_predictor(module: torch.nn.Module, posterior: Any, n_draws: int, seed: i
 
 def recipe_scale(module: torch.nn.Module, posterior: Any, split: Split, n_draws: int, seed: int) -> float:
     """The recommended recipe's covariance scale: held-out likelihood of the linearised predictive."""
-    _at_mean(module, posterior)
+    assign_mean(module, posterior)
     predictions = linearized_predictions(module, posterior, [(split.x_val, split.y_val)], n_samples=n_draws,
                                          seed=seed)
     return select_scale(predictions).scale

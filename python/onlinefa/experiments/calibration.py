@@ -86,6 +86,14 @@ def _hidden(text: str) -> tuple[int, ...]:
     return widths
 
 
+def _budget(args: argparse.Namespace) -> Any:
+    """The training budget every method of a run shares."""
+    from ._calibration_runs import Budget
+
+    return Budget(_hidden(args.hidden), args.epochs, args.collect_epochs, args.lr, args.batch_size,
+                  args.snapshots_per_epoch, args.rank, args.n_draws)
+
+
 def _check(args: argparse.Namespace) -> None:
     if args.seeds < 1 or args.members < 2 or args.n_draws < 1 or args.rank < 1:
         raise CommandError("need --seeds >= 1, --members >= 2, --n-draws >= 1 and --rank >= 1")
@@ -154,11 +162,10 @@ class _SeedRun:
     """Everything of one (task, seed): trains, times and evaluates each requested method."""
 
     def __init__(self, args: argparse.Namespace, task: Any, seed: int, methods: list[str]) -> None:
-        from ._calibration_runs import Budget, batch_orders
+        from ._calibration_runs import batch_orders
 
         self.args, self.task, self.seed, self.methods = args, task, seed, methods
-        self.budget = Budget(_hidden(args.hidden), args.epochs, args.collect_epochs, args.lr, args.batch_size,
-                             args.snapshots_per_epoch, args.rank, args.n_draws)
+        self.budget = _budget(args)
         self.split = _split(task, seed)
         self.orders = batch_orders(self.split.x_train.shape[0], self.budget, seed)
         self.rows: list[dict[str, Any]] = []
@@ -229,12 +236,9 @@ class _SeedRun:
 def _job(args: argparse.Namespace, task: Any, seed: int, methods: list[str]) -> Any:
     """The runner of one (task, seed): classification or, for a UCI set, regression."""
     from ._calibration_regression import RegressionSeed, RegressionSet
-    from ._calibration_runs import Budget
 
     if isinstance(task, RegressionSet):
-        budget = Budget(_hidden(args.hidden), args.epochs, args.collect_epochs, args.lr, args.batch_size,
-                        args.snapshots_per_epoch, args.rank, args.n_draws)
-        return RegressionSeed(task, seed, budget, [m for m in methods if m != "laplace_all"], args.members,
+        return RegressionSeed(task, seed, _budget(args), [m for m in methods if m != "laplace_all"], args.members,
                               VALIDATION_FRACTION)
     return _SeedRun(args, task, seed, methods)
 
