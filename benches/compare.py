@@ -1,6 +1,6 @@
 """Benchmark onlinefa against a competent NumPy implementation and the memory-bandwidth floor.
 
-Run by hand (needs the ``experiments`` extra for the scikit-learn comparison)::
+Run by hand (needs scikit-learn for its comparison, e.g. from the test extra)::
 
     python benches/compare.py            # full table (several minutes)
     python benches/compare.py --quick    # smaller sizes

@@ -1,6 +1,6 @@
 """Whole-data-set fitting: onlinefa.fit_minibatch against scikit-learn's FactorAnalysis and NumPy.
 
-Run by hand (needs the ``experiments`` extra)::
+Run by hand (needs scikit-learn, e.g. from the test extra)::
 
     python benches/minibatch.py            # 10^5 x 1000, K = 10; real data; out-of-core memory
     python benches/minibatch.py --quick    # 2*10^4 x 500

@@ -45,11 +45,11 @@ SWA point, with each posterior's width ratio (mean over weights of its marginal 
 empirical variance)."""
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Any, summary: str) -> None:
     """Register the ``demo`` sub-command."""
     p = commands.add_parser(
         "demo",
-        help="the library's job: recover a synthetic FA model, and a SWAG-style posterior of a small network",
+        help=summary,
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -48,11 +48,11 @@ def _warmup(text: str) -> int | str:
     return value
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Any, summary: str) -> None:
     """Register the ``fit`` sub-command."""
     p = commands.add_parser(
         "fit",
-        help="fit a factor-analysis Gaussian to the rows of a .npy file and save it as a checkpoint",
+        help=summary,
         description="Stream the rows of a (T, D) .npy file (memory-mapped, so T*D may exceed RAM) through "
         "online EM or SGA and write the model as a checkpoint that onlinefa.load reads back.",
     )

@@ -11,11 +11,11 @@ import numpy as np
 from .errors import CommandError
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Any, summary: str) -> None:
     """Register the ``info`` sub-command."""
     p = commands.add_parser(
         "info",
-        help="print a checkpoint's model class, configuration and state summary",
+        help=summary,
         description="Load a checkpoint (written by save() or 'onlinefa fit'), verifying it in full, and print "
         "its model class, every scalar setting and the shape and value range of every array.",
     )

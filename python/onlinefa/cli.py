@@ -1,20 +1,47 @@
-"""The ``onlinefa`` command: ``fit``, ``info``, ``demo`` and ``experiment <name>``."""
+"""The ``onlinefa`` command: ``fit``, ``info``, ``demo`` and ``experiment <name>``.
+
+Only the parser of the command being run is built (and only its module imported), so that ``onlinefa --help``
+costs little more than ``import onlinefa`` and nothing one command needs can break another. The experiments
+live in the separate ``onlinefa_experiments`` package (``pip install -e experiments`` from a clone of the
+repository); ``onlinefa experiment`` hands its arguments to that package.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from .errors import CommandError
 
 __all__ = ["CommandError", "main"]
 
+#: The sub-commands: name -> (module under ``onlinefa`` that builds its parser, one-line help).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "fit": ("_cli_fit", "fit a factor-analysis Gaussian to the rows of a .npy file and save it as a checkpoint"),
+    "info": ("_cli_info", "print a checkpoint's model class, configuration and state summary"),
+    "demo": (
+        "_cli_demo",
+        "the library's job: recover a synthetic FA model, and a SWAG-style posterior of a small network",
+    ),
+}
+EXPERIMENT_HELP = "run an experiment or benchmark of the separate onlinefa_experiments package"
+EXPERIMENTS_MISSING = (
+    "the experiments are not installed: they are a separate package in the repository's experiments/ folder "
+    "(from a clone: pip install -e experiments)"
+)
 
-def _build_parser() -> argparse.ArgumentParser:
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The sub-command ``argv`` names: its first word that is not an option, or ``None``."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def _build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The top-level parser, with the full parser of ``command`` and only the name and help of the others."""
     from . import __version__
-    from .experiments import available
 
     parser = argparse.ArgumentParser(
         prog="onlinefa",
@@ -22,48 +49,43 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"onlinefa {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    from . import _cli_demo, _cli_fit, _cli_info
-
-    _cli_fit.add_parser(commands)
-    _cli_info.add_parser(commands)
-    _cli_demo.add_parser(commands)
-
-    experiment = commands.add_parser("experiment", help="reproduce an experiment of the thesis")
-    names = experiment.add_subparsers(dest="experiment", required=True, metavar="NAME")
-    for name, module in available().items():
-        sub = names.add_parser(name, help=module.HELP, description=module.HELP)
-        try:
-            module.add_arguments(sub)
-        except ModuleNotFoundError as err:  # an optional extra is missing: every other command must still work
-            sub.set_defaults(handler=_needs_extra(name, err.name or str(err)), missing_extra=True)
-            continue
-        sub.set_defaults(handler=module.run)
+    for name, (module_name, summary) in COMMANDS.items():
+        if name == command:
+            importlib.import_module(f"{__package__}.{module_name}").add_parser(commands, summary)
+        else:
+            commands.add_parser(name, help=summary)
+    commands.add_parser("experiment", help=EXPERIMENT_HELP, add_help=False)
     return parser
 
 
-def _needs_extra(experiment: str, missing: str) -> Callable[[argparse.Namespace], int]:
-    """Handler of an experiment whose optional dependency ``missing`` is not installed."""
+def run_experiment(argv: Sequence[str]) -> int:
+    """``onlinefa experiment ARGV...``: hand the arguments to the experiments package, if it is installed."""
+    try:
+        import onlinefa_experiments
+    except ModuleNotFoundError as err:
+        if err.name != "onlinefa_experiments":
+            raise
+        raise CommandError(EXPERIMENTS_MISSING) from None
+    return int(onlinefa_experiments.main(list(argv)))
 
-    def handler(args: argparse.Namespace) -> int:
-        raise CommandError(
-            f"experiment {experiment!r} needs the optional package {missing!r}, which is not installed "
-            "(install the package's 'experiments' and 'torch' extras)"
-        )
 
-    return handler
+def _dispatch(argv: list[str]) -> tuple[str, int]:
+    """Parse ``argv`` and run its command; returns (command, exit code)."""
+    command = chosen_command(argv)
+    if command == "experiment":
+        return command, run_experiment(argv[argv.index(command) + 1:])
+    args = _build_parser(command).parse_args(argv)
+    return args.command, int(args.handler(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
-    parser = _build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and not getattr(args, "missing_extra", False):  # only such an experiment may keep unknown options
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = chosen_command(words) or "onlinefa"
     try:
-        return int(args.handler(args))
+        return _dispatch(words)[1]
     except CommandError as err:
-        print(f"onlinefa {args.command}: error: {err}", file=sys.stderr)
+        print(f"onlinefa {command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("onlinefa: interrupted", file=sys.stderr)

@@ -44,7 +44,7 @@ _LEGACY_PARAMS: dict[str, Any] = {"whiten": False, "schedule": "harmonic", "tau0
                                    "batch_size": 1, "max_iter": 1, "tol": 1e-5}
 _CHECKPOINT_KIND = "OnlineFactorAnalysis"
 #: Passes of ``fit`` with ``max_iter="auto"`` and ``batch_size > 1`` (an upper limit: the stopping rule of
-#: ``tol`` ends the fit earlier; chosen by measurement, docs/minibatch.md).
+#: ``tol`` ends the fit earlier; chosen by measurement, docs/results/minibatch.md).
 MINIBATCH_MAX_ITER = 100
 #: K fitted when ``n_components=None`` (capped at n_features − 1).
 DEFAULT_N_COMPONENTS = 10
@@ -109,7 +109,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         :class:`onlinefa.OnlineSGA`, or a constant learning rate.
     whiten : bool, default=True
         EM only (validated, unused by SGA): apply the whitening (parameter-expanded EM) step after each
-        M-step (:class:`onlinefa.OnlineEM`, docs/whitening.md). ``whiten=False, schedule="harmonic"``
+        M-step (:class:`onlinefa.OnlineEM`, docs/design/whitening.md). ``whiten=False, schedule="harmonic"``
         is exactly the thesis's Algorithm 2. The estimator reports the fit as it is (maximum likelihood, as
         scikit-learn's ``FactorAnalysis``), without the shrinkage :class:`onlinefa.OnlineEM` applies by
         default (its ``shrink``).
@@ -441,7 +441,7 @@ class OnlineFactorAnalysis(EstimatorBase):
         ``batch_size > 1`` (mini-batch EM) it fits the data matrix to convergence: the exact mean and variance
         of ``X``, then shuffled passes until the stopping rule of ``tol`` is met (at most ``max_iter``; "auto"
         is 100), with the statistics averaged over the last half of the passes and exact EM steps at the end
-        (docs/minibatch.md). An explicit ``max_iter > 1`` makes shuffled passes for ``batch_size=1`` too.
+        (docs/guide/minibatch.md). An explicit ``max_iter > 1`` makes shuffled passes for ``batch_size=1`` too.
         ``n_iter_`` reports the passes made.
 
         Parameters

@@ -2,7 +2,7 @@
 
 Several groups ("views") of features share K latent factors; a group × factor ARD prior learns which
 factor is active in which group (the structure behind CCA, inter-battery factor analysis and MOFA).
-The model, in the low-level notation of ``docs/gfa.md``:
+The model, in the low-level notation of ``docs/design/gfa.md``:
 
     x_nd = f_dᵀ h_n + c_d + noise of precision τ_{g(d)},   h_n ~ N(0, I_K),   c_d ~ N(0, 1/β),
     f_dk ~ N(0, 1/α_{g(d),k}),   α_mk ~ Gamma(a_α, b_α),   τ_m ~ Gamma(a_τ, b_τ)   (all a, b, β = 1e-5)
@@ -143,7 +143,7 @@ class GFA(EstimatorPersistMixin, EstimatorBase):
         After the sweeps converge, test the weakest factor (smallest largest share over the groups): remove
         it, re-converge, and keep the removal when the lower bound rises — a comparison of the evidence
         bounds of the models with K and K − 1 factors. Repeat until a removal lowers the bound. This drops
-        a factor that coordinate ascent left fitting noise at a local optimum of the bound (docs/gfa.md,
+        a factor that coordinate ascent left fitting noise at a local optimum of the bound (docs/design/gfa.md,
         §2). False reproduces the fit without this step; ``drop_factors=False`` turns off both rules.
     max_iter : int, default=1000
         Maximum number of sweeps.

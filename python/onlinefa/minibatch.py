@@ -46,7 +46,7 @@ MAX_SCORE_ROWS = 5000
 #: Rows handed to a per-sample model at a time by :func:`fit_passes` (it applies them one by one).
 PASS_CHUNK_ROWS = 4096
 #: Step sizes over batches that :class:`onlinefa.OnlineFactorAnalysis` uses for mini-batch EM by default:
-#: ρ_t = max((t + 1)^(−0.6), 1/t), the setting measured best (docs/minibatch.md).
+#: ρ_t = max((t + 1)^(−0.6), 1/t), the setting measured best (docs/results/minibatch.md).
 MINIBATCH_KAPPA = 0.6
 MINIBATCH_TAU0 = 1.0
 #: Consecutive passes without an improvement of ``tol`` after which :func:`fit_minibatch` stops.

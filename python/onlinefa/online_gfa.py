@@ -3,7 +3,7 @@
 The model is :class:`onlinefa.GFA`'s. For each mini-batch of complete rows: the local q(h_n) given the
 current global factors; running averages of the expected sufficient statistics moved towards the
 batch's by a Robbins–Monro step ρ_t; the global q(c), q(F), q(τ), q(α) rebuilt from the averages
-scaled by the effective sample size; then the translation and the group rotation (``docs/gfa.md``).
+scaled by the effective sample size; then the translation and the group rotation (``docs/design/gfa.md``).
 """
 
 from __future__ import annotations

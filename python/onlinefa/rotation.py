@@ -21,7 +21,7 @@ Because Q is orthogonal, F_c F_cᵀ = F Fᵀ: the fitted Gaussian, ψ, the log-l
 of F h are unchanged.
 
 *What "latent posterior whitened" adds.* In the whitened basis of the parameter-expanded model (the basis
-that online EM's whitening step moves to, docs/whitening.md) the latent second moment is the identity:
+that online EM's whitening step moves to, docs/design/whitening.md) the latent second moment is the identity:
 H = E_x[Cov(h | x) + E(h | x) E(h | x)ᵀ] = I. For any F with prior N(0, I) this already holds under the
 model's own distribution of x: with G = Fᵀ Ψ⁻¹ F, Cov(h | x) = (I + G)⁻¹ and
 E_x[E(h | x) E(h | x)ᵀ] = (I + G)⁻¹ G, which sum to I. Orthogonal rotations are exactly the changes of

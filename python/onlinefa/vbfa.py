@@ -5,7 +5,7 @@ bound after every sweep and, from a chosen sweep on, the *translation* and *rota
 space that speed convergence up (Luttinen & Ilin, "Transformations for variational factor analysis to
 speed up learning", §2). :class:`OnlineVBFA` is online VB on the same model: local q(h_n) per
 mini-batch, running averages of the expected sufficient statistics, global factors rebuilt from them,
-in O(D·K + K²) memory. The arithmetic runs in the Rust core; ``docs/vbfa.md`` has the model and the
+in O(D·K + K²) memory. The arithmetic runs in the Rust core; ``docs/design/vbfa.md`` has the model and the
 measured results.
 
 Notation (project ↔ paper): data dimension D ↔ M, latent dimension K ↔ D, loadings F (D×K, row f_d)

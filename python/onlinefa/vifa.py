@@ -3,7 +3,7 @@
 VIFA learns q(θ) = N(c, F Fᵀ + Ψ) over the parameters θ of *any* differentiable model by stochastic
 gradient descent on the negative ELBO, using only gradients ∇θ of the model's negative log-likelihood
 that the caller computes with whatever framework it likes. The arithmetic (one pass over the D×K state
-per step, no D×D matrix) runs in the Rust core; ``docs/vifa.md`` maps every term to the thesis.
+per step, no D×D matrix) runs in the Rust core; ``docs/design/vifa.md`` maps every term to the thesis.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
             rates with the size of the start's parameters, r = sqrt(mean c₀²): η_c = 0.01 r and
             η_F = 0.001 r (an Adam step moves a parameter by about 1 % of a typical weight, the loadings
             ten times slower), and η_β = 0.01 (β is already on a log scale). Chosen by measurement on
-            small UCI regression networks (``docs/vifa.md``, "A VIFA you can run"). The spread of the
+            small UCI regression networks (``docs/design/vifa.md``, "A VIFA you can run"). The spread of the
             start, sqrt ψ₀, is deliberately not used: a fit to SGD iterates is typically far narrower
             than the posterior (sqrt ψ₀ ≈ 1e-4 there), so rates proportional to it barely move q.
         optimizer : {"sgd", "adam"}, default="adam"

@@ -80,7 +80,7 @@ def gamma_kl_terms(shape: FloatArray, rate: FloatArray) -> float:
 
 
 def reference_bound(x: FloatArray, labels: npt.NDArray[np.int64], noise: str, s: dict[str, FloatArray]) -> float:
-    """The GFA lower bound, term by term from the posterior factors (docs/gfa.md)."""
+    """The GFA lower bound, term by term from the posterior factors (docs/design/gfa.md)."""
     obs = ~np.isnan(x)
     ti = tau_index(labels, noise)
     t_mean, t_log = s["t_shape"] / s["t_rate"], digamma(s["t_shape"]) - np.log(s["t_rate"])

@@ -1,6 +1,6 @@
 """GFA drops factors without support: the bound-checked pruning and the variance-explained rule.
 
-The data follow docs/gfa.md §2 ("Why a factor without support survived"): three groups of 25, 35 and 20
+The data follow docs/design/gfa.md §2 ("Why a factor without support survived"): three groups of 25, 35 and 20
 features, 4 true factors with a fixed group × factor activity pattern, noise precisions 0.5, 2 and 8, 300 rows.
 """
 
@@ -39,10 +39,10 @@ def recovered(fit: onlinefa.GFA) -> bool:
 
 def test_pattern_and_factor_count_recovered_on_fixed_seeds() -> None:
     # K = 12 at the start, seeds 0..19. Without the bound-checked pruning 6 of the 20 fits keep a fifth
-    # factor that is active nowhere (14/20 recovered); with it 20/20 (docs/gfa.md §4). Pass mark 18/20: a
+    # factor that is active nowhere (14/20 recovered); with it 20/20 (docs/results/gfa.md). Pass mark 18/20: a
     # method whose per-seed success probability were the old 0.70 would reach it with probability 3.5%
     # (binomial), while one at >= 0.95 misses it with probability < 8% (we measured 20/20 here and
-    # 120/120 over the designs of docs/gfa.md, so a platform's rounding may flip a seed or two, not more).
+    # 120/120 over the designs of docs/design/gfa.md, so a platform's rounding may flip a seed or two, not more).
     successes = sum(recovered(onlinefa.GFA(12, groups=list(SIZES), random_state=seed).fit(data(seed)))
                     for seed in range(20))
     assert successes >= 18, successes

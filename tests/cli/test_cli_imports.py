@@ -26,8 +26,8 @@ print(json.dumps(sorted(name for name in {heavy} if name in sys.modules)))
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["experiment", "--help"], ["fit", "missing.npy", "-k", "2", "-o", "out.npz"], ["info", "x.npz"]],
-    ids=["help", "experiment-help", "refused-fit", "info-missing"],
+    [["--help"], ["fit", "missing.npy", "-k", "2", "-o", "out.npz"], ["info", "x.npz"]],
+    ids=["help", "refused-fit", "info-missing"],
 )
 def test_the_command_line_does_not_import_heavy_packages(argv: list[str], tmp_path: object) -> None:
     code = PROBE.format(heavy=repr(HEAVY))
@@ -35,8 +35,3 @@ def test_the_command_line_does_not_import_heavy_packages(argv: list[str], tmp_pa
                           timeout=120, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
-
-def test_an_experiment_help_still_lists_its_options() -> None:
-    done = subprocess.run([sys.executable, "-m", "onlinefa.cli", "experiment", "uci-bnn", "--help"],
-                          capture_output=True, text=True, timeout=300, check=True)
-    assert "--datasets" in done.stdout and "--quick" in done.stdout

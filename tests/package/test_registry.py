@@ -19,7 +19,7 @@ def _package_model_classes() -> dict[str, type]:
     """Every class defined in the package (torch and distributed excluded) that has ``save`` and ``load``."""
     found: dict[str, type] = {}
     for info in pkgutil.walk_packages(onlinefa.__path__, "onlinefa."):
-        if info.name.split(".")[1] in ("torch", "distributed", "experiments", "_models"):
+        if info.name.split(".")[1] in ("torch", "distributed", "_models"):
             continue
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():

@@ -1,4 +1,4 @@
-"""The promises of docs/usage.md, one test each, named after the promise: read this file as the list.
+"""The promises of docs/guide/usage.md, one test each, named after the promise: read this file as the list.
 
 Each test checks its promise directly on small models (seconds in total). Deeper tests of the same
 promise live in the files named in the comments (fuzzing, threads, fork, memory).

@@ -21,7 +21,7 @@ TOLERANCE = 1e-3
 MAX_INPUT = {"float64": 1e100, "float32": 1e18}
 MODELS = {"OnlineEM": onlinefa.OnlineEM, "OnlineSGA": onlinefa.OnlineSGA}
 CASES = [(name, dtype) for name in MODELS for dtype in ("float64", "float32")]
-USAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "usage.md"
+USAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guide" / "usage.md"
 
 
 def _stream() -> tuple[np.ndarray, np.ndarray]:

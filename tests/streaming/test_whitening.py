@@ -1,4 +1,4 @@
-"""OnlineEM's whitening (PX-EM) step and step-size schedules (derivation in docs/whitening.md).
+"""OnlineEM's whitening (PX-EM) step and step-size schedules (derivation in docs/design/whitening.md).
 
 References used here, all independent of the Rust core:
 

@@ -1,4 +1,4 @@
-"""The recipe of docs/swag.md runs as written, also on a loader with fewer batches than snapshots per epoch.
+"""The recipe of docs/guide/swag.md runs as written, also on a loader with fewer batches than snapshots per epoch.
 
 The code is read from the markdown file itself (the fenced block that pre-trains with
 ``train(net, opt, epochs=100)``), so a change of the page is what this test runs. The names the recipe
@@ -17,7 +17,7 @@ from doc_blocks import fenced_blocks
 
 torch = pytest.importorskip("torch")
 
-SWAG_PAGE = Path(__file__).resolve().parents[2] / "docs" / "swag.md"
+SWAG_PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "swag.md"
 #: A string only the recipe block contains.
 RECIPE_MARKER = "train(net, opt, epochs=100)"
 N_CLASSES = 3
@@ -25,7 +25,7 @@ N_CLASSES = 3
 
 def recipe_code() -> str:
     blocks = [b for b in fenced_blocks(SWAG_PAGE) if b.language == "python" and RECIPE_MARKER in b.code]
-    assert len(blocks) == 1, f"docs/swag.md has {len(blocks)} python blocks containing {RECIPE_MARKER!r}"
+    assert len(blocks) == 1, f"docs/guide/swag.md has {len(blocks)} python blocks containing {RECIPE_MARKER!r}"
     return blocks[0].code
 
 

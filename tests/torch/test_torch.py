@@ -654,12 +654,12 @@ def test_to_torch_rejects_unfitted_and_foreign_models() -> None:
 
 
 def test_usage_pytorch_workflow_snippet_runs() -> None:
-    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "guide" / "usage.md").read_text(encoding="utf-8")
     section = text.split("## PyTorch workflow", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
     assert blocks, "the PyTorch workflow section has no python block"
     namespace: dict[str, Any] = {}
-    exec(compile(blocks[0], "docs/usage.md", "exec"), namespace)  # noqa: S102
+    exec(compile(blocks[0], "docs/guide/usage.md", "exec"), namespace)  # noqa: S102
     probabilities = namespace["probabilities"]
     assert probabilities.shape == (namespace["n_test"], namespace["n_classes"])
     torch.testing.assert_close(probabilities.sum(dim=1), torch.ones(namespace["n_test"]))

@@ -23,7 +23,7 @@ Needs PyTorch (the optional extra ``torch``: ``pip install ".[torch]"`` in the s
   :class:`ShardedOnlineSGA` and :class:`ShardedVIFA` split their rows across processes.
 - :class:`SWAG`: the SWAG baseline of Maddox et al. (NumPy-based, in :mod:`onlinefa.torch.swag`).
 
-See the "PyTorch workflow" section of docs/usage.md for an end-to-end example.
+See the "PyTorch workflow" section of docs/guide/usage.md for an end-to-end example.
 """
 
 from __future__ import annotations
