@@ -410,12 +410,10 @@ use super::k_dispatch::for_k;
 pub(crate) use super::k_dispatch::{MAX_K, MAX_K_EXTENDED};
 
 /// Largest K the row kernel (this module) runs for online-EM state of type T on code path `isa`; larger K run the
-/// wide kernel (engine/em_wide.rs). Measured at D = 10⁶, one thread, medians of 7 updates, both builds in one
-/// run on an AVX-512 Xeon: the row kernel against the wide kernel took 49–51 against 86–87 ms (f32) and 66–78
-/// against 105–119 ms (f64) at K = 20 on the AVX-512 path, and 52–59 against 83–116 ms (f32) at K = 20 on the
-/// AVX2 path, where f64 at K = 17 was level (105–125 against 104–106 ms). On two AVX2 cores of an AMD EPYC the
-/// f64 row kernel already lost at K = 16 (57–70 ms against 47 ms; K(K+1)/2 per-lane sums spill out of 16
-/// registers, 4 f64 lanes each), so f64 keeps the wide kernel from K = 16 on paths with 16 vector registers.
+/// wide kernel (engine/em_wide.rs). The row kernel holds K(K+1)/2 per-lane sums in vector registers: with the
+/// 32 registers of AVX-512, or with float32 state, it beats the wide kernel up to [`MAX_K_EXTENDED`]; float64
+/// on a path with 16 registers spills them from K = 16 on and keeps the wide kernel there (the measurements
+/// behind this choice: docs/performance.md, "Why the kernels are chosen as they are").
 pub(crate) fn row_kernel_max<T: Real>(isa: Isa) -> usize {
     if T::SINGLE || isa.vector_bytes() >= 64 {
         MAX_K_EXTENDED
@@ -440,8 +438,8 @@ impl<T: Real> std::fmt::Debug for EmRowKernel<T> {
 }
 
 /// The function for K = `$kk` on path `$isa` and its lane count W: 4 f64 / 8 f32 lanes (one 256-bit vector)
-/// on every path. AVX-512 runs 8 lanes for both types: 16 f32 lanes measured slower (the per-lane
-/// accumulators no longer fit the registers), while its 32 registers and masked moves help at 8.
+/// on every path. AVX-512 runs 8 lanes for both types: at 16 f32 lanes the per-lane accumulators no longer
+/// fit the registers, while its 32 registers and masked moves help at 8.
 macro_rules! em_pick {
     ($isa:expr, $kk:ident) => {{
         let f32_state = T::SINGLE;

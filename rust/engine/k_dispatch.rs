@@ -6,7 +6,7 @@
 pub(crate) const MAX_K: usize = 16;
 
 /// Largest K of the extended dispatch (`for_k!(extended ...)`), used by the online-EM row kernel alone: at
-/// K = 17–20 (SWAG's rank 20 among them) it measured faster than the wide path. The other kernels stop at
+/// K = 17–20 (SWAG's rank 20 among them) it beats the wide path. The other kernels stop at
 /// [`MAX_K`], so the extra expansions cost compile time only where they pay.
 pub(crate) const MAX_K_EXTENDED: usize = 20;
 

@@ -8,11 +8,9 @@
 //! still computes bit-identical results.
 //!
 //! Only CPUs with AVX-512 gather (the online-EM row kernel's AVX-512 path, and online SGA's AVX2 code when it
-//! runs on them). There it measured faster: online EM at D = 10⁶ on one thread of an AVX-512 Xeon, alternating
-//! builds, K = 20 float64 56–61 against 66–69 ms per update and K = 10 float32 16.2–17.7 against 18.2–19.0 ms;
-//! online SGA in `docs/performance.md`. CPUs with AVX2 alone include some whose gathers are slow, and none was at
-//! hand to measure, so they keep the element-wise moves. Scattering the updated lanes back measured no faster
-//! than the element-wise stores.
+//! runs on them), where the gathers beat the element-wise moves (docs/performance.md, "Why the kernels are
+//! chosen as they are"). CPUs with AVX2 alone include some whose gathers are slow, so they keep the
+//! element-wise moves. The updated lanes go back by element-wise stores: scattering them gains nothing.
 
 use crate::scalar::Real;
 

@@ -609,10 +609,10 @@ impl<T: Real> std::fmt::Debug for SgaRowKernel<T> {
 }
 
 /// The block function for K = `$kk` (a const of [`for_k`]) on `isa`: 4 f64 / 8 f32 lanes (one 256-bit vector) on every
-/// path, so all paths agree bit for bit. AVX-512 CPUs run the AVX2 build, with the rows gathered into lanes: the same source compiled for
-/// avx512f (8 f64 / 8 or 16 f32 lanes) was measured slower at D = 10⁶, K = 10 (float64 1.25×, float32 4–10×
-/// the AVX2 time on the same machine, back to back); its profile is dominated by the masked gathers, scatters
-/// and 256/512-bit lane inserts LLVM generates for the row-to-lane transposition and the lane loops.
+/// path, so all paths agree bit for bit. AVX-512 CPUs run the AVX2 build, with the rows gathered into lanes: the
+/// same source compiled for avx512f (8 f64 / 8 or 16 f32 lanes) is slower, its time going to the masked gathers,
+/// scatters and 256/512-bit lane inserts LLVM generates for the row-to-lane transposition and the lane loops
+/// (docs/performance.md, "Why the kernels are chosen as they are").
 macro_rules! pick {
     ($isa:expr, $kk:ident) => {
         match ($isa, T::SINGLE) {

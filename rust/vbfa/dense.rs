@@ -1,7 +1,6 @@
 //! Small dense SPD kernels for the many per-row K×K systems of VB-FA (one per latent vector and per data
 //! column each sweep): Cholesky, inverse and solve on row-major buffers, plain loops the compiler
-//! vectorises. For K ≈ 5–50 they are several times faster than nalgebra's dynamic-size path, which
-//! allocates and does not block. Everything else K×K uses `crate::linalg` (nalgebra).
+//! vectorises, without the allocation of nalgebra's dynamic-size path. Everything else K×K uses `crate::linalg` (nalgebra).
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 

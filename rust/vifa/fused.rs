@@ -31,9 +31,9 @@ pub(crate) enum Kernel {
 
 impl Kernel {
     /// The fastest kernel for K on this CPU: the fused kernels on the best 256-bit path. The AVX-512 path
-    /// (`Kernel::Fused(Isa::Avx512)`, tested against the others) is not chosen: on the development machine
-    /// (AMD EPYC, AVX-512 executed as two 256-bit halves) it ran 2–6× slower than AVX2 at K = 10, its
-    /// 8- and 16-lane transpositions between rows and lanes compiling to gathers and stack spills.
+    /// (`Kernel::Fused(Isa::Avx512)`, tested against the others) is not chosen: its 8- and 16-lane
+    /// transpositions between rows and lanes compile to gathers and stack spills, which make it slower than
+    /// AVX2 (docs/performance.md, "Why the kernels are chosen as they are").
     pub(super) fn choose(k: usize) -> Self {
         if k <= MAX_K {
             let best_256 = Isa::allowed()

@@ -284,6 +284,7 @@ def member_payloads(path: Path) -> list[range]:
     return payloads
 
 
+@pytest.mark.slow
 def test_every_single_byte_flip_is_detected_or_harmless(tmp_path: Path) -> None:
     """Flip each byte of a small checkpoint in turn: loading must raise ValueError or give back exactly
     the saved state. Never another exception, never a different state. Harmless flips may only hit

@@ -33,6 +33,7 @@ def broken_experiments(tmp_path: Path) -> Path:
     return tmp_path / "broken"
 
 
+@pytest.mark.slow
 def test_fit_info_demo_and_help_run_beside_a_broken_experiment(tmp_path: Path, broken_experiments: Path) -> None:
     rows = np.random.default_rng(0).standard_normal((50, 6))
     np.save(tmp_path / "rows.npy", rows)

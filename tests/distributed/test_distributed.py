@@ -55,6 +55,7 @@ def check_errors(errors: list[BaseException | None]) -> None:
 
 @pytest.mark.parametrize("world", sorted(LAYOUTS))
 @pytest.mark.parametrize("config", sorted(STREAMING))
+@pytest.mark.slow
 def test_streaming_shards_equal_the_single_process_model(config: str, world: int) -> None:
     sharded_cls, single_cls, options = STREAMING[config]
     x = data()
@@ -93,6 +94,7 @@ VIFA_OPTIONS = {
 
 @pytest.mark.parametrize("world", sorted(LAYOUTS))
 @pytest.mark.parametrize("config", sorted(VIFA_OPTIONS))
+@pytest.mark.slow
 def test_vifa_shards_equal_the_single_process_model(config: str, world: int) -> None:
     rng = np.random.default_rng(1)
     centre, curvature = rng.standard_normal(D), rng.uniform(0.5, 2.0, D)
@@ -236,6 +238,7 @@ def test_construction_checks_every_rank(rank1_options: dict[str, Any], match: st
     assert match in str(errors[1])
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_arrives_is_a_clear_error_not_a_hang() -> None:
     def body(rank: int, comm: dict[str, Any], rows: slice) -> None:
         model = ShardedOnlineEM(rows.stop - rows.start, K, seed=1, **comm)

@@ -146,6 +146,7 @@ def dead_rank_worker(rank: int, world: int, tmp: str) -> None:
     os._exit(0)  # the process group cannot be destroyed cleanly without its peer
 
 
+@pytest.mark.slow
 def test_a_dead_rank_makes_the_others_fail_clearly_instead_of_hanging(tmp_path: Path) -> None:
     _run(dead_rank_worker, 2, tmp_path)
     message = (tmp_path / "rank0.txt").read_text()
@@ -231,6 +232,7 @@ def ddp_worker(rank: int, world: int, tmp: str) -> None:
     _finish()
 
 
+@pytest.mark.slow
 def test_ddp_ranks_split_the_replicated_parameters(tmp_path: Path) -> None:
     world = 2
     _run(ddp_worker, world, tmp_path)

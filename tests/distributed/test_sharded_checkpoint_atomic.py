@@ -132,6 +132,7 @@ FAULTS = [  # (fault, world, rank that fails or dies, exception the survivors ra
 
 
 @pytest.mark.parametrize(("fault", "world", "culprit", "survivor_error"), FAULTS)
+@pytest.mark.slow
 def test_a_failed_sharded_save_keeps_the_previous_checkpoint(
     fault: str, world: int, culprit: int, survivor_error: str, tmp_path: Path
 ) -> None:

@@ -141,6 +141,7 @@ CASES = [  # (model, world size, rank that dies, at which of its exchange calls)
 
 
 @pytest.mark.parametrize(("kind", "world", "culprit", "call"), CASES)
+@pytest.mark.slow
 def test_survivors_keep_their_state_when_a_peer_dies_mid_call(
     kind: str, world: int, culprit: int, call: int, tmp_path: Path
 ) -> None:
@@ -165,6 +166,7 @@ def test_survivors_keep_their_state_when_a_peer_dies_mid_call(
             assert "finite" not in later
 
 
+@pytest.mark.slow
 def test_a_half_stepped_vifa_rank_above_the_copy_bound_says_so(tmp_path: Path) -> None:
     """Without a copy (state above the bound), a survivor says it is half-stepped and refuses later steps
     with that reason, instead of 'parameters are no longer finite' or a wrong model."""

@@ -85,6 +85,7 @@ def gloo_worker(rank: int, world: int, tmp: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_bad_query_input_on_one_gloo_rank_raises_on_every_rank(tmp_path: Path) -> None:
     pytest.importorskip("torch.multiprocessing")
     run_bounded(gloo_worker, 2, tmp_path)

@@ -26,6 +26,7 @@ def relative_error(components: np.ndarray, psi: np.ndarray, cov: np.ndarray) -> 
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_default_minibatch_fit_reaches_sklearns_error(seed: int) -> None:
     # One pass (the former default, max_iter=1) ends at 1.26x scikit-learn's covariance error on this case;
     # the default fit must converge to within 5% of it (measured: 1.00x after 9 passes).

@@ -29,10 +29,12 @@ def _watch(code: str, stall: float, seconds: float) -> bool:
         child.wait()
 
 
+@pytest.mark.slow
 def test_a_sleeping_child_is_hung_after_the_stall_bound() -> None:
     assert _watch("import time; time.sleep(60)", stall=1.0, seconds=20.0)
 
 
+@pytest.mark.slow
 def test_a_computing_child_is_not_hung_however_long_it_takes() -> None:
     assert not _watch("while True: pass", stall=1.0, seconds=4.0)
 

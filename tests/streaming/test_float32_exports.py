@@ -77,6 +77,7 @@ print(json.dumps({"extra": rss("VmHWM:") - before, "dtype": str(components.dtype
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak-RSS counter")
+@pytest.mark.slow
 def test_float32_components_need_no_float64_copy_of_the_loadings() -> None:
     d, k = 400_000, 10
     out = subprocess.run([sys.executable, "-c", CHILD, str(d), str(k)], check=True, capture_output=True,

@@ -145,6 +145,7 @@ def test_vbfa_in_forked_child_matches_the_parent() -> None:
     assert run_in_fork(fit_both) == in_parent
 
 
+@pytest.mark.slow
 def test_fork_during_an_update_in_another_thread_fails_fast_in_the_child() -> None:
     """Another thread updates a model continuously while the main thread forks. In a child forked while
     the model's lock was held, using that model raises RuntimeError at once; other models work."""

@@ -204,6 +204,7 @@ def test_update_is_all_or_nothing(model_class: str, dtype: str, batch: np.ndarra
 @example(batches=[np.zeros((1, D)), np.array([[4.87e-108] + [0.0] * (D - 1)] + [[0.0] * D] * 2 + [[1e100] + [0.0] * (D - 1)])])
 @example(batches=[np.zeros((1, D)), np.full((3, D), 2054.0)])
 @example(batches=[np.array([[0.0] + [561.0] * (D - 1)] + [[561.0] * D] * 3, dtype=np.float32)])
+@pytest.mark.slow
 def test_streams_of_extreme_values_keep_the_model_valid(model_class: str, dtype: str, batches: list[np.ndarray]) -> None:
     model = new_model(model_class, dtype)
     for batch in batches:
@@ -238,6 +239,7 @@ ODD_VALUES = st.one_of(
 @pytest.mark.parametrize(("model_class", "dtype"), MODELS)
 @HOSTILE_SETTINGS
 @given(n_samples=ODD_VALUES, seed=ODD_VALUES, force=ODD_VALUES)
+@pytest.mark.slow
 def test_sample_and_covariance(model_class: str, dtype: str, n_samples: Any, seed: Any, force: Any) -> None:
     model = warmed_up(model_class, dtype)
     ok, draws = call_and_check(model, lambda: model.sample(n_samples, seed=seed))
@@ -335,6 +337,7 @@ ESTIMATORS = [(a, t) for a in ("em", "sga") for t in ("float64", "float32")]
 @given(data=hostile_arrays(), method=st.sampled_from(["partial_fit", "fit", "fit_transform", "transform",
                                                       "score_samples", "score"]))
 @example(data=np.full((1, D), 1e18), method="partial_fit")
+@pytest.mark.slow
 def test_estimator_methods(algorithm: str, dtype: str, data: np.ndarray, method: str) -> None:
     fa = fitted_estimator(algorithm, dtype)
     ok, result = call_and_check(fa, lambda: getattr(fa, method)(data))

@@ -90,6 +90,7 @@ def bound(file_bytes: int, copies: float) -> float:
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("cls_name", ["OnlineEM", "OnlineSGA"])
+@pytest.mark.slow
 def test_load_peaks_at_about_one_state(cls_name: str, dtype: str, tmp_path: Path) -> None:
     path = saved_model(cls_name, dtype, tmp_path / "model.ckpt")
     size = path.stat().st_size
@@ -100,6 +101,7 @@ def test_load_peaks_at_about_one_state(cls_name: str, dtype: str, tmp_path: Path
 @pytest.mark.parametrize("call", ["save", "get_state"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("cls_name", ["OnlineEM", "OnlineSGA"])
+@pytest.mark.slow
 def test_save_and_get_state_peak_at_about_one_state(cls_name: str, dtype: str, call: str, tmp_path: Path) -> None:
     path = saved_model(cls_name, dtype, tmp_path / "model.ckpt")
     size = path.stat().st_size

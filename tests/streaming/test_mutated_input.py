@@ -21,6 +21,7 @@ D, K = 100_000, 3
 @pytest.mark.parametrize("bad", [np.nan, 1e300])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("model_class", ["OnlineEM", "OnlineSGA"])
+@pytest.mark.slow
 def test_batch_overwritten_during_updates_never_poisons_the_model(model_class: str, dtype: str, bad: float) -> None:
     rng = np.random.default_rng(0)
     model = getattr(onlinefa, model_class)(D, K, seed=0, dtype=dtype, n_warmup=3)

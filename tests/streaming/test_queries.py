@@ -92,6 +92,7 @@ MEMORY_CHILD = Path(__file__).resolve().parents[2] / "benches" / "query_memory.p
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists() or not MEMORY_CHILD.exists(), reason="Linux /proc")
 @pytest.mark.parametrize("model", ["OnlineEM", "VIFA"])
+@pytest.mark.slow
 def test_query_peak_memory_is_a_fraction_of_the_state(model: str) -> None:
     # D = 400,000, K = 10, float32: the state is ~22 MB; a one-row query needs its float64 input row and
     # result (3.2 MB) plus K-sized sums. The previous NumPy path needed 2.7-4.9 x the state.
@@ -105,6 +106,7 @@ def test_query_peak_memory_is_a_fraction_of_the_state(model: str) -> None:
         assert result["extra"] < 0.5 * result["state"], (query, result)
 
 
+@pytest.mark.slow
 def test_vifa_queries_read_one_consistent_state_during_steps() -> None:
     # Every answer read while another thread steps must equal the answer of one of the states the model
     # passed through; those are recorded by replaying the same deterministic steps on a twin model. A short

@@ -85,6 +85,7 @@ def test_default_equals_the_transcription(k: int) -> None:
     np.testing.assert_allclose(psi32, reference.psi, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_error_falls_with_the_stream_length() -> None:
     # The demo's stream (D = 1000, K = 10, spectrum [1, 100], seed 0). Measured: the default 0.138 / 0.076 /
     # 0.042 at T = 1,000 / 5,000 / 20,000; the constant step lr = 1e-3 0.276 / 0.105 / 0.113 (its noise floor,
@@ -115,6 +116,7 @@ def test_width_on_real_sgd_iterates_is_the_iterates() -> None:
     assert 0.8 < ratio < 1.25
 
 
+@pytest.mark.slow
 def test_heavy_tailed_stream_does_not_throw_the_fit_off() -> None:
     # Standardised digits: nearly constant pixels with rare values near 40. The constant step reached a
     # covariance error of 1.5e5 against scikit-learn's FactorAnalysis; the default 0.16 (OnlineEM 0.14).

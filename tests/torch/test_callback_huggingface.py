@@ -112,6 +112,7 @@ def test_every_n_steps_and_the_swa_learning_rate(tmp_path: Path) -> None:
     assert lr_by_epoch == {0: 0.05, 1: 0.01, 2: 0.01, 3: 0.01}
 
 
+@pytest.mark.slow
 def test_a_resumed_run_ends_with_the_posterior_of_an_uninterrupted_one(tmp_path: Path) -> None:
     whole = PosteriorCallback(n_components=3, start_epoch=1, dtype="float64")
     train([whole], 5, tmp_path / "whole", save=True)
@@ -184,6 +185,7 @@ def _assert_same_posterior(left: Any, right: Any) -> None:
 
 
 @pytest.mark.parametrize("save_total_limit", [None, 1])
+@pytest.mark.slow
 def test_a_kill_between_the_trainers_save_and_the_callbacks_loses_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, save_total_limit: int | None) -> None:
     whole = PosteriorCallback(n_components=3, dtype="float64")
@@ -234,6 +236,7 @@ def test_bit_flips_in_the_saved_posterior_are_refused_naming_the_file(tmp_path: 
 
 
 @pytest.mark.parametrize("changed", [{"n_components": 3}, {"dtype": "float32"}])
+@pytest.mark.slow
 def test_a_resume_with_other_settings_is_refused_or_reset(tmp_path: Path, changed: dict[str, Any]) -> None:
     _train_with([PosteriorCallback(n_components=2, dtype="float64")], 2, tmp_path / "run")
     settings: dict[str, Any] = {"n_components": 2, "dtype": "float64", **changed}
@@ -245,6 +248,7 @@ def test_a_resume_with_other_settings_is_refused_or_reset(tmp_path: Path, change
     assert reset.posterior.n_seen == 1  # epoch 2 only
 
 
+@pytest.mark.slow
 def test_a_resume_without_the_posterior_is_refused_unless_asked_to_warn(tmp_path: Path) -> None:
     train([], 3, tmp_path / "plain", save=True)  # checkpoints written without the callback
     with pytest.raises(onlinefa.errors.PosteriorResumeError, match="checkpoint-9.*does not exist"):

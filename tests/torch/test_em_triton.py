@@ -34,6 +34,7 @@ SCRIPT = STREAMING_PREAMBLE + textwrap.dedent("""
     {"dtype": "float64", "whiten": False, "schedule": "power"},
     {"dtype": "float32"},
 ])
+@pytest.mark.slow
 def test_the_fused_pass_equals_the_plain_pass_and_the_rust_core(config: dict[str, object]) -> None:
     result = run_interpreted(SCRIPT, config)
     # every sample whose E-step uses fitted loadings went through the kernel (the first n_warmup + 1 use F₀)

@@ -145,6 +145,7 @@ def _gaussian_with_covariance(mean: np.ndarray, covariance: np.ndarray) -> Gauss
 
 
 @pytest.mark.parametrize("too_narrow", [0.1, 1.0, 30.0])
+@pytest.mark.slow
 def test_the_elbo_rule_recovers_the_exact_posterior_scale(too_narrow: float) -> None:
     # Σ = Σ_post / s₀: the ELBO over scales of this shape peaks at s = D / tr(P Σ) = s₀ exactly; the rule
     # estimates E_q log p by S = 8000 draws, whose relative error in tr(X Σ Xᵀ) is below sqrt(2/S) = 0.016,
@@ -158,6 +159,7 @@ def test_the_elbo_rule_recovers_the_exact_posterior_scale(too_narrow: float) -> 
     assert not chosen.at_bound
 
 
+@pytest.mark.slow
 def test_the_validation_rule_maximises_the_closed_form_predictive_density() -> None:
     # The mixture of S Gaussians N(x c + √s x δ_s, σ²) tends to N(x c, σ² + s xᵀΣx); the closed form's
     # maximiser over s, found by SciPy, is what the rule must choose (S = 8000, same tolerance as above).

@@ -48,6 +48,7 @@ SCRIPT = STREAMING_PREAMBLE + textwrap.dedent("""
     {"dtype": "float64", "scaling": "unit", "lr": 1e-2, "schedule": "power"},
     {"dtype": "float32"},
 ])
+@pytest.mark.slow
 def test_the_fused_pass_equals_the_plain_pass_and_the_rust_core(config: dict[str, object]) -> None:
     result = run_interpreted(SCRIPT, config)
     # every sample with a pending gradient step after the start went through the kernel (the first

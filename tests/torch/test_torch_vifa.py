@@ -155,6 +155,7 @@ def test_a_diverging_step_changes_nothing() -> None:
     assert_same(state(ours), before)
 
 
+@pytest.mark.slow
 def test_its_own_draws_have_the_distribution_of_q() -> None:
     ours = TorchVIFA(6, 2, seed=5, init_mean=np.arange(6.0), init_noise_variance=np.full(6, 0.3), **BASE)
     mean, loadings, psi = (v.numpy() for v in ours.snapshot())
@@ -169,6 +170,7 @@ def test_its_own_draws_have_the_distribution_of_q() -> None:
     assert np.abs(draws_arr.mean(axis=0) - mean).max() < 0.05 * np.sqrt(np.diag(target)).max()
 
 
+@pytest.mark.slow
 def test_it_learns_a_gaussian_posterior() -> None:
     mu = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
     precision = torch.diag(torch.tensor([4.0, 1.0, 0.25], dtype=torch.float64))

@@ -73,6 +73,7 @@ SCRIPT = textwrap.dedent("""
     {"dtype": "float64", "optimizer": "adam", "clip_grad_norm": 5.0, "n_grad_samples": 2},
     {"dtype": "float32", "optimizer": "adam"},
 ])
+@pytest.mark.slow
 def test_the_fused_step_equals_the_plain_step(config: dict[str, object]) -> None:
     result = run_interpreted(SCRIPT, config)
     assert result["fused_calls"] == 12  # every step went through the kernel

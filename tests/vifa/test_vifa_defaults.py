@@ -141,6 +141,7 @@ def _linear_problem() -> tuple[torch.Tensor, torch.Tensor, torch.nn.Module]:
     return x, y, module
 
 
+@pytest.mark.slow
 def test_learned_variance_reaches_the_expected_mean_squared_residual() -> None:
     x, y, module = _linear_problem()
     c, f, psi = np.array([0.5, -0.2, 0.1]), np.array([[0.3], [0.1], [-0.2]]), np.full(3, 0.05)
