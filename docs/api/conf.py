@@ -80,7 +80,9 @@ def _write_cli_help() -> None:
         "experiment": ["experiment"],
     }.items():
         command = [sys.executable, "-m", "onlinefa.cli", *args, "--help"]
-        text = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
+        # Without the separate experiments package, `onlinefa experiment --help` says how to install it.
+        done = subprocess.run(command, check=name != "experiment", capture_output=True, text=True, env=env)
+        text = done.stdout or done.stderr
         (out / f"cli_{name}.txt").write_text(text, encoding="utf-8")
 
 
