@@ -18,10 +18,7 @@ use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 use crate::engine::{run_tasks, task_ranges, use_parallel};
 use crate::error::{FaError, Result};
 use crate::linalg::SpdFactor;
-use crate::online_em::{OnlineEm, Source};
-use crate::online_sga::OnlineSga;
 use crate::scalar::Real;
-use crate::vifa::Vifa;
 
 /// Rows per block when a model has no block structure of its own.
 pub const QUERY_BLOCK_ROWS: usize = 1024;
@@ -59,85 +56,10 @@ pub(crate) fn per_task<R: Send>(d: usize, k: usize, task: impl Fn(Range<usize>) 
         .collect()
 }
 
-fn widen<T: Real>(values: &[T], out: &mut Vec<f64>) {
+/// `values` widened to f64 into `out` (cleared first).
+pub(crate) fn widen<T: Real>(values: &[T], out: &mut Vec<f64>) {
     out.clear();
     out.extend(values.iter().map(|v| v.to_f64()));
-}
-
-impl<T: Real> GaussianRows for OnlineEm<T> {
-    fn dims(&self) -> (usize, usize) {
-        (self.n_features, self.n_components)
-    }
-
-    /// F = Ā H̄⁻¹ (Ā when whitened), ψ = max(d̄² − rowsum(F ⊙ Ā), floor); during warm-up F₀ σ and σ².
-    fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
-        let k = self.n_components;
-        let (mut mean, mut f, mut psi) = (Vec::new(), Vec::new(), Vec::new());
-        if let Source::Initial(f0) = &self.source {
-            let scale = self.config.scaling.warmup_scale(self.scale_sq);
-            for lo in rows.clone().step_by(QUERY_BLOCK_ROWS) {
-                let hi = (lo + QUERY_BLOCK_ROWS).min(rows.end);
-                mean.clear();
-                mean.extend((lo..hi).map(|i| self.pending_moments(i).mean.1));
-                f.clear();
-                f.extend(f0[lo * k..hi * k].iter().map(|v| v.to_f64() * scale));
-                psi.clear();
-                psi.resize(hi - lo, scale.powi(2));
-                visit(lo, &mean, &f, &psi)?;
-            }
-            return Ok(());
-        }
-        self.visit_fitted_rows(rows, visit)
-    }
-
-    /// The spiked-model shrinkage (crate::shrinkage) when the configuration asks for it and the model is fitted.
-    fn report_transform(&self) -> Result<Option<Array2<f64>>> {
-        if !self.config.shrink || !self.is_fitted() {
-            return Ok(None);
-        }
-        if let Some(map) = self.report_cache.get(self.n_seen) {
-            return Ok(Some(map));
-        }
-        let gram = crate::shrinkage::gram(self)?;
-        let map = crate::shrinkage::spiked_transform(gram.view(), self.n_features, self.effective_samples())?;
-        self.report_cache.put(self.n_seen, &map);
-        Ok(Some(map))
-    }
-}
-
-impl<T: Real> GaussianRows for OnlineSga<T> {
-    fn dims(&self) -> (usize, usize) {
-        (self.n_features, self.n_components)
-    }
-
-    fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
-        let mut mean = Vec::new();
-        self.visit_current_in(rows, &mut |lo, f, psi| {
-            widen(&self.mean[lo..lo + psi.len()], &mut mean);
-            visit(lo, &mean, f, psi)
-        })
-    }
-}
-
-impl<T: Real> GaussianRows for Vifa<T> {
-    fn dims(&self) -> (usize, usize) {
-        (self.n_features, self.n_components)
-    }
-
-    /// c, F and ψ = exp β as stored.
-    fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
-        let k = self.n_components;
-        let (mut mean, mut f, mut psi) = (Vec::new(), Vec::new(), Vec::new());
-        for lo in rows.clone().step_by(QUERY_BLOCK_ROWS) {
-            let hi = (lo + QUERY_BLOCK_ROWS).min(rows.end);
-            widen(&self.params.c[lo..hi], &mut mean);
-            widen(&self.params.f[lo * k..hi * k], &mut f);
-            psi.clear();
-            psi.extend(self.params.beta[lo..hi].iter().map(|b| b.to_f64().exp()));
-            visit(lo, &mean, &f, &psi)?;
-        }
-        Ok(())
-    }
 }
 
 /// A Gaussian given by its arrays — mean (D), F (D×K, K = 0 allowed: a diagonal Gaussian), ψ (D) — such as a
@@ -520,7 +442,7 @@ pub fn draw_in_place<G: GaussianRows + ?Sized, T: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vifa::{LearningRates, Optimizer, VifaConfig, VifaInit};
+    use crate::vifa::{LearningRates, Optimizer, Vifa, VifaConfig, VifaInit};
     use ndarray::{array, Array2};
 
     /// A tiny VIFA model with known c, F, ψ (its parameters are stored as given).

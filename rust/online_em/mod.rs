@@ -774,5 +774,6 @@ impl<T: Real> Driven for OnlineEm<T> {
 
 mod checkpoint;
 mod checks;
+mod rows;
 #[cfg(test)]
 mod tests;

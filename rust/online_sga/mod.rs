@@ -624,5 +624,6 @@ impl<T: Real> Driven for OnlineSga<T> {
 
 mod checkpoint;
 mod checks;
+mod rows;
 #[cfg(test)]
 mod tests;

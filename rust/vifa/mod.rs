@@ -47,6 +47,7 @@ mod kernel_tests;
 mod lanes;
 mod params;
 mod products;
+mod rows;
 mod step;
 #[cfg(test)]
 mod tests;
