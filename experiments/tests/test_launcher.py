@@ -66,3 +66,25 @@ def test_an_unknown_experiment_is_an_argparse_error(capsys: pytest.CaptureFixtur
 
 def test_every_registered_module_names_its_experiment() -> None:
     assert sorted(onlinefa_experiments.available()) == sorted(onlinefa_experiments.EXPERIMENTS)
+
+
+# Make every import of the optional packages fail, as beside a core install without the torch extra.
+_BLOCK_TORCH = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Block())
+from onlinefa.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_experiment_needing_torch_says_so() -> None:
+    done = subprocess.run([sys.executable, "-c", _BLOCK_TORCH, "experiment", "uci-bnn", "--quick"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "needs the optional package 'torch'" in done.stderr
+    assert "pip install" in done.stderr

@@ -9,13 +9,20 @@ The posteriors release the GIL during their updates, so training and fitting ove
 An exception raised by the posterior stops the worker from applying anything after it: the snapshots
 handed over behind the failing one are dropped, and the exception is raised on the training thread by the
 next :meth:`BackgroundFeeder.submit`, :meth:`BackgroundFeeder.flush` or :meth:`BackgroundFeeder.close`.
+
+At interpreter exit (the script ended, or died of an exception, with snapshots in flight) every live worker
+finishes the update it is in, drops the snapshots still queued and stops before the interpreter tears down:
+a daemon thread still inside PyTorch while its C++ runtime is destroyed would abort the process (SIGABRT).
+Call :meth:`BackgroundFeeder.close` (``SnapshotCollector.close``) to have them applied instead.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +33,18 @@ __all__ = ["BackgroundFeeder"]
 
 #: Seconds a waiting call sleeps between checks that the worker is still alive (never a busy wait).
 _POLL_SECONDS = 0.5
+
+#: The feeders whose worker may still run, stopped by :func:`_stop_at_exit`.
+_LIVE: weakref.WeakSet[BackgroundFeeder] = weakref.WeakSet()
+
+
+def _stop_at_exit() -> None:
+    """Stop every live worker before the interpreter finalises (queued snapshots are dropped)."""
+    for feeder in list(_LIVE):
+        feeder._stop(discard=True)
+
+
+atexit.register(_stop_at_exit)
 
 
 class BackgroundFeeder:
@@ -54,8 +73,10 @@ class BackgroundFeeder:
         self._work: queue.Queue[NDArray[Any] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._n_dropped = 0
+        self._discard = False  #: set at interpreter exit: drop what is queued instead of applying it
         self._worker = threading.Thread(target=self._run, name="onlinefa-snapshot-feeder", daemon=True)
         self._worker.start()
+        _LIVE.add(self)
 
     # -- training thread ----------------------------------------------------------------------------------
     def acquire(self) -> NDArray[Any]:
@@ -86,9 +107,16 @@ class BackgroundFeeder:
         try:
             self.flush()
         finally:
-            if self._worker.is_alive():
-                self._work.put(None)
-                self._worker.join()
+            self._stop(discard=False)
+
+    def _stop(self, discard: bool) -> None:
+        """Stop the worker after what is queued (applied, or dropped with ``discard``); wait for it."""
+        if discard:
+            self._discard = True
+        if self._worker.is_alive():
+            self._work.put(None)
+            self._worker.join()
+        _LIVE.discard(self)
 
     # -- worker -------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -103,7 +131,7 @@ class BackgroundFeeder:
                 self._work.task_done()
                 return
             try:
-                if self._error is None:
+                if self._error is None and not self._discard:
                     self._apply(buffer)
                 else:
                     self._n_dropped += 1

@@ -11,7 +11,7 @@ from ..errors import NotFittedError
 from ..streaming import OnlineEM as NumpyOnlineEM
 from ..streaming import DEFAULT_NOISE_FLOOR, common_args, check_scaling, schedule_args
 from ._em_engine import EMEngine, Settings
-from ._torch_model import TorchStreamingModel, initial_loadings, mapped_rows, state_dtype
+from ._torch_model import TorchStreamingModel, initial_loadings, locked, mapped_rows, state_dtype
 
 
 class OnlineEM(TorchStreamingModel):
@@ -84,6 +84,7 @@ class OnlineEM(TorchStreamingModel):
         ended: EMEngine = engine.ended_warmup()
         return ended
 
+    @locked
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The fitted Gaussian (mean c, loadings F, noise variances ψ) as float64 tensors on the device.
 

@@ -12,7 +12,7 @@ from ..streaming import OnlineSGA as NumpyOnlineSGA
 from .._validation import sga_step_args
 from ..streaming import DEFAULT_NOISE_FLOOR, check_scaling, common_args, schedule_args
 from ._sga_engine import SGAEngine, SGASettings
-from ._torch_model import TorchStreamingModel, initial_loadings, state_dtype
+from ._torch_model import TorchStreamingModel, initial_loadings, locked, state_dtype
 
 
 class OnlineSGA(TorchStreamingModel):
@@ -77,6 +77,7 @@ class OnlineSGA(TorchStreamingModel):
         return cls(n_features, n_components, lr=lr, n_warmup=n_warmup, init=init, seed=seed,
                    noise_floor=noise_floor, dtype=dtype, schedule="harmonic", scaling="unit", device=device)
 
+    @locked
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The fitted Gaussian (mean c, loadings F, noise variances ψ) as float64 tensors on the device, with the
         last sample's gradient step applied.

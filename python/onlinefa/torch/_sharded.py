@@ -63,9 +63,14 @@ class ShardedTorchModel:
         """Apply one sample or a batch, given this rank's features of each (a tensor on any device; collective).
 
         Every rank passes the same number of samples. Invalid input on any rank raises on every rank before
-        any sample is applied; a numerical breakdown raises on every rank, and a model of at most
+        any sample is applied; a numerical breakdown, or a peer that dies at any collective of the call (the
+        reporting map's included), raises on every surviving rank, and a model of at most
         ``SNAPSHOT_MAX_ELEMENTS`` values per shard is then as it was before the call.
         """
+        with self._local._lock:
+            return self._update_locked(X)
+
+    def _update_locked(self: Sharded, X: Any) -> Sharded:
         local, k = self._local, self._k
         failure: BaseException | None = None
         batch: torch.Tensor | None = None
@@ -76,6 +81,7 @@ class ShardedTorchModel:
         n_rows = 0 if batch is None else batch.shape[0]
         keep = max(self._layout.sizes) * k <= SNAPSHOT_MAX_ELEMENTS  # the same choice on every rank
         backup = copy.deepcopy(local._engine) if keep else None
+        map_before = local._fixed_map
         try:
             for i in range(max(n_rows, 1)):
                 sums = None
@@ -97,11 +103,12 @@ class ShardedTorchModel:
                 local._engine.apply_sums(torch.as_tensor(total[: k * k].reshape(k, k)),
                                          torch.as_tensor(total[k * k: k * k + k]), float(total[-1]),
                                          self._layout.n_features_total)
+            self._refresh_report_map()  # a collective too: a peer lost here must leave the model as it was
         except BaseException:
             if backup is not None:
                 local._engine = backup
+                local._fixed_map = map_before
             raise
-        self._refresh_report_map()
         return self
 
     def _refresh_report_map(self) -> None:

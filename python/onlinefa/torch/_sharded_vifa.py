@@ -74,6 +74,10 @@ class ShardedVIFA:
         onlinefa.NumericalBreakdownError
             The step would make a parameter non-finite on some rank: every rank raises, none changes.
         """
+        with self._local._lock:
+            return self._step_locked(grad)
+
+    def _step_locked(self, grad: Any) -> "ShardedVIFA":
         engine: VIFAEngine = self._local._engine
         failure: BaseException | None = None
         g, norms = None, None

@@ -2,19 +2,27 @@
 
 A model wraps an engine (the D-sized state in torch tensors on one device, the K×K state in float64 on the CPU)
 with the Rust core's state map, so that a model moves to and from the NumPy-facing class of the same name.
+
+Every method that changes the state (a whole batch of ``update``, a VIFA ``step`` or training draw) and every
+method that reads it (``snapshot``, ``sample``, ``get_state`` and so ``save``) holds the model's lock, so a
+reader on another thread (the asynchronous ``SnapshotCollector``'s worker updates while the training loop
+saves) sees one state the model was in, never a mix of two.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import os
-from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 import torch
 
 from .. import _core
+from ._input import as_input_tensor
 from ._kk_algebra import MAX_INPUT
 
 #: Up to this many state values (D·K) a failed batch restores the model to its state before the batch (a
@@ -23,6 +31,18 @@ SNAPSHOT_MAX_ELEMENTS = 1 << 18
 Model = TypeVar("Model", bound="TorchGaussianModel")
 Streaming = TypeVar("Streaming", bound="TorchStreamingModel")
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def locked(method: _Method) -> _Method:
+    """The method, run while holding its model's lock (``self._lock``, re-entrant)."""
+
+    @functools.wraps(method)
+    def run_locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast(_Method, run_locked)
 
 
 def initial_loadings(args: Mapping[str, Any]) -> torch.Tensor:
@@ -65,6 +85,23 @@ class TorchGaussianModel:
     """
 
     _engine: Any
+    #: Held by every method that reads or changes the state (see the module documentation).
+    _lock: threading.RLock
+
+    def __new__(cls: type[Model], *args: Any, **kwargs: Any) -> Model:
+        model = super().__new__(cls)
+        model._lock = threading.RLock()
+        return model
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_lock", None)  # a lock is not picklable; the copy gets its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     #: The Rust core class that validates a state map, the engine class that reads one, the NumPy-facing class.
     _core_class: ClassVar[Any]
     _engine_class: ClassVar[Any]
@@ -124,6 +161,7 @@ class TorchGaussianModel:
         """ψ (D,)."""
         return self.snapshot()[2]
 
+    @locked
     def sample(self, n_samples: int = 1, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """Draws θ = c + F h + ψ^{1/2} ⊙ z (h, z standard normal) on the device, shape (n_samples, D)."""
         mean, f, psi = self.snapshot()
@@ -132,6 +170,7 @@ class TorchGaussianModel:
         return mean + h @ f.T + z * psi.sqrt()
 
     # -- checkpoints --------------------------------------------------------------------------------------
+    @locked
     def get_state(self) -> dict[str, Any]:
         """The state map of the NumPy-facing class of the same name (NumPy arrays and scalars): ``to_numpy``
         and ``save`` use it, and it loads into either class."""
@@ -174,13 +213,16 @@ class TorchStreamingModel(TorchGaussianModel):
     atomic updates; the engine also has ``n_seen``, ``is_fitted`` and ``step``."""
 
     # -- updates ------------------------------------------------------------------------------------------
+    @locked
     def update(self: Streaming, X: Any) -> Streaming:
         """Apply one sample (shape (D,)) or the rows of an (n, D) batch, in order.
 
         Tensors on another device are moved to the model's. The whole batch is checked first (shape, NaN,
         infinity, magnitude): a bad batch raises ``ValueError`` and changes nothing. A numerical breakdown
-        (:class:`onlinefa.NumericalBreakdownError`) leaves a model of at most ``SNAPSHOT_MAX_ELEMENTS`` state
-        values as it was before the batch, and a larger one as it was before the failing row.
+        (:class:`onlinefa.NumericalBreakdownError`) or an interruption (``KeyboardInterrupt``) leaves a model of at
+        most ``SNAPSHOT_MAX_ELEMENTS`` state values as it was before the batch, and a larger one as it was before
+        the failing row. Input that is no real, dense tensor or array, or that requires grad, raises ``TypeError``
+        and changes nothing.
         """
         engine = self._engine
         batch = self._checked_batch(X)
@@ -189,7 +231,7 @@ class TorchStreamingModel(TorchGaussianModel):
         try:
             for row in batch:
                 engine.step(row)
-        except Exception:
+        except BaseException:  # KeyboardInterrupt too: a batch is applied whole or not at all
             if backup is not None:
                 self._engine = backup
             raise
@@ -199,7 +241,7 @@ class TorchStreamingModel(TorchGaussianModel):
         """``X`` as an (n, D) floating tensor on the model's device; ValueError for a wrong shape, NaN, infinity
         or a value beyond the state dtype's range (naming the first bad row)."""
         engine = self._engine
-        batch = torch.as_tensor(X).to(device=engine.device)
+        batch = as_input_tensor(X, "X").to(device=engine.device)
         if batch.ndim == 1:
             batch = batch[None, :]
         d = engine.settings.n_features

@@ -10,8 +10,9 @@ import torch
 
 from .. import _core
 from ..vifa import VIFA as NumpyVIFA
+from ._input import as_input_tensor
 from ._kk_algebra import MAX_INPUT
-from ._torch_model import TorchGaussianModel, state_dtype
+from ._torch_model import TorchGaussianModel, locked, state_dtype
 from ._vifa_engine import VIFAEngine
 
 
@@ -72,6 +73,7 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
         return cls.from_numpy(NumpyVIFA.from_gaussian(model, **options), device=device)
 
     # -- training --------------------------------------------------------------------------------------
+    @locked
     def sample(self, n_samples: int | None = None, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """The training draw (no arguments), or ``n_samples`` model draws.
 
@@ -84,6 +86,7 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
             return engine.draw(*engine.draw_noise())
         return super().sample(1 if n_samples is None else n_samples, generator=generator)
 
+    @locked
     def step(self, grad: Any) -> "VIFA":
         """One optimiser step (Algorithm 3, lines 9–20) from the gradients of the full-data negative
         log-likelihood at the pending draws: shape (D,) or (L, D), a tensor on any device (moved to the model's).
@@ -103,7 +106,7 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
     def _checked_gradients(self, grad: Any) -> torch.Tensor:
         engine: VIFAEngine = self._engine
         d, n_rows = engine.settings.n_features, engine.settings.n_grad_samples
-        g = torch.as_tensor(grad).to(device=engine.device)
+        g = as_input_tensor(grad, "grad").to(device=engine.device)
         if g.ndim == 1 and n_rows == 1:
             g = g[None, :]
         if g.shape != (n_rows, d):
@@ -124,6 +127,7 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
             self.step(torch.stack(grads))
         return self
 
+    @locked
     def set_learning_rates(self, *, lr_mean: float | None = None, lr_loadings: float | None = None,
                            lr_log_noise: float | None = None) -> "VIFA":
         """Change any of η_c, η_F, η_β (finite, >= 0) for the following steps."""
@@ -134,6 +138,7 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
         self._engine.settings.lr = (new[0], new[1], new[2])
         return self
 
+    @locked
     def set_prior_precision(self, prior_precision: float) -> "VIFA":
         """Change α, the precision of the prior N(0, α⁻¹ I), for the following steps (finite, >= 0)."""
         alpha = float(prior_precision)
@@ -149,6 +154,7 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
         second_moment = float(mean @ mean) + float((loadings * loadings).sum()) + float(psi.sum())
         return self.n_features / second_moment
 
+    @locked
     def pending_noise(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(h (n_pending, K) on the CPU, z (n_pending, D) on the device) of the draws waiting for :meth:`step`."""
         engine: VIFAEngine = self._engine
@@ -158,6 +164,7 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
         return torch.stack([h for h, _ in engine.pending]), torch.stack([z for _, z in engine.pending])
 
     # -- the model -------------------------------------------------------------------------------------
+    @locked
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(c, F, ψ = exp β) as float64 tensors on the device."""
         c, f, _, psi = self._engine.rows64()
