@@ -83,9 +83,34 @@ pub(crate) fn stored<T: Real>(v: f64) -> (T, f64) {
     (s, s.to_f64())
 }
 
+/// Bytes from which an allocation asks the kernel for transparent huge pages (one 2 MiB page).
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// Ask Linux to back the whole 2 MiB pages inside `[ptr, ptr + bytes)` with transparent huge pages
+/// (`madvise(MADV_HUGEPAGE)`, which the kernel honours in its default `madvise` mode), before they are first
+/// touched: a D×K array then takes one page fault per 2 MiB instead of one per 4 KiB, and fewer TLB misses
+/// on every pass. Advice only: a refusal changes nothing, and no value changes.
+fn ask_for_huge_pages(ptr: *mut u8, bytes: usize) {
+    #[cfg(target_os = "linux")]
+    if bytes >= 2 * HUGE_PAGE_BYTES {
+        let start = (ptr as usize).next_multiple_of(HUGE_PAGE_BYTES);
+        let end = (ptr as usize + bytes) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+        if end > start {
+            // SAFETY: [start, end) lies inside the live allocation of `bytes` bytes at `ptr`; madvise with
+            // MADV_HUGEPAGE only changes how the kernel backs those pages, never their contents.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, bytes);
+}
+
 /// `len` zeros of a storage type, or an error (never an abort) when they cannot be allocated. The memory
 /// comes zeroed from the allocator (for large sizes, fresh pages the kernel zeroes on first touch), so a
-/// caller that overwrites every value pays one pass over it, not two.
+/// caller that overwrites every value pays one pass over it, not two. Large allocations ask for
+/// transparent huge pages ([`ask_for_huge_pages`]).
 pub(crate) fn try_zeros<T: Real>(len: usize, what: &'static str) -> crate::error::Result<Vec<T>> {
     use std::any::TypeId;
     let allocation_error = || crate::error::FaError::Allocation { what, len };
@@ -103,6 +128,7 @@ pub(crate) fn try_zeros<T: Real>(len: usize, what: &'static str) -> crate::error
         if ptr.is_null() {
             return Err(allocation_error());
         }
+        ask_for_huge_pages(ptr.cast::<u8>(), layout.size());
         Ok(Vec::from_raw_parts(ptr, len, len))
     }
 }
