@@ -671,3 +671,37 @@ def test_docstring_examples(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(f"onlinefa.torch.{module}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_float32_draws_of_a_float32_model_read_its_float32_loadings_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No float64 D×K copy of F is made for float32 draws of a float32 model (its own float32 rows are used),
+    and the draws are those from the model's float64 snapshot within float32 rounding (the same normals)."""
+    x = np.random.default_rng(4).standard_normal((60, 40))
+    em = onlinefa.OnlineEM(40, 3, seed=0, dtype="float32").update(x)
+
+    class Float64Gaussian:  # the model's float64 snapshot: what float32 draws were made from before
+        def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            return em.snapshot()
+
+    reference = torch.cat(list(sample_parameters(Float64Gaussian(), 9, seed=2))).double()
+    calls: list[object] = []
+    snapshot = em.snapshot
+    monkeypatch.setattr(em, "snapshot", lambda dtype=None: calls.append(dtype) or snapshot(dtype))
+    draws = torch.cat(list(sample_parameters(em, 9, seed=2)))
+    assert calls == ["float32"] and draws.dtype == torch.float32
+    assert float((draws.double() - reference).abs().max() / reference.abs().max()) < 1e-5
+
+
+def test_float32_draws_of_a_float64_model_equal_the_rounded_float64_gaussian() -> None:
+    """The float32 path rounds the float64 snapshot once (c, F, ψ^½ as before): the same bits as drawing from
+    float32 copies of the snapshot made by hand."""
+    x = np.random.default_rng(5).standard_normal((60, 40))
+    em = onlinefa.OnlineEM(40, 3, seed=0).update(x)
+
+    class Copies:  # the same Gaussian, as writable float64 copies (the old path's input)
+        def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            return tuple(np.array(a) for a in em.snapshot())  # type: ignore[return-value]
+
+    ours = torch.cat(list(sample_parameters(em, 9, seed=3)))
+    by_hand = torch.cat(list(sample_parameters(Copies(), 9, seed=3)))
+    assert torch.equal(ours, by_hand)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from .._pickle_tag import ClassTaggedPickle
 from ..interop import to_torch_low_rank
 
-__all__ = ["GaussianParameters", "MultiSWAG", "gaussian_parameters"]
+__all__ = ["GaussianParameters", "MultiSWAG", "gaussian_for_draws", "gaussian_parameters"]
 
 FloatArray = NDArray[np.float64]
 
@@ -43,6 +43,51 @@ def _checked(mean: object, loadings: object, noise_variance: object, source: str
     if np.any(psi < 0.0):
         raise ValueError(f"{source}: negative noise variances")
     return GaussianParameters(c, f, psi)
+
+
+#: Rows per chunk of the finite-value check of the loadings (its temporary stays small at any D).
+_CHECK_ROWS = 1 << 16
+
+
+def _view(values: object, dtype: type[np.floating[Any]]) -> NDArray[Any]:
+    """``values`` as a NumPy array of ``dtype``: a NumPy array of that dtype as it is, a tensor copied to the host
+    (a torch model's snapshot may share memory with its live state)."""
+    detach = getattr(values, "detach", None)
+    if callable(detach):
+        return np.array(detach().cpu().numpy(), dtype=dtype)
+    return np.asarray(values, dtype=dtype)
+
+
+def gaussian_for_draws(model: object, loadings_dtype: type[np.floating[Any]]) -> tuple[FloatArray, NDArray[Any],
+                                                                                         FloatArray]:
+    """(c, F, ψ) of a model for drawing from it, read without the copies of :func:`gaussian_parameters`.
+
+    c and ψ are float64; F is ``loadings_dtype``. A streaming model with float32 state gives its float32 F
+    (``snapshot(dtype="float32")``, no float64 D×K array); the NumPy arrays of a model's ``snapshot()`` are
+    used as they are (the caller must not write to them), tensors are copied to the host. Models without
+    ``snapshot()`` go through :func:`gaussian_parameters`. The same checks as there (shapes, finite values, ψ >= 0), the finite check
+    in chunks of rows, so no D×K temporary is made.
+    """
+    snapshot = getattr(model, "snapshot", None)
+    if not callable(snapshot):
+        c, f, psi = gaussian_parameters(model)
+        return c, f.astype(loadings_dtype, copy=False), psi
+    source = type(model).__name__
+    if loadings_dtype is np.float32 and getattr(model, "dtype", None) == "float32" and hasattr(model, "_core"):
+        mean, loadings, noise_variance = snapshot(dtype="float32")  # the Rust streaming models' own rows
+    else:
+        mean, loadings, noise_variance = snapshot()
+    c, f, psi = _view(mean, np.float64), _view(loadings, loadings_dtype), _view(noise_variance, np.float64)
+    if c.ndim != 1 or f.ndim != 2 or f.shape[0] != c.shape[0] or psi.shape != c.shape:
+        raise ValueError(
+            f"{source}: inconsistent shapes mean {c.shape}, loadings {f.shape}, noise_variance {psi.shape}"
+        )
+    finite_rows = all(bool(np.isfinite(f[lo: lo + _CHECK_ROWS]).all()) for lo in range(0, f.shape[0], _CHECK_ROWS))
+    if not (finite_rows and np.all(np.isfinite(c)) and np.all(np.isfinite(psi))):
+        raise ValueError(f"{source}: the Gaussian has non-finite entries")
+    if np.any(psi < 0.0):
+        raise ValueError(f"{source}: negative noise variances")
+    return c, f, psi
 
 
 def gaussian_parameters(model: object) -> GaussianParameters:

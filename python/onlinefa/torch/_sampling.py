@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from .._validation import SeedLike, check_int, check_seed
 from ._params import check_float_dtype
-from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
+from ._posterior import MultiSWAG, gaussian_for_draws
 
 __all__ = ["sample_parameters"]
+
+#: (c float64, F float32 or float64, ψ float64) of one Gaussian to draw from.
+Gaussian = tuple[NDArray[np.float64], NDArray[Any], NDArray[np.float64]]
 
 
 def check_scale(scale: object) -> float:
@@ -35,13 +40,14 @@ def component_seeds(seed: int | None, n_components: int) -> list[int | None]:
 class _Plan:
     """What to draw: (posterior, number of draws, seed) per mixture component, Gaussians read lazily."""
 
-    def __init__(self, posterior: object, n_samples: int, seed: int | None) -> None:
+    def __init__(self, posterior: object, n_samples: int, seed: int | None, loadings_dtype: Any) -> None:
+        self.loadings_dtype = loadings_dtype  #: np.float32 or np.float64: F is read in the draws' compute dtype
         if isinstance(posterior, MultiSWAG):
             counts = posterior.split(n_samples)
             self.parts = list(zip(posterior.components, counts, component_seeds(seed, len(posterior))))
-            self.first: GaussianParameters | None = None
+            self.first: Gaussian | None = None
         else:
-            self.first = gaussian_parameters(posterior)  # fail now, not at the first next()
+            self.first = gaussian_for_draws(posterior, loadings_dtype)  # fail now, not at the first next()
             self.parts = [(posterior, n_samples, seed)]
 
 
@@ -106,11 +112,12 @@ def sample_parameters(
     True
     """
     n = check_int(n_samples, "n_samples", 0)
-    plan = _Plan(posterior, n, check_seed(seed))
+    draw_dtype = check_float_dtype(dtype)
+    plan = _Plan(posterior, n, check_seed(seed), np.float64 if draw_dtype == torch.float64 else np.float32)
     return _draw_plan(
         plan,
         scale=check_scale(scale),
-        dtype=check_float_dtype(dtype),
+        dtype=draw_dtype,
         device=torch.device(device),
         chunk_size=check_int(chunk_size, "chunk_size", 1),
     )
@@ -122,7 +129,7 @@ def _draw_plan(
     for posterior, count, seed in plan.parts:
         if count == 0:
             continue
-        gaussian = plan.first if plan.first is not None else gaussian_parameters(posterior)
+        gaussian = plan.first if plan.first is not None else gaussian_for_draws(posterior, plan.loadings_dtype)
         plan.first = None  # release the arrays once they are on the device
         yield from _draw_gaussian(gaussian, count, seed, scale, dtype, device, chunk_size)
 
@@ -134,7 +141,7 @@ _PRODUCT_ROWS = 8
 
 
 def _draw_gaussian(
-    gaussian: GaussianParameters,
+    gaussian: Gaussian,
     n_samples: int,
     seed: int | None,
     scale: float,
@@ -146,8 +153,17 @@ def _draw_gaussian(
     yield from _rechunk(blocks, n_samples, chunk_size, dtype)
 
 
+def _tensor(values: NDArray[Any], compute: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a ``compute`` tensor on ``device``: the array itself on the CPU when it is writable and of that
+    dtype, else one converted copy (torch shares no read-only array, such as a model's cached snapshot)."""
+    array = np.asarray(values, dtype=np.float64 if compute == torch.float64 else np.float32)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.as_tensor(array, device=device)
+
+
 def _draw_blocks(
-    gaussian: GaussianParameters,
+    gaussian: Gaussian,
     n_samples: int,
     seed: int | None,
     scale: float,
@@ -156,9 +172,10 @@ def _draw_blocks(
 ) -> Iterator[torch.Tensor]:
     """Draws in blocks of at most ``_PRODUCT_ROWS`` rows, each computed by one (``_PRODUCT_ROWS``, D) product."""
     compute = torch.float64 if dtype == torch.float64 else torch.float32
-    mean = torch.as_tensor(gaussian.mean, dtype=compute, device=device)
-    loadings_t = torch.as_tensor(gaussian.loadings.T, dtype=compute, device=device)  # (K, D)
-    noise_sd = torch.as_tensor(np.sqrt(gaussian.noise_variance), dtype=compute, device=device)
+    c, f, psi = gaussian
+    mean = _tensor(c, compute, device)
+    loadings_t = _tensor(f, compute, device).T  # (K, D)
+    noise_sd = _tensor(np.sqrt(psi), compute, device)
     n_components, n_features = loadings_t.shape
     generator = torch.Generator(device=device)
     if seed is None:
