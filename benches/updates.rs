@@ -10,6 +10,9 @@
 //! * **floor + x**: the same plus reading the float64 sample (EM, SGA) or gradient (VIFA), D values, which
 //!   every update must also read.
 //!
+//! The floors run on the same rayon pool as the updates (chunks of the buffer in parallel), so on several
+//! threads each ratio compares like with like; `RAYON_NUM_THREADS=1` measures both on one thread.
+//!
 //! A VIFA update is `sample()` (θ = F h + c + ψ^{1/2} ⊙ z) then `step(g)` with one draw (L = 1) and Adam.
 //! Each model is built, measured and dropped before the next, so D = 10⁷ with K = 50 fits in memory.
 //!
@@ -23,6 +26,7 @@ use ndarray::{Array1, Array2};
 use onlinefa::init::{fill_standard_normal, orthonormal_loadings};
 use onlinefa::vifa::{LearningRates, Optimizer, Vifa, VifaConfig, VifaInit};
 use onlinefa::{EmConfig, OnlineEm, OnlineSga, Real, SgaConfig};
+use rayon::prelude::*;
 
 struct Args {
     sizes: Vec<usize>,
@@ -100,13 +104,15 @@ impl<T: Real> Floor<T> {
         }
     }
 
-    /// buf ← buf · 1, `passes` times.
+    /// buf ← buf · 1, `passes` times, in chunks on the rayon pool the models use.
     fn pass(&mut self) {
         let c = black_box(T::from_f64(1.0));
         for _ in 0..self.passes {
-            for v in self.buf.iter_mut() {
-                *v = *v * c;
-            }
+            self.buf.par_chunks_mut(FLOOR_CHUNK).for_each(|chunk| {
+                for v in chunk.iter_mut() {
+                    *v = *v * c;
+                }
+            });
             black_box(&mut self.buf);
         }
     }
@@ -122,9 +128,17 @@ impl<T: Real> Floor<T> {
     }
 }
 
-/// Σ x with eight independent partial sums, so that reading x is limited by memory, not by the latency of
-/// one chain of additions.
+/// Values per parallel task of the floors: large enough that scheduling costs nothing, small enough to spread.
+const FLOOR_CHUNK: usize = 1 << 16;
+
+/// Σ x, chunks on the rayon pool, each with eight independent partial sums (limited by memory, not by the
+/// latency of one chain of additions).
 fn read(x: &[f64]) -> f64 {
+    x.par_chunks(FLOOR_CHUNK).map(read_chunk).sum()
+}
+
+/// Σ x with eight independent partial sums.
+fn read_chunk(x: &[f64]) -> f64 {
     let mut acc = [0.0; 8];
     let mut chunks = x.chunks_exact(8);
     for chunk in &mut chunks {

@@ -187,14 +187,7 @@ fn the_check_sees_a_forbidden_import() {
 /// the files, and they may use what it defines): every folder of `rust/`, read from the tree.
 fn acyclic_folders() -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("rust");
-    let mut folders: Vec<String> = fs::read_dir(&root)
-        .expect("rust/ exists")
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| e.file_name().to_str().map(str::to_string))
-        .collect();
-    folders.sort();
-    folders
+    crate_units().into_iter().filter(|u| root.join(u).is_dir()).collect()
 }
 
 /// The sibling files (by module name) that `text`, a file of folder `folder`, imports from: every
