@@ -6,9 +6,9 @@
 pub(crate) const MAX_K: usize = 16;
 
 /// Largest K of the extended dispatch (`for_k!(extended ...)`), used by the online-EM row kernel alone: at
-/// K = 17–20 (SWAG's rank 20 among them) it beats the wide path. The other kernels stop at
+/// K = 17–24 (SWAG's rank 20 among them) it beats the wide path. The other kernels stop at
 /// [`MAX_K`], so the extra expansions cost compile time only where they pay.
-pub(crate) const MAX_K_EXTENDED: usize = 20;
+pub(crate) const MAX_K_EXTENDED: usize = 24;
 
 /// Expand `$body` once per K = 1 … [`MAX_K`] with the const `$k` bound to the value of `$n`, and evaluate
 /// `$other` for any other value (without it, any other value is a bug of the caller). `for_k!(extended ...)`
@@ -27,7 +27,7 @@ macro_rules! for_k {
     };
     (extended $n:expr, $k:ident => $body:expr, _ => $other:expr) => {
         $crate::engine::k_dispatch::for_k!(@arms $n, $k => $body, _ => $other;
-            1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20)
+            1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24)
     };
     ($n:expr, $k:ident => $body:expr, _ => $other:expr) => {
         $crate::engine::k_dispatch::for_k!(@arms $n, $k => $body, _ => $other;

@@ -115,9 +115,9 @@ fn max_rel(a: &[f64], b: &[f64]) -> f64 {
 #[test]
 fn abar_space_sums_equal_explicit_loadings_sums() {
     // Fᵀ Ψ⁻¹ F = Uᵀ S_z U and Fᵀ Ψ⁻¹ d = Uᵀ u_z is an identity: both paths agree to rounding, for every K the
-    // kernel handles (K = 17 and 20: the row kernel on AVX-512, the wide kernel for f64 state elsewhere), plain
+    // kernel handles (K = 17 to 24: the row kernel on AVX-512, the wide kernel for f64 state elsewhere), plain
     // and whitened, with the pending update (and whitening transform) applied in the pass.
-    for k in [1usize, 2, 3, 7, 10, 16, 17, 20] {
+    for k in [1usize, 2, 3, 7, 10, 16, 17, 20, 21, 24] {
         for whiten in [false, true] {
             let d = 3 * k + 1001; // not a multiple of the lane width or the block size
             let f0 = orthonormal_loadings(d, k, k as u64).expect("init");
@@ -155,7 +155,7 @@ fn wide_kernel_sums_equal_explicit_loadings_sums() {
     // K > MAX_K_EXTENDED (the row kernel's largest K on every path): the register-tiled Ā-space pass against
     // the explicit-F block path, plain and whitened, with the pending update (and whitening transform) applied
     // in the pass; both tiled code paths.
-    for k in [21usize, 24, 50] {
+    for k in [25usize, 28, 50] {
         for whiten in [false, true] {
             let (em, x, d) = wide_model::<f64>(k, whiten);
             let n = x.nrows();
@@ -199,7 +199,7 @@ fn wide_kernel_float32_arithmetic_matches_float64_arithmetic() {
     // Σ|a_i L_ij|, which ψ = d̄² − |z|² and the back transform Uᵀ S_z U carry into S and u (u sums terms of
     // both signs, so its relative error is the larger); measured ≤ 6e-7 (S) and ≤ 7.7e-6 (u, K = 50) relative
     // to the largest entry here, bound 1e-4 (that of the K ≤ 16 kernel's f32 sums against the same path).
-    for k in [21usize, 24, 50] {
+    for k in [25usize, 28, 50] {
         for whiten in [false, true] {
             let (em, x, d) = wide_model::<f32>(k, whiten);
             let n = x.nrows();
@@ -337,11 +337,11 @@ fn every_code_path_equals_the_portable_path() {
     // AVX-512's 8 f64 / 16 f32 lanes each lane sums other rows, so the sums differ by reassociation only: a
     // lane adds at most 256 / W terms, so in f64 the difference is below 64 · 2⁻⁵³ ≈ 7e-15 of the summed
     // magnitudes (bound 1e-12), in f32 below 64 · 2⁻²⁴ ≈ 3.8e-6 (bound 1e-5; S's diagonal dominates its scale).
-    // f64 state at K = 16–20 is compared only on paths where both it and the portable path run the row kernel:
+    // f64 state at K = 16–24 is compared only on paths where both it and the portable path run the row kernel:
     // elsewhere one of them runs the wide kernel (`row_kernel_max`), whose paths agree to rounding
     // (`wide_kernel_sums_equal_explicit_loadings_sums`).
     let paths = Isa::available();
-    for k in [1usize, 4, 10, 15, 16, 17, 20] {
+    for k in [1usize, 4, 10, 15, 16, 17, 20, 21, 24] {
         let d = 517;
         let f0 = orthonormal_loadings(d, k, 11).expect("init");
         let x = stream(40, d, 12);
