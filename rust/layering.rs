@@ -190,31 +190,29 @@ fn acyclic_folders() -> Vec<String> {
     crate_units().into_iter().filter(|u| root.join(u).is_dir()).collect()
 }
 
-/// The sibling files (by module name) that `text`, a file of folder `folder`, imports from: every
-/// `super::name` or `crate::folder::name` outside comments, up to the file's first `#[cfg(test)]` (an inner
-/// test module's `super::` is the file itself).
-fn sibling_imports(text: &str, folder: &str, siblings: &[String]) -> Vec<String> {
-    let crate_prefix = format!("crate::{folder}::");
+/// The names among `candidates` that the non-test code of `text` ([`non_test_code`]) names right after one of
+/// `prefixes` (e.g. `super::name`, `crate::name`), each once, in order of first appearance.
+fn names_after(text: &str, prefixes: &[&str], candidates: &[String]) -> Vec<String> {
     let mut found = Vec::new();
-    for line in text.lines() {
-        let code = line.trim_start();
-        if code.starts_with("#[cfg(test)]") {
-            break;
-        }
-        if code.starts_with("//") {
-            continue;
-        }
-        for prefix in ["super::", crate_prefix.as_str()] {
+    for code in non_test_code(text) {
+        for prefix in prefixes {
             for (at, _) in code.match_indices(prefix) {
                 let rest = &code[at + prefix.len()..];
                 let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                if siblings.contains(&name) && !found.contains(&name) {
+                if candidates.contains(&name) && !found.contains(&name) {
                     found.push(name);
                 }
             }
         }
     }
     found
+}
+
+/// The sibling files (by module name) that `text`, a file of folder `folder`, imports from: every
+/// `super::name` or `crate::folder::name` outside comments, up to the file's first `#[cfg(test)]` (an inner
+/// test module's `super::` is the file itself).
+fn sibling_imports(text: &str, folder: &str, siblings: &[String]) -> Vec<String> {
+    names_after(text, &["super::", &format!("crate::{folder}::")], siblings)
 }
 
 /// The cycles of the graph with nodes `names` and edges `edges[i]` (names of nodes), each as
@@ -313,23 +311,13 @@ fn is_test_file(file: &Path) -> bool {
 /// The other units that `text`, non-test code of unit `unit`, names: `crate::name` anywhere, and
 /// `super::name` in a top-level file (where `super` is the crate root).
 fn unit_imports(text: &str, unit: &str, top_level: bool, units: &[String]) -> Vec<String> {
-    let mut found = Vec::new();
-    for code in non_test_code(text) {
-        let prefixes: &[&str] = if top_level {
-            &["crate::", "super::"]
-        } else {
-            &["crate::"]
-        };
-        for prefix in prefixes {
-            for (at, _) in code.match_indices(prefix) {
-                let rest = &code[at + prefix.len()..];
-                let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                if name != unit && units.contains(&name) && !found.contains(&name) {
-                    found.push(name);
-                }
-            }
-        }
-    }
+    let prefixes: &[&str] = if top_level {
+        &["crate::", "super::"]
+    } else {
+        &["crate::"]
+    };
+    let mut found = names_after(text, prefixes, units);
+    found.retain(|name| name != unit);
     found
 }
 

@@ -23,6 +23,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
+from onlinefa.cli import chosen_command
 from onlinefa.errors import CommandError
 
 #: Experiment name -> the module (relative to this package) that holds it, in the order ``--help`` lists them.
@@ -90,7 +91,7 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     """Parse ``argv`` (the words after ``onlinefa experiment``) and run the experiment it names."""
     words = list(argv)
-    chosen = next((word for word in words if not word.startswith("-")), None)
+    chosen = chosen_command(words)
     parser = build_parser(chosen if chosen in EXPERIMENTS else None)
     args, unknown = parser.parse_known_args(words)
     if unknown and not getattr(args, "missing_extra", False):  # only such an experiment may keep unknown options

@@ -69,13 +69,13 @@ def run_experiment(argv: Sequence[str]) -> int:
     return int(onlinefa_experiments.main(list(argv)))
 
 
-def _dispatch(argv: list[str]) -> tuple[str, int]:
-    """Parse ``argv`` and run its command; returns (command, exit code)."""
+def _dispatch(argv: list[str]) -> int:
+    """Parse ``argv`` and run its command; returns the exit code."""
     command = chosen_command(argv)
     if command == "experiment":
-        return command, run_experiment(argv[argv.index(command) + 1:])
+        return run_experiment(argv[argv.index(command) + 1:])
     args = _build_parser(command).parse_args(argv)
-    return args.command, int(args.handler(args))
+    return int(args.handler(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     command = chosen_command(words) or "onlinefa"
     try:
-        return _dispatch(words)[1]
+        return _dispatch(words)
     except CommandError as err:
         print(f"onlinefa {command}: error: {err}", file=sys.stderr)
         return 2

@@ -24,38 +24,37 @@ class GaussianParameters(NamedTuple):
     noise_variance: FloatArray
 
 
-def _host(values: object) -> FloatArray:
-    """A float64 NumPy copy of an array or of a tensor on any device."""
-    detach = getattr(values, "detach", None)
-    if callable(detach):
-        values = detach().cpu().numpy()
-    return np.array(values, dtype=np.float64)
-
-
-def _checked(mean: object, loadings: object, noise_variance: object, source: str) -> GaussianParameters:
-    c, f, psi = _host(mean), _host(loadings), _host(noise_variance)
-    if c.ndim != 1 or f.ndim != 2 or f.shape[0] != c.shape[0] or psi.shape != c.shape:
-        raise ValueError(
-            f"{source}: inconsistent shapes mean {c.shape}, loadings {f.shape}, noise_variance {psi.shape}"
-        )
-    if not (np.all(np.isfinite(c)) and np.all(np.isfinite(f)) and np.all(np.isfinite(psi))):
-        raise ValueError(f"{source}: the Gaussian has non-finite entries")
-    if np.any(psi < 0.0):
-        raise ValueError(f"{source}: negative noise variances")
-    return GaussianParameters(c, f, psi)
-
-
 #: Rows per chunk of the finite-value check of the loadings (its temporary stays small at any D).
 _CHECK_ROWS = 1 << 16
 
 
-def _view(values: object, dtype: type[np.floating[Any]]) -> NDArray[Any]:
-    """``values`` as a NumPy array of ``dtype``: a NumPy array of that dtype as it is, a tensor copied to the host
-    (a torch model's snapshot may share memory with its live state)."""
+def _host(values: object, dtype: type[np.floating[Any]] = np.float64, copy: bool = True) -> NDArray[Any]:
+    """``values`` as a NumPy array of ``dtype`` on the host: a copy, or with ``copy=False`` a NumPy array of that
+    dtype as it is (a tensor is always copied: a torch model's snapshot may share memory with its live state)."""
     detach = getattr(values, "detach", None)
     if callable(detach):
         return np.array(detach().cpu().numpy(), dtype=dtype)
-    return np.asarray(values, dtype=dtype)
+    return np.array(values, dtype=dtype) if copy else np.asarray(values, dtype=dtype)
+
+
+def _validate(c: NDArray[Any], f: NDArray[Any], psi: NDArray[Any], source: str) -> None:
+    """ValueError for inconsistent shapes, non-finite values or negative ψ (F checked in chunks of rows, so no
+    D×K temporary is made)."""
+    if c.ndim != 1 or f.ndim != 2 or f.shape[0] != c.shape[0] or psi.shape != c.shape:
+        raise ValueError(
+            f"{source}: inconsistent shapes mean {c.shape}, loadings {f.shape}, noise_variance {psi.shape}"
+        )
+    finite_rows = all(bool(np.isfinite(f[lo: lo + _CHECK_ROWS]).all()) for lo in range(0, f.shape[0], _CHECK_ROWS))
+    if not (finite_rows and np.all(np.isfinite(c)) and np.all(np.isfinite(psi))):
+        raise ValueError(f"{source}: the Gaussian has non-finite entries")
+    if np.any(psi < 0.0):
+        raise ValueError(f"{source}: negative noise variances")
+
+
+def _checked(mean: object, loadings: object, noise_variance: object, source: str) -> GaussianParameters:
+    c, f, psi = _host(mean), _host(loadings), _host(noise_variance)
+    _validate(c, f, psi, source)
+    return GaussianParameters(c, f, psi)
 
 
 def gaussian_for_draws(model: object, loadings_dtype: type[np.floating[Any]]) -> tuple[FloatArray, NDArray[Any],
@@ -65,8 +64,8 @@ def gaussian_for_draws(model: object, loadings_dtype: type[np.floating[Any]]) ->
     c and ψ are float64; F is ``loadings_dtype``. A streaming model with float32 state gives its float32 F
     (``snapshot(dtype="float32")``, no float64 D×K array); the NumPy arrays of a model's ``snapshot()`` are
     used as they are (the caller must not write to them), tensors are copied to the host. Models without
-    ``snapshot()`` go through :func:`gaussian_parameters`. The same checks as there (shapes, finite values, ψ >= 0), the finite check
-    in chunks of rows, so no D×K temporary is made.
+    ``snapshot()`` go through :func:`gaussian_parameters`. The same checks as there (shapes, finite values,
+    ψ >= 0).
     """
     snapshot = getattr(model, "snapshot", None)
     if not callable(snapshot):
@@ -77,16 +76,9 @@ def gaussian_for_draws(model: object, loadings_dtype: type[np.floating[Any]]) ->
         mean, loadings, noise_variance = snapshot(dtype="float32")  # the Rust streaming models' own rows
     else:
         mean, loadings, noise_variance = snapshot()
-    c, f, psi = _view(mean, np.float64), _view(loadings, loadings_dtype), _view(noise_variance, np.float64)
-    if c.ndim != 1 or f.ndim != 2 or f.shape[0] != c.shape[0] or psi.shape != c.shape:
-        raise ValueError(
-            f"{source}: inconsistent shapes mean {c.shape}, loadings {f.shape}, noise_variance {psi.shape}"
-        )
-    finite_rows = all(bool(np.isfinite(f[lo: lo + _CHECK_ROWS]).all()) for lo in range(0, f.shape[0], _CHECK_ROWS))
-    if not (finite_rows and np.all(np.isfinite(c)) and np.all(np.isfinite(psi))):
-        raise ValueError(f"{source}: the Gaussian has non-finite entries")
-    if np.any(psi < 0.0):
-        raise ValueError(f"{source}: negative noise variances")
+    c, f = _host(mean, copy=False), _host(loadings, loadings_dtype, copy=False)
+    psi = _host(noise_variance, copy=False)
+    _validate(c, f, psi, source)
     return c, f, psi
 
 
