@@ -11,7 +11,7 @@
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
 use crate::config_checks::{check_floor_fits, checked_init, validate_dims};
-use crate::engine::block::{accumulate_estep, block_times, load_rows, outer, rank_one_update, row_dots};
+use crate::engine::block::{accumulate_estep, block_times, load_rows, rank_one_update, row_dots};
 use crate::engine::driver::{self, Driven};
 use crate::engine::em_kernel::{row_kernel_max, to_loadings_space, EmBlockIo, EmConsts, EmRowKernel, Isa};
 use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
@@ -20,9 +20,8 @@ use crate::engine::partition::{stream_pass, validate_batch, Block, Scratch, Stat
 use crate::engine::tiled::Tiled;
 use crate::engine::{advance, Advanced};
 pub use crate::engine::{StepSums, StreamingModel};
-use crate::error::{checked_size, try_filled, FaError, Result};
+use crate::error::{checked_size, try_filled, Result};
 use crate::linalg::SpdFactor;
-use crate::m_step::{loadings_map, LoadingsMap};
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
@@ -58,50 +57,20 @@ impl Default for EmConfig {
     }
 }
 
-/// Where the E-step of the next sample takes F and ψ from.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Source<T> {
-    /// Still within warm-up (+1): the initial loadings F₀ (D×K, row-major) with ψ = 1, both scaled by
-    /// [`Scaling::warmup_scale`] (F₀ σ, ψ = σ²).
-    Initial(Vec<T>),
-    /// F = Ā H̄⁻¹ with this H̄⁻¹ (K×K).
-    Stats(Array2<f64>),
-    /// Whitened basis: H̄ = I, so F = Ā.
-    Whitened,
-}
-
-/// The not-yet-applied row-local part of the last sample: its running moments θ̄, d̄² (lines 5, 6, 14, from
-/// the innovation e stored in `d_last`, see `engine::advance`) and the update Ā ← ((1−ρ) Ā + ρ d mᵀ) W.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Pending {
-    /// (ρ', ρ) of the pending moments; None when θ̄, d̄² are already applied and `d_last` holds d (checkpoints
-    /// written before moments were deferred).
-    pub(crate) moments: Option<(f64, f64)>,
-    pub(crate) rho: f64,
-    pub(crate) m: Array1<f64>,
-    /// Whitening transform W = R⁻ᵀ (K×K), if the last M-step whitened.
-    pub(crate) transform: Option<Array2<f64>>,
-}
-
-/// Online EM factor analysis with state stored in `T` (f32 or f64).
+/// Online EM factor analysis with state stored in `T` (f32 or f64): the D-sized rows, and the K×K step
+/// ([`EmStep`]) that every row store shares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OnlineEm<T: Real> {
     pub(crate) n_features: usize,
     pub(crate) n_components: usize,
-    pub(crate) config: EmConfig,
-    pub(crate) n_seen: u64,
+    pub(crate) step: EmStep,
     pub(crate) mean: Vec<T>,
     pub(crate) a_bar: Vec<T>,
     pub(crate) dsq_bar: Vec<T>,
     /// d_t of the last sample, needed by the pending rank-1 update.
     pub(crate) d_last: Vec<T>,
-    pub(crate) b_bar: Array2<f64>,
-    /// Σ of the last E-step.
-    pub(crate) sigma: Array2<f64>,
-    pub(crate) source: Source<T>,
-    pub(crate) pending: Option<Pending>,
-    /// σ̂² = (1/D) Σ_d d̄²_d after the last pass (the data's scale, used by `Scaling::Data`).
-    pub(crate) scale_sq: f64,
+    /// The initial loadings F₀ (D×K, row-major) while the step's basis is `Basis::Initial`; empty after.
+    pub(crate) init: Vec<T>,
     /// The code path of the row kernels (detected once for this CPU; never saved).
     pub(crate) isa: Isa,
     /// The reporting map of the last query (crate::shrinkage), for the next query at the same sample count.
@@ -111,7 +80,9 @@ pub struct OnlineEm<T: Real> {
 /// Everything a pass needs besides the rows.
 struct PassCtx<'a, T: Real> {
     pending: Option<&'a Pending>,
-    source: &'a Source<T>,
+    basis: &'a Basis,
+    /// F₀ (D×K) while the basis is `Basis::Initial`.
+    init: &'a [T],
     rho: f64,
     /// Step size of the running mean (1/t under `Scaling::Data`).
     mean_rho: f64,
@@ -139,17 +110,12 @@ impl<T: Real> OnlineEm<T> {
         Ok(OnlineEm {
             n_features,
             n_components,
-            config,
-            n_seen: 0,
+            step: EmStep::new(k, config),
             mean: try_filled(n_features, T::default(), "n_features")?,
             a_bar: try_filled(checked_size(n_features, k)?, T::default(), "n_features")?,
             dsq_bar: try_filled(n_features, T::default(), "n_features")?,
             d_last: try_filled(n_features, T::default(), "n_features")?,
-            b_bar: Array2::zeros((k, k)),
-            sigma: Array2::eye(k),
-            source: Source::Initial(init),
-            pending: None,
-            scale_sq: 0.0,
+            init,
             isa: Isa::detect(),
             report_cache: Default::default(),
         })
@@ -157,12 +123,17 @@ impl<T: Real> OnlineEm<T> {
 
     /// Number of samples applied so far.
     pub fn n_seen(&self) -> u64 {
-        self.n_seen
+        self.step.n_seen
     }
 
     /// Hyper-parameters.
     pub fn config(&self) -> &EmConfig {
-        &self.config
+        &self.step.config
+    }
+
+    /// The K×K part of the model (B̄, Σ, the basis of F and the pending step).
+    pub fn step(&self) -> &EmStep {
+        &self.step
     }
 
     /// D.
@@ -217,11 +188,12 @@ impl<T: Real> OnlineEm<T> {
         let k = self.n_components;
         let floor = self.floor();
         let ctx = PassCtx {
-            pending: self.pending.as_ref(),
-            source: &self.source,
+            pending: self.step.pending.as_ref(),
+            basis: &self.step.basis,
+            init: &self.init,
             rho,
             mean_rho,
-            init_scale: self.config.scaling.warmup_scale(self.scale_sq),
+            init_scale: self.step.warmup_scale(),
             floor,
             k,
             fast,
@@ -265,12 +237,12 @@ impl<T: Real> OnlineEm<T> {
             return None;
         }
         let tiled = |m: &Array2<f64>| Tiled::new(k, &m.iter().copied().collect::<Vec<f64>>());
-        let factor = match &self.source {
-            Source::Initial(_) => return None,
-            Source::Stats(h_inv) => Some(tiled(&SpdFactor::new(h_inv.view(), "H̄⁻¹").ok()?.lower())),
-            Source::Whitened => None,
+        let factor = match &self.step.basis {
+            Basis::Initial => return None,
+            Basis::Stats(h_inv) => Some(tiled(&SpdFactor::new(h_inv.view(), "H̄⁻¹").ok()?.lower())),
+            Basis::Whitened => None,
         };
-        let pending = self.pending.as_ref();
+        let pending = self.step.pending.as_ref();
         Some(WideConsts {
             k,
             moments: pending.and_then(|p| p.moments),
@@ -288,18 +260,16 @@ impl<T: Real> OnlineEm<T> {
     /// path) for this pass, or None during warm-up. U is the transposed Cholesky factor of H̄⁻¹ (Uᵀ U = H̄⁻¹).
     fn kernel_consts(&self, rho: f64, mean_rho: f64, floor: f64) -> Option<EmConsts<T>> {
         let to_t = |m: &Array2<f64>| -> Vec<T> { m.iter().map(|&v| T::from_f64(v)).collect() };
-        let upper = match &self.source {
-            Source::Initial(_) => return None,
-            Source::Stats(h_inv) => Some(to_t(&SpdFactor::new(h_inv.view(), "H̄⁻¹").ok()?.lower().reversed_axes())),
-            Source::Whitened => None,
+        let upper = match &self.step.basis {
+            Basis::Initial => return None,
+            Basis::Stats(h_inv) => Some(to_t(&SpdFactor::new(h_inv.view(), "H̄⁻¹").ok()?.lower().reversed_axes())),
+            Basis::Whitened => None,
         };
+        let pending = self.step.pending.as_ref();
         Some(EmConsts {
-            moments: self.pending.as_ref().and_then(|p| p.moments),
-            pending: self
-                .pending
-                .as_ref()
-                .map(|p| (T::from_f64(p.rho), p.m.iter().map(|&v| T::from_f64(v)).collect())),
-            transform: self.pending.as_ref().and_then(|p| p.transform.as_ref()).map(to_t),
+            moments: pending.and_then(|p| p.moments),
+            pending: pending.map(|p| (T::from_f64(p.rho), p.m.iter().map(|&v| T::from_f64(v)).collect())),
+            transform: pending.and_then(|p| p.transform.as_ref()).map(to_t),
             upper,
             rho,
             mean_rho,
@@ -307,102 +277,37 @@ impl<T: Real> OnlineEm<T> {
         })
     }
 
-    /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d.
-    fn finish_step(&mut self, t: u64, rho: f64, mean_rho: f64, sums: &StepSums, n_total: usize) -> Result<()> {
-        let k = self.n_components;
-        // (4.23): Σ = (I + C F)⁻¹, m = Σ C d — by Cholesky of the K×K matrix I + C F.
-        let precision = Array2::<f64>::eye(k) + &sums.s;
-        let factor = SpdFactor::new_jittered(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
-        let sigma = factor.inverse();
-        let mut m = factor.solve(sums.u.view());
-        if matches!(self.source, Source::Initial(_)) && self.config.scaling.degenerate(self.scale_sq) {
-            // No scale yet (every earlier sample identical): the latent mean of this sample is not defined
-            // in the data's units, so it contributes m = 0 (as d₁ = 0 does for the first sample).
-            m.fill(0.0);
+    /// The K×K part of Algorithm 2 (lines 8–11, 13) after the pass has produced S = C F and u = C d
+    /// ([`EmStep::finish`]); F₀ is freed once the warm-up basis is left.
+    fn finish_step(&mut self, sums: &StepSums, n_total: usize) -> Result<()> {
+        self.step.finish::<T>(sums, n_total)?;
+        if self.step.is_fitted() && !self.init.is_empty() {
+            self.init = Vec::new();
         }
-        // The pending rank-one step Ā ← (1 − ρ) Ā + ρ d mᵀ is applied by the next pass in the storage type. Every
-        // |d_d| <= 2 MAX_INPUT (|x|, |θ̄| <= MAX_INPUT), so a step whose |m| could make some d_d m_j overflow that
-        // type is refused here, before anything is committed: otherwise a non-finite Ā would be stored by a pass
-        // that does not read it (warm-up), and the model could neither answer queries nor be saved and loaded.
-        // (A sample this far outside the model — e.g. 1e18 after data of scale 1e-40 in float32 — is a
-        // numerical breakdown; the caller gets the model as it was before the batch.)
-        let limit = max_latent_mean::<T>();
-        if !m.iter().all(|v| v.abs() <= limit) {
-            return Err(FaError::Diverged(
-                "the latent mean of this sample is too large for the state's dtype (the running averages \
-                 would overflow); the sample lies far outside the scale of the data seen so far",
-            ));
-        }
-        // Finite: every d̄²_d <= MAX_INPUT² (1e200 for f64 input), so the sum over D rows is too.
-        let scale_sq = sums.dsq_sum / n_total as f64;
-        // Line 10: B̄_t = B̄_{t−1} + ρ_t (m mᵀ − B̄_{t−1}).
-        let b_bar = &self.b_bar + &((outer(&m) - &self.b_bar) * rho);
-        let transform = if t > self.config.n_warmup {
-            self.m_step(sigma, b_bar)?
-        } else {
-            self.b_bar = b_bar;
-            self.sigma = sigma;
-            None
-        };
-        self.pending = Some(Pending {
-            moments: Some((mean_rho, rho)),
-            rho,
-            m,
-            transform,
-        });
-        self.n_seen = t;
-        self.scale_sq = scale_sq;
         Ok(())
-    }
-
-    /// Lines 11 and 13 of Algorithm 2 on this step's Σ and B̄: H̄ = Σ + B̄, F = Ā H̄⁻¹ (applied lazily
-    /// through `Source`), or under whitening (PX-EM) the rotation of every statistic to the basis where
-    /// H̄ = I. Stores Σ, B̄ and the new source; returns the whitening transform W = R⁻ᵀ (K×K) that the
-    /// pending step applies to Ā, if any. Nothing is stored when H̄ cannot be factorised.
-    fn m_step(&mut self, sigma: Array2<f64>, b_bar: Array2<f64>) -> Result<Option<Array2<f64>>> {
-        let h_bar = &sigma + &b_bar;
-        // Under whitening every statistic moves to the basis where H̄ = I (see `crate::m_step`); rotating B̄
-        // (rather than resetting it to I − Σ_old) keeps each row's averaged moment matrix of (d, m) PSD, hence
-        // ψ ≥ 0. Row-major W = R⁻ᵀ: the fused kernel and `block_times` read it as a flat slice, so the update
-        // pass, the queries and a restored checkpoint (always row-major) round identically.
-        match loadings_map(h_bar.view(), self.config.whiten)? {
-            LoadingsMap::Inverse(h_inv) => {
-                self.source = Source::Stats(h_inv);
-                self.sigma = sigma;
-                self.b_bar = b_bar;
-                Ok(None)
-            }
-            LoadingsMap::Whiten(rotation) => {
-                self.sigma = rotation.latent_moment(sigma.view());
-                self.b_bar = rotation.latent_moment(b_bar.view());
-                self.source = Source::Whitened;
-                Ok(Some(rotation.cross_moment_map()))
-            }
-        }
     }
 
     /// The model as it would be had its warm-up ended with the last sample: the first M-step (lines 11
     /// and 13) applied to the statistics gathered so far, without changing `self`. It equals, bit for bit,
     /// the same model built with `n_warmup = n_seen − 1` and fed the same samples, so its Gaussian has
-    /// rank at most n_seen − 1 (d₁ = 0). One clone of the state (D·K + 4·D values).
+    /// rank at most n_seen − 1 (d₁ = 0). One clone of the rows (D·K + 4·D values).
     ///
-    /// Errors with [`FaError::CallOrder`] when warm-up is already over, fewer than two samples were seen,
+    /// Errors with [`crate::error::FaError::CallOrder`] when warm-up is already over, fewer than two samples were seen,
     /// or every sample so far was identical (no scale to fit).
     pub fn ended_warmup(&self) -> Result<Self> {
-        let not_yet = |why: &str| Err(FaError::CallOrder(why.to_string()));
-        if self.is_fitted() {
-            return not_yet("warm-up is already over");
-        }
-        if self.n_seen < 2 || self.config.scaling.degenerate(self.scale_sq) || self.pending.is_none() {
-            return not_yet("at least two distinct samples are needed for a first fit");
-        }
-        let mut ended = self.clone();
-        ended.config.n_warmup = self.n_seen - 1;
-        let transform = ended.m_step(self.sigma.clone(), self.b_bar.clone())?;
-        if let Some(pending) = ended.pending.as_mut() {
-            pending.transform = transform;
-        }
-        Ok(ended)
+        let step = self.step.ended_warmup()?;
+        Ok(OnlineEm {
+            n_features: self.n_features,
+            n_components: self.n_components,
+            step,
+            mean: self.mean.clone(),
+            a_bar: self.a_bar.clone(),
+            dsq_bar: self.dsq_bar.clone(),
+            d_last: self.d_last.clone(),
+            init: Vec::new(),
+            isa: self.isa,
+            report_cache: Default::default(),
+        })
     }
 
     /// Ā with the pending update applied, as the next pass will store it (D×K, f64).
@@ -417,7 +322,7 @@ impl<T: Real> OnlineEm<T> {
                 *d = self.pending_moments(i * BLOCK_ROWS + r).d;
             }
             load_rows(a, &mut blk.a);
-            apply_pending::<T>(&mut blk, self.pending.as_ref(), nb);
+            apply_pending::<T>(&mut blk, self.step.pending.as_ref(), nb);
             out.extend_from_slice(&blk.a[..nb * k]);
         }
         Array2::from_shape_vec((self.n_features, k), out).expect("D·K values collected")
@@ -433,8 +338,8 @@ impl<T: Real> OnlineEm<T> {
     ) -> Result<()> {
         let k = self.n_components;
         let floor = self.floor();
-        let h_inv = match &self.source {
-            Source::Stats(h_inv) => Some(h_inv.view()),
+        let h_inv = match &self.step.basis {
+            Basis::Stats(h_inv) => Some(h_inv.view()),
             _ => None,
         };
         let mut blk = Block::new(k);
@@ -450,7 +355,7 @@ impl<T: Real> OnlineEm<T> {
                 (mean[r], dsq[r], blk.d_prev[r]) = (moments.mean.1, moments.dsq.1, moments.d);
             }
             load_rows(a, &mut blk.a);
-            apply_pending::<T>(&mut blk, self.pending.as_ref(), nb);
+            apply_pending::<T>(&mut blk, self.step.pending.as_ref(), nb);
             let f: &[f64] = match h_inv {
                 Some(h_inv) => {
                     block_times(&blk.a, h_inv, &mut blk.f, nb);
@@ -469,49 +374,47 @@ impl<T: Real> OnlineEm<T> {
 
     /// The noise floor the next pass applies (absolute, or relative to σ̂² under `Scaling::Data`).
     pub fn floor(&self) -> f64 {
-        self.config.scaling.floor::<T>(self.config.noise_floor, self.scale_sq)
+        self.step.floor::<T>()
     }
 
     /// σ̂² = (1/D) Σ_d d̄²_d, the mean squared deviation of the features after the last sample.
     pub fn scale_sq(&self) -> f64 {
-        self.scale_sq
+        self.step.scale_sq
     }
 
     /// Whether warm-up is over, i.e. the loadings and noise variances are fitted rather than initial.
     /// Warm-up length: the fitted Gaussian exists once more than this many samples were seen.
     pub fn n_warmup(&self) -> u64 {
-        self.config.n_warmup
+        self.step.config.n_warmup
     }
 
     /// Effective number of samples behind the running averages (crate::shrinkage::effective_samples).
     pub fn effective_samples(&self) -> f64 {
-        crate::shrinkage::effective_samples(&self.config.step_size, self.n_seen)
+        self.step.effective_samples()
     }
 
     pub fn is_fitted(&self) -> bool {
-        !matches!(self.source, Source::Initial(_))
+        self.step.is_fitted()
     }
 
     /// Loadings F (D×K) as the next E-step will use them.
     pub fn loadings(&self) -> Array2<f64> {
-        match &self.source {
-            Source::Initial(f0) => {
-                let scale = self.config.scaling.warmup_scale(self.scale_sq);
+        match &self.step.basis {
+            Basis::Initial => {
+                let scale = self.step.warmup_scale();
                 Array2::from_shape_fn((self.n_features, self.n_components), |(i, j)| {
-                    f0[i * self.n_components + j].to_f64() * scale
+                    self.init[i * self.n_components + j].to_f64() * scale
                 })
             }
-            Source::Stats(_) | Source::Whitened => self.fitted_rows().0,
+            Basis::Stats(_) | Basis::Whitened => self.fitted_rows().0,
         }
     }
 
     /// Noise variances ψ (D) as the next E-step will use them: ψ = max(d̄² − rowsum(F ⊙ Ā), floor).
     pub fn noise_variance(&self) -> Array1<f64> {
-        match &self.source {
-            Source::Initial(_) => {
-                Array1::from_elem(self.n_features, self.config.scaling.warmup_scale(self.scale_sq).powi(2))
-            }
-            Source::Stats(_) | Source::Whitened => self.fitted_rows().1,
+        match &self.step.basis {
+            Basis::Initial => Array1::from_elem(self.n_features, self.step.warmup_scale().powi(2)),
+            Basis::Stats(_) | Basis::Whitened => self.fitted_rows().1,
         }
     }
 
@@ -536,7 +439,7 @@ impl<T: Real> OnlineEm<T> {
     /// Row i's θ̄ and d̄² with the pending moments applied, and the d the pending Ā update uses.
     pub(crate) fn pending_moments(&self, i: usize) -> Advanced<T> {
         let (mean, dsq, last) = (self.mean[i], self.dsq_bar[i], self.d_last[i].to_f64());
-        match self.pending.as_ref().and_then(|p| p.moments) {
+        match self.step.pending.as_ref().and_then(|p| p.moments) {
             Some((mean_rho, rho)) => advance::<T>(mean.to_f64(), dsq.to_f64(), last, mean_rho, rho),
             None => Advanced {
                 mean: (mean, mean.to_f64()),
@@ -548,14 +451,8 @@ impl<T: Real> OnlineEm<T> {
 
     /// Σ of the last E-step (K×K).
     pub fn latent_covariance(&self) -> &Array2<f64> {
-        &self.sigma
+        &self.step.sigma
     }
-}
-
-/// Largest |m_j| of a step: |d m_j| <= 2 MAX_INPUT |m_j| stays below a quarter of the storage type's largest
-/// finite value (room for the (1 − ρ) Ā term and the rounding of the kernels, which may form d m_j first).
-pub(crate) fn max_latent_mean<T: Real>() -> f64 {
-    T::MAX_FINITE / 4.0 / (2.0 * T::MAX_INPUT)
 }
 
 /// Ā rows of the block ← ((1 − ρ) Ā + ρ d mᵀ) W, rounded to storage precision (line 12 of Algorithm 2,
@@ -676,18 +573,18 @@ fn pending_moments_block<T: Real>(
 /// F = Ā H̄⁻¹ and ψ = max(d̄² − rowsum(F ⊙ Ā), floor) (4.33, 4.35), or F₀ σ and σ² during warm-up.
 fn loadings_block<T: Real>(blk: &mut Block, dsq: &[T], row0: usize, ctx: &PassCtx<T>, nb: usize) {
     let k = ctx.k;
-    match ctx.source {
-        Source::Initial(f0) => {
+    match ctx.basis {
+        Basis::Initial => {
             // F₀ σ and ψ₀ = σ² (σ = 1 under `Scaling::Unit`: exactly the thesis's F₀, ψ = 1).
-            load_rows(&f0[row0 * k..(row0 + nb) * k], &mut blk.f);
+            load_rows(&ctx.init[row0 * k..(row0 + nb) * k], &mut blk.f);
             if ctx.init_scale != 1.0 {
                 blk.f[..nb * k].iter_mut().for_each(|v| *v *= ctx.init_scale);
             }
             blk.psi[..nb].fill(ctx.init_scale * ctx.init_scale);
             return;
         }
-        Source::Stats(h_inv) => block_times(&blk.a, h_inv.view(), &mut blk.f, nb),
-        Source::Whitened => blk.f[..nb * k].copy_from_slice(&blk.a[..nb * k]),
+        Basis::Stats(h_inv) => block_times(&blk.a, h_inv.view(), &mut blk.f, nb),
+        Basis::Whitened => blk.f[..nb * k].copy_from_slice(&blk.a[..nb * k]),
     }
     row_dots(&blk.f, &blk.a, k, nb, &mut blk.psi);
     for (psi, dsq) in blk.psi[..nb].iter_mut().zip(dsq.iter()) {
@@ -707,24 +604,20 @@ impl<T: Real> Pass for OnlineEm<T> {
     /// The pass writes only the previous sample's pending row-local step, now applied: until the K×K step the
     /// model is the one before `x` (another pass recomputes the same sums).
     fn pass_sums<X: Real>(&mut self, x: ArrayView1<X>) -> StepSums {
-        let t = self.n_seen + 1;
-        let rho = self.config.step_size.rho(t);
+        let rates = self.step.rates();
         let mut scratch = Scratch::new(self.n_features, self.n_components);
         let mut sums = StepSums::zeros(self.n_components);
-        let mean_rho = self.config.scaling.mean_rho(rho, t);
-        self.pass_on(x, rho, mean_rho, &mut scratch, &mut sums, Some(self.isa));
+        self.pass_on(x, rates.rho, rates.mean_rho, &mut scratch, &mut sums, Some(self.isa));
         sums
     }
 
     fn drop_pending(&mut self) {
-        self.pending = None;
+        self.step.drop_pending();
     }
 
     /// The K×K part of Algorithm 2 from the sums, with σ̂² = Σ d̄² / `n_total`.
     fn finish(&mut self, sums: &StepSums, n_total: usize) -> Result<()> {
-        let t = self.n_seen + 1;
-        let rho = self.config.step_size.rho(t);
-        self.finish_step(t, rho, self.config.scaling.mean_rho(rho, t), sums, n_total)
+        self.finish_step(sums, n_total)
     }
 }
 
@@ -751,12 +644,10 @@ impl<T: Real> Driven for OnlineEm<T> {
         sums: &mut StepSums,
         kernels: bool,
     ) -> Result<()> {
-        let t = self.n_seen + 1;
-        let rho = self.config.step_size.rho(t);
-        let mean_rho = self.config.scaling.mean_rho(rho, t);
+        let rates = self.step.rates();
         let isa = kernels.then_some(self.isa);
-        self.pass_on(x, rho, mean_rho, scratch, sums, isa);
-        self.finish_step(t, rho, mean_rho, sums, self.n_features)
+        self.pass_on(x, rates.rho, rates.mean_rho, scratch, sums, isa);
+        self.finish_step(sums, self.n_features)
     }
 
     fn take_reused(&mut self) {}
@@ -775,5 +666,8 @@ impl<T: Real> Driven for OnlineEm<T> {
 mod checkpoint;
 mod checks;
 mod rows;
+mod step;
+
+pub use step::{Basis, EmStep, Pending, Rates};
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use ndarray::Array2;
 
-use super::{OnlineEm, Source};
+use super::{Basis, OnlineEm};
 use crate::error::Result;
 use crate::query::{GaussianRows, RowVisitor, QUERY_BLOCK_ROWS};
 use crate::scalar::Real;
@@ -18,8 +18,8 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
     fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
         let k = self.n_components;
         let (mut mean, mut f, mut psi) = (Vec::new(), Vec::new(), Vec::new());
-        if let Source::Initial(f0) = &self.source {
-            let scale = self.config.scaling.warmup_scale(self.scale_sq);
+        if let Basis::Initial = &self.step.basis {
+            let (f0, scale) = (&self.init, self.step.warmup_scale());
             for lo in rows.clone().step_by(QUERY_BLOCK_ROWS) {
                 let hi = (lo + QUERY_BLOCK_ROWS).min(rows.end);
                 mean.clear();
@@ -37,15 +37,15 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
 
     /// The spiked-model shrinkage (crate::shrinkage) when the configuration asks for it and the model is fitted.
     fn report_transform(&self) -> Result<Option<Array2<f64>>> {
-        if !self.config.shrink || !self.is_fitted() {
+        if !self.step.config.shrink || !self.is_fitted() {
             return Ok(None);
         }
-        if let Some(map) = self.report_cache.get(self.n_seen) {
+        if let Some(map) = self.report_cache.get(self.step.n_seen) {
             return Ok(Some(map));
         }
         let gram = crate::shrinkage::gram(self)?;
         let map = crate::shrinkage::spiked_transform(gram.view(), self.n_features, self.effective_samples())?;
-        self.report_cache.put(self.n_seen, &map);
+        self.report_cache.put(self.step.n_seen, &map);
         Ok(Some(map))
     }
 }

@@ -1,5 +1,6 @@
 use super::*;
 use crate::engine::partition::{use_parallel, SNAPSHOT_MAX_ELEMENTS, TASK_ROWS};
+use crate::error::FaError;
 use crate::init::{fill_standard_normal, orthonormal_loadings};
 use crate::linalg::lower_triangular_inverse;
 use ndarray::s;
@@ -78,8 +79,7 @@ fn bad_rows_leave_state_untouched() {
 
 /// One pass through the fused kernel and through the block path (explicit F = Ā H̄⁻¹) from the same state.
 fn both_paths<T: Real>(em: &OnlineEm<T>, x: ArrayView1<f64>, isa: Isa) -> [(OnlineEm<T>, StepSums); 2] {
-    let t = em.n_seen + 1;
-    let rho = em.config.step_size.rho(t);
+    let rho = em.step.rates().rho;
     let run = |isa: Option<Isa>| {
         let mut m = em.clone();
         let mut scratch = Scratch::new(m.n_features, m.n_components);
@@ -103,7 +103,7 @@ fn wide_model<T: Real>(k: usize, whiten: bool) -> (OnlineEm<T>, Array2<f64>, usi
     };
     let mut em = OnlineEm::<T>::new(d, k, f0.view(), cfg).expect("new");
     em.update(x.slice(s![..x.nrows() - 1, ..])).expect("update");
-    assert!(em.is_fitted() && em.pending.is_some());
+    assert!(em.is_fitted() && em.step.pending.is_some());
     (em, x, d)
 }
 
@@ -130,7 +130,7 @@ fn abar_space_sums_equal_explicit_loadings_sums() {
             let mut em = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
             let n = x.nrows();
             em.update(x.slice(s![..n - 1, ..])).expect("update");
-            assert!(em.is_fitted() && em.pending.is_some());
+            assert!(em.is_fitted() && em.step.pending.is_some());
             let [(fast, fs), (slow, ss)] = both_paths(&em, x.row(n - 1), Isa::detect());
             assert!(
                 max_rel(fs.s.as_slice().unwrap(), ss.s.as_slice().unwrap()) < 1e-12,
@@ -175,8 +175,7 @@ fn wide_kernel_sums_equal_explicit_loadings_sums() {
             );
             assert!(max_rel(&wide.a_bar, &slow.a_bar) < 1e-14, "Ā, K = {k}");
             // The portable tiled path agrees with the detected one to rounding.
-            let t = em.n_seen + 1;
-            let rho = em.config.step_size.rho(t);
+            let rho = em.step.rates().rho;
             let consts = em.wide_consts(rho, rho, em.floor(), Isa::Portable).expect("wide");
             let mut portable = em.clone();
             let mut scratch = Scratch::new(d, k);
@@ -204,8 +203,7 @@ fn wide_kernel_float32_arithmetic_matches_float64_arithmetic() {
             let (em, x, d) = wide_model::<f32>(k, whiten);
             let n = x.nrows();
             let [(wide, ws), (slow, ss)] = both_paths(&em, x.row(n - 1), Isa::detect());
-            let t = em.n_seen + 1;
-            let rho = em.config.step_size.rho(t);
+            let rho = em.step.rates().rho;
             let consts = em.wide_consts(rho, rho, em.floor(), Isa::Portable).expect("wide");
             let mut portable = em.clone();
             let mut scratch = Scratch::new(d, k);
@@ -422,19 +420,19 @@ fn failed_step_leaves_a_large_model_as_before_the_row() {
         };
         let mut em = OnlineEm::<f64>::new(d, k, f0.view(), cfg).expect("new");
         em.update(x.slice(s![..7, ..])).expect("update");
-        let healthy_b_bar = em.b_bar.clone();
-        em.b_bar.fill(f64::NAN);
-        let before = (em.mean(), em.loadings(), em.noise_variance(), em.n_seen);
+        let healthy_b_bar = em.step.b_bar.clone();
+        em.step.b_bar.fill(f64::NAN);
+        let before = (em.mean(), em.loadings(), em.noise_variance(), em.step.n_seen);
         let twin = em.clone();
         assert!(matches!(
             em.update(x.slice(s![7..8, ..])),
             Err(FaError::NotPositiveDefinite(_))
         ));
-        assert_eq!((em.mean(), em.loadings(), em.noise_variance(), em.n_seen), before);
+        assert_eq!((em.mean(), em.loadings(), em.noise_variance(), em.step.n_seen), before);
         // Same future as the twin that never saw the row.
         let (mut em, mut twin) = (em, twin);
-        em.b_bar.assign(&healthy_b_bar);
-        twin.b_bar.assign(&healthy_b_bar);
+        em.step.b_bar.assign(&healthy_b_bar);
+        twin.step.b_bar.assign(&healthy_b_bar);
         em.update(x.slice(s![8.., ..])).expect("update");
         twin.update(x.slice(s![8.., ..])).expect("update");
         assert_eq!(em, twin);
@@ -556,7 +554,7 @@ fn whitening_is_a_change_of_latent_basis() {
     plain.update(x.view()).expect("update");
     // Whiten the current statistics by hand: R Rᵀ = H̄, Ā ← Ā R⁻ᵀ, B̄ ← R⁻¹ B̄ R⁻ᵀ, Σ ← R⁻¹ Σ R⁻ᵀ.
     let mut white = plain.clone();
-    let h_bar = &white.sigma + &white.b_bar;
+    let h_bar = &white.step.sigma + &white.step.b_bar;
     let r = SpdFactor::new(h_bar.view(), "h").expect("spd").lower();
     let w = lower_triangular_inverse(r.view()).expect("inv").reversed_axes();
     let a = white.current_a_bar().dot(&w);
@@ -565,10 +563,10 @@ fn whitening_is_a_change_of_latent_basis() {
         let adv = white.pending_moments(i);
         (white.mean[i], white.dsq_bar[i]) = (adv.mean.0, adv.dsq.0);
     }
-    white.pending = None;
-    white.source = Source::Whitened;
-    white.b_bar = w.t().dot(&white.b_bar).dot(&w);
-    white.sigma = w.t().dot(&white.sigma).dot(&w);
+    white.step.pending = None;
+    white.step.basis = Basis::Whitened;
+    white.step.b_bar = w.t().dot(&white.step.b_bar).dot(&w);
+    white.step.sigma = w.t().dot(&white.step.sigma).dot(&w);
     // The expanded model's covariance F H̄ Fᵀ + Ψ is what the step preserves: F' = F R, so
     // F' F'ᵀ = F H̄ Fᵀ, and ψ = d̄² − rowsum(F ⊙ Ā) is unchanged; afterwards H̄ = I.
     let f = plain.loadings();
@@ -582,7 +580,7 @@ fn whitening_is_a_change_of_latent_basis() {
     for (p, q) in plain.noise_variance().iter().zip(white.noise_variance().iter()) {
         assert!((p - q).abs() < 1e-10 * p.abs().max(1.0));
     }
-    let h_after = &white.sigma + &white.b_bar;
+    let h_after = &white.step.sigma + &white.step.b_bar;
     for ((i, j), v) in h_after.indexed_iter() {
         assert!((v - if i == j { 1.0 } else { 0.0 }).abs() < 1e-12);
     }

@@ -5,6 +5,7 @@
 mod any_float;
 #[macro_use]
 mod common;
+mod em_step;
 mod exports;
 mod gaussian;
 mod gfa;
@@ -22,6 +23,8 @@ use pyo3::prelude::*;
 mod _core {
     #[pymodule_export]
     use super::common::NumericalBreakdownError;
+    #[pymodule_export]
+    use super::em_step::OnlineEMStep;
     #[pymodule_export]
     use super::exports::storage_snapshot;
     #[pymodule_export]

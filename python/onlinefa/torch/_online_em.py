@@ -10,7 +10,7 @@ from .. import _core
 from ..errors import NotFittedError
 from ..streaming import OnlineEM as NumpyOnlineEM
 from ..streaming import DEFAULT_NOISE_FLOOR, common_args, check_scaling, schedule_args
-from ._em_engine import EMEngine, Settings
+from ._em_engine import EMEngine, new_step
 from ._torch_model import TorchStreamingModel, initial_loadings, locked, mapped_rows, state_dtype
 
 
@@ -18,10 +18,11 @@ class OnlineEM(TorchStreamingModel):
     """Online EM factor analysis (the library's default :class:`onlinefa.OnlineEM`) on torch tensors.
 
     The same algorithm, arguments, defaults and checkpoints as :class:`onlinefa.OnlineEM`, with the D-sized
-    state (θ̄, Ā, d̄², d) in ``dtype`` on ``device`` and the K×K algebra in float64 on the CPU: a snapshot
-    already on the GPU is fitted there, without a copy to the host. In float64 it equals the Rust core to
-    rounding (tested to 1e-10 relative over 1,000 samples). On the CPU the Rust core is faster; use this class
-    for state that lives on an accelerator.
+    state (θ̄, Ā, d̄², d) in ``dtype`` on ``device``: a snapshot already on the GPU is fitted there, without a
+    copy to the host. The K×K part of each step (E-step, M-step, whitening, schedules, warm-up) is the Rust
+    core's own code, run on the CPU in float64 on the pass's K×K sums, so the two classes differ only in how the
+    D-sized pass rounds (tested to 1e-10 relative in float64 over 1,000 samples). On the CPU the Rust core is
+    faster; use this class for state that lives on an accelerator.
 
     Parameters
     ----------
@@ -61,10 +62,11 @@ class OnlineEM(TorchStreamingModel):
     ) -> None:
         args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, "float64")
         sched = schedule_args(schedule, tau0, kappa, rho)
-        d, k = args["n_features"], args["n_components"]
-        settings = Settings(d, k, args["n_warmup"], args["noise_floor"], bool(whiten), sched["schedule"],
-                            sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling), bool(shrink))
-        self._engine = EMEngine(settings, initial_loadings(args), state_dtype(dtype), torch.device(device))
+        d, k, rows_dtype = args["n_features"], args["n_components"], state_dtype(dtype)
+        kk_step = new_step(d, k, rows_dtype, n_warmup=args["n_warmup"], noise_floor=args["noise_floor"],
+                           whiten=bool(whiten), scaling=check_scaling(scaling), shrink=bool(shrink), **sched)
+        self._engine = EMEngine(kk_step, d, sched["schedule"], initial_loadings(args), rows_dtype,
+                                torch.device(device))
 
     # -- the fitted Gaussian ------------------------------------------------------------------------------
     _core_class = _core.OnlineEMCore
