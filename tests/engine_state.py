@@ -11,3 +11,10 @@ def engine_state(model: Any) -> dict[str, Any]:
     state: dict[str, Any] = model._core.get_state()
     return state
 
+
+
+def same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two state maps hold the same keys with bit-identical values."""
+    import numpy as np
+
+    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[key]), np.asarray(b[key])) for key in a)

@@ -6,18 +6,17 @@
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
-use crate::config_checks::{check_floor_fits, checked_init, validate_dims};
-use crate::engine::block::{load_rows, outer};
+use crate::config_checks::checked_init;
+use crate::engine::block::load_rows;
 use crate::engine::driver::{self, Driven};
 use crate::engine::em_kernel::to_loadings_space;
 use crate::engine::model::hooks::Pass;
 use crate::engine::partition::{stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS};
 use crate::engine::sga::SgaPath;
-use crate::engine::sga_kernel::{SgaBlockIo, SgaConsts, SgaStep, Start};
+use crate::engine::sga_kernel::{SgaBlockIo, SgaConsts};
 use crate::engine::sga_wide::SgaWideScratch;
 use crate::engine::{StepSums, StreamingModel};
-use crate::error::{invalid, try_filled, FaError, Result};
-use crate::linalg::SpdFactor;
+use crate::error::{invalid, try_filled, Result};
 use crate::scalar::{stored, Real};
 use crate::scaling::Scaling;
 use crate::schedule::StepSize;
@@ -94,65 +93,6 @@ impl Default for SgaConfig {
     }
 }
 
-/// The gradient step of the last sample, not yet applied: needs m_t and P_t = Σ_t + m_t m_tᵀ, and the step
-/// sizes and whitening factor of the rule (a function of m_t, P_t, t and the configuration).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Pending {
-    pub(crate) m: Array1<f64>,
-    pub(crate) p: Array2<f64>,
-    pub(crate) rates: StepRates,
-}
-
-/// Step sizes of one pending step: the F step's, the natural ψ step's (`None`: the log-ψ step with the F
-/// step's rate) and the whitening factor L (K×K row-major, lower triangular).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct StepRates {
-    pub(crate) f: f64,
-    pub(crate) psi: Option<f64>,
-    pub(crate) whiten: Option<Array2<f64>>,
-}
-
-impl StepRates {
-    /// The rates of sample t's step (m, P its latent posterior) under `config`'s rule.
-    pub(crate) fn new(config: &SgaConfig, m: &Array1<f64>, p: &Array2<f64>, t: u64) -> Result<Self> {
-        match config.rule {
-            SgaRule::Gradient => Ok(StepRates {
-                f: config.lr,
-                psi: None,
-                whiten: None,
-            }),
-            SgaRule::Whitened => {
-                let a = 1.0 / t as f64;
-                let a_f = a.min(1.0 / (1.0 + m.dot(m)));
-                // (1 − a_F) I + a_F P: positive definite for a_F ≤ 1 (P is).
-                let mut target = p * a_f;
-                target.diag_mut().mapv_inplace(|v| v + (1.0 - a_f));
-                let lower = SpdFactor::new_jittered(target.view(), "the whitening step (1 − a) I + a P")?.lower();
-                Ok(StepRates {
-                    f: a_f,
-                    psi: Some(a),
-                    whiten: Some(lower),
-                })
-            }
-        }
-    }
-}
-
-impl Pending {
-    /// The step as the engine's kernels read it (m, P and L as flat slices).
-    fn step(&self) -> SgaStep<'_> {
-        SgaStep {
-            m: self.m.as_slice().expect("m is allocated contiguous"),
-            p: self.p.as_slice().expect("P is allocated contiguous"),
-            whiten: self
-                .rates
-                .whiten
-                .as_ref()
-                .map(|l| l.as_slice().expect("L is allocated contiguous")),
-        }
-    }
-}
-
 /// `visit(first_row, F rows (nb×K), ψ (nb))`: a visitor of blocks of the current parameters, in f64.
 pub(crate) type CurrentRowsVisitor<'a> = dyn FnMut(usize, &[f64], &[f64]) -> Result<()> + 'a;
 
@@ -161,15 +101,12 @@ pub(crate) type CurrentRowsVisitor<'a> = dyn FnMut(usize, &[f64], &[f64]) -> Res
 pub struct OnlineSga<T: Real> {
     pub(crate) n_features: usize,
     pub(crate) n_components: usize,
-    pub(crate) config: SgaConfig,
-    pub(crate) n_seen: u64,
+    /// The K×K part: configuration, sample count, pending step, σ̂².
+    pub(crate) step: SgaKkStep,
     pub(crate) mean: Vec<T>,
     pub(crate) f: Vec<T>,
     pub(crate) psi: Vec<T>,
     pub(crate) d_last: Vec<T>,
-    pub(crate) pending: Option<Pending>,
-    /// σ̂² = (1/D) Σ_d d̄²_d over the warm-up samples (`Scaling::Data`; frozen once warm-up ends).
-    pub(crate) scale_sq: f64,
     /// The engine kernel that runs the passes after warm-up (chosen once, for K and this CPU).
     pub(crate) path: SgaPath<T>,
     /// Buffers `update` reuses from one call to the next.
@@ -204,25 +141,16 @@ impl<T> PartialEq for Reused<T> {
 impl<T: Real> OnlineSga<T> {
     /// New model with initial loadings `init` (D×K); ψ = 1, θ̄ = 0.
     pub fn new(n_features: usize, n_components: usize, init: ArrayView2<f64>, config: SgaConfig) -> Result<Self> {
-        validate_dims(n_features, n_components, config.noise_floor)?;
-        check_floor_fits::<T>(config.noise_floor)?;
-        config.step_size.validate()?;
-        if !(config.lr.is_finite() && config.lr > 0.0) {
-            return Err(invalid("lr", format!("must be finite and > 0, got {}", config.lr)));
-        }
-        check_rule(&config)?;
+        let step = SgaKkStep::checked::<T>(n_features, n_components, config)?;
         let f = checked_init::<T>(init, n_features, n_components)?;
         Ok(OnlineSga {
             n_features,
             n_components,
-            config,
-            n_seen: 0,
+            step,
             mean: try_filled(n_features, T::default(), "n_features")?,
             f,
             psi: try_filled(n_features, T::from_f64(1.0), "n_features")?,
             d_last: try_filled(n_features, T::default(), "n_features")?,
-            pending: None,
-            scale_sq: 0.0,
             path: SgaPath::detect(n_components),
             reused: Reused::default(),
         })
@@ -230,12 +158,17 @@ impl<T: Real> OnlineSga<T> {
 
     /// Number of samples applied so far.
     pub fn n_seen(&self) -> u64 {
-        self.n_seen
+        self.step.n_seen
     }
 
     /// Hyper-parameters.
     pub fn config(&self) -> &SgaConfig {
-        &self.config
+        &self.step.config
+    }
+
+    /// The K×K part of the model (the pending step and σ̂²).
+    pub fn step(&self) -> &SgaKkStep {
+        &self.step
     }
 
     /// D.
@@ -256,33 +189,27 @@ impl<T: Real> OnlineSga<T> {
         driver::update(self, x)
     }
 
-    /// Whether the next pass applies the data-scaled start (the first sample after warm-up).
-    fn starts_next(&self) -> bool {
-        self.config.scaling == Scaling::Data && self.n_seen == self.config.n_warmup
-    }
-
     /// After a pass whose E-step failed: the pass applied the pending gradient step (F and ψ now hold what
     /// the model's queries already returned, so the step is dropped, not lost) and moved the running mean,
     /// which gets its previous values back. The model is then exactly the one before the failing sample, at
     /// the cost of one D-vector copy per sample (against the pass's D·K).
     fn undo_failed_step(&mut self, mean_before: &[T]) {
-        self.pending = None;
+        self.step.drop_pending();
         self.mean.copy_from_slice(mean_before);
     }
 
     /// The fused pass of sample n_seen + 1 over every row: pending gradient step, running mean, E-step sums
     /// (after warm-up, through the engine's SGA kernel; during warm-up only the running mean moves).
     fn pass<X: Real>(&mut self, x: ArrayView1<X>, scratch: &mut Scratch, sums: &mut StepSums) {
-        let t = self.n_seen + 1;
-        let active = t > self.config.n_warmup;
-        let data = self.config.scaling == Scaling::Data;
-        let rho = self.config.scaling.mean_rho(self.config.step_size.rho(t), t);
+        let plan = self.step.plan();
+        let (active, rho) = (plan.active, plan.mean_rho);
+        let data = self.step.config.scaling == Scaling::Data;
         let k = self.n_components;
         let consts = SgaConsts {
-            step: self.pending.as_ref().map(Pending::step),
-            start: (data && t == self.config.n_warmup + 1).then(|| self.start()),
-            lr: self.pending.as_ref().map_or(self.config.lr, |p| p.rates.f),
-            psi_rate: self.pending.as_ref().and_then(|p| p.rates.psi),
+            step: self.step.pending.as_ref().map(Pending::step),
+            start: plan.start.then(|| self.step.start()),
+            lr: plan.lr,
+            psi_rate: plan.psi_rate,
             floor: self.floor(),
             rho,
             precondition: data,
@@ -326,48 +253,29 @@ impl<T: Real> OnlineSga<T> {
         }
     }
 
-    /// (4.23) for sample n_seen + 1 from the sums of its pass (all rows of the model: `n_total` of them).
+    /// The K×K part of sample n_seen + 1 from the sums of its pass over `n_total` rows ([`SgaKkStep::finish`]).
     fn finish_step(&mut self, sums: &StepSums, n_total: usize) -> Result<()> {
-        let t = self.n_seen + 1;
-        let active = t > self.config.n_warmup;
-        let track_dsq = self.config.scaling == Scaling::Data && !active;
-        self.pending = if active {
-            Some(estep(sums, self.n_components, &self.config, t)?)
-        } else {
-            None
-        };
-        if track_dsq {
-            self.scale_sq = sums.dsq_sum / n_total as f64;
-        }
-        self.n_seen = t;
-        Ok(())
+        self.step.finish(sums, n_total)
     }
 
     /// The noise floor (absolute, or relative to σ̂² under `Scaling::Data`).
     pub fn floor(&self) -> f64 {
-        self.config.scaling.floor::<T>(self.config.noise_floor, self.scale_sq)
+        self.step.floor::<T>()
     }
 
     /// σ̂², the mean over features of the warm-up's running squared deviations (0 under `Scaling::Unit`).
     pub fn scale_sq(&self) -> f64 {
-        self.scale_sq
+        self.step.scale_sq
     }
 
     /// Whether warm-up is over (the loadings and noise variances have been fitted, not just initialised).
     /// Warm-up length: the fitted Gaussian exists once more than this many samples were seen.
     pub fn n_warmup(&self) -> u64 {
-        self.config.n_warmup
+        self.step.config.n_warmup
     }
 
     pub fn is_fitted(&self) -> bool {
-        self.n_seen > self.config.n_warmup
-    }
-
-    fn start(&self) -> Start {
-        Start {
-            sigma: self.config.scaling.warmup_scale(self.scale_sq),
-            degenerate: self.config.scaling.degenerate(self.scale_sq),
-        }
+        self.step.is_fitted()
     }
 
     /// F and ψ with the pending gradient step applied (what the next E-step will use; during a data-scaled
@@ -402,12 +310,13 @@ impl<T: Real> OnlineSga<T> {
         // The pass's own kernel on a copy of each block (same F and ψ, bit for bit, as the next pass stores),
         // with a zero sample whose sums are discarded.
         let k = self.n_components;
-        let data = self.config.scaling == Scaling::Data;
+        let data = self.step.config.scaling == Scaling::Data;
+        let pending = self.step.pending.as_ref();
         let consts = SgaConsts {
-            step: self.pending.as_ref().map(Pending::step),
-            start: (data && !self.is_fitted()).then(|| self.start()),
-            lr: self.pending.as_ref().map_or(self.config.lr, |p| p.rates.f),
-            psi_rate: self.pending.as_ref().and_then(|p| p.rates.psi),
+            step: pending.map(Pending::step),
+            start: (data && !self.is_fitted()).then(|| self.step.start()),
+            lr: pending.map_or(self.step.config.lr, |p| p.rates.f),
+            psi_rate: pending.and_then(|p| p.rates.psi),
             floor: self.floor(),
             rho: 0.0,
             precondition: data,
@@ -474,50 +383,6 @@ impl<T: Real> OnlineSga<T> {
     }
 }
 
-/// (4.23) from the sums: Σ = (I + C F)⁻¹, m = Σ C d, and P = Σ + m mᵀ for the gradients. A pass that
-/// counted diverged ψ steps (`sums.dsq_sum` > 0 while active) is refused as a breakdown (and rolled back).
-fn estep(sums: &StepSums, k: usize, config: &SgaConfig, t: u64) -> Result<Pending> {
-    if sums.dsq_sum > 0.0 {
-        return Err(FaError::Diverged(
-            "the SGA step diverged (a noise variance grew more than 10^6-fold past the data's scale in one \
-             step); lower lr or use scaling='data'",
-        ));
-    }
-    let precision = Array2::<f64>::eye(k) + &sums.s;
-    let factor = SpdFactor::new_jittered(precision.view(), "I + Fᵀ Ψ⁻¹ F")?;
-    let sigma = factor.inverse();
-    let m = factor.solve(sums.u.view());
-    let p = sigma + outer(&m);
-    // A sample many orders of magnitude outside the data seen so far (relative to ψ) gives a latent mean
-    // whose outer product overflows: the gradient step would be ∞ − ∞. Refuse it as a breakdown (the
-    // update is then rolled back) rather than storing a state that poisons every later step.
-    if m.iter()
-        .chain(p.iter())
-        .any(|v| !v.is_finite() || v.abs() > MAX_LATENT_MOMENT)
-    {
-        return Err(FaError::NotPositiveDefinite(
-            "the latent second moment Σ + m mᵀ (a divergent SGA step)",
-        ));
-    }
-    let rates = StepRates::new(config, &m, &p, t)?;
-    Ok(Pending { m, p, rates })
-}
-
-/// The whitened rule preconditions the F step by ψ, which only `Scaling::Data` does.
-pub(crate) fn check_rule(config: &SgaConfig) -> Result<()> {
-    if config.rule == SgaRule::Whitened && config.scaling != Scaling::Data {
-        return Err(invalid(
-            "rule",
-            "the whitened steps (lr='auto') need scaling='data'; give a float lr for scaling='unit'".to_string(),
-        ));
-    }
-    Ok(())
-}
-
-/// Largest latent second moment an SGA step accepts: the gradient multiplies it by loadings of up to
-/// `MAX_STATE`, so its products stay far from overflow in f64.
-const MAX_LATENT_MOMENT: f64 = 1e150;
-
 /// A warm-up pass over rows (θ̄, d_last, x: nb each): θ̄ ← θ̄ + ρ (x − θ̄) and d_last ← d = x − θ̄ (lines 5, 6),
 /// and, under `Scaling::Data`, ψ's storage (`dsq`) ← the running d̄² (d̄²_t = d̄²_{t−1} + ρ (d² − d̄²_{t−1})).
 /// Returns Σ d̄² over the rows (0 without `dsq`).
@@ -559,7 +424,7 @@ impl<T: Real> Pass for OnlineSga<T> {
     }
 
     fn drop_pending(&mut self) {
-        self.pending = None;
+        self.step.drop_pending();
     }
 
     /// (4.23) from the sums, with σ̂² = Σ d̄² / `n_total` during a data-scaled warm-up.
@@ -606,7 +471,7 @@ impl<T: Real> Driven for OnlineSga<T> {
     }
 
     fn prepare_undo(&mut self, reused: &mut Reused<T>) -> Option<Self> {
-        if self.starts_next() {
+        if self.step.starts_next() {
             return Some(self.clone());
         }
         reused.mean.clear();
@@ -625,5 +490,8 @@ impl<T: Real> Driven for OnlineSga<T> {
 mod checkpoint;
 mod checks;
 mod rows;
+mod step;
+
+pub use step::{PassPlan, Pending, SgaKkStep, StepRates};
 #[cfg(test)]
 mod tests;

@@ -189,7 +189,7 @@ fn queries_see_what_the_next_pass_stores() {
                 let (f, psi) = (sga.loadings(), sga.noise_variance());
                 let mut probe = sga.clone();
                 probe.pass(row, &mut Scratch::new(d, k), &mut StepSums::zeros(k));
-                if sga.n_seen >= sga.config.n_warmup {
+                if sga.step.n_seen >= sga.step.config.n_warmup {
                     let stored_f: Vec<f64> = probe.f.iter().map(|v| v.to_f64()).collect();
                     let stored_psi: Vec<f64> = probe.psi.iter().map(|v| v.to_f64()).collect();
                     assert_eq!(f.as_slice().expect("c"), &stored_f[..]);

@@ -4,50 +4,16 @@
 
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use super::common::*;
-use super::state_arrays::{dict_to_state, state_to_dict};
-use crate::engine::StepSums;
-use crate::fork::Mutex;
-use crate::online_em::{Basis, EmConfig, EmStep};
-use crate::scaling::Scaling;
-use crate::state::{StateReader, StateWriter};
-
-/// The K×K step of one online-EM model and the storage type of its rows (the floor and the latent-mean bound
-/// depend on it).
-#[pyclass(frozen, module = "onlinefa._core")]
-pub struct OnlineEMStep {
-    inner: Mutex<EmStep>,
-    single: bool,
-}
+use super::kk_step::{is_single, pass_sums};
+use super::streaming::em_config;
+use crate::online_em::{Basis, EmStep};
 
 /// (pending ρ, m (K,), W (K, K) or None) of a pending step.
 type PendingArrays<'py> = (f64, Bound<'py, PyArray1<f64>>, Option<Bound<'py, PyArray2<f64>>>);
 
-fn is_single(dtype: &str) -> PyResult<bool> {
-    match dtype {
-        "float32" => Ok(true),
-        "float64" => Ok(false),
-        other => Err(crate::error::invalid("dtype", format!("must be 'float32' or 'float64', got {other:?}")).into()),
-    }
-}
-
-impl OnlineEMStep {
-    fn wrap(step: EmStep, single: bool) -> Self {
-        OnlineEMStep {
-            inner: Mutex::new(step),
-            single,
-        }
-    }
-
-    fn read<R>(&self, f: impl FnOnce(&EmStep) -> R) -> PyResult<R> {
-        Ok(f(&*lock(&self.inner)?))
-    }
-}
-
-#[pymethods]
-impl OnlineEMStep {
+kk_step_class!(OnlineEMStep, EmStep, "OnlineEM", {
     #[new]
     #[pyo3(signature = (n_features, n_components, *, n_warmup, noise_floor, dtype, schedule, tau0, kappa, rho,
                         whiten, scaling, shrink))]
@@ -67,14 +33,14 @@ impl OnlineEMStep {
         shrink: bool,
     ) -> PyResult<Self> {
         let single = is_single(dtype)?;
-        let config = EmConfig {
+        let config = em_config(
             n_warmup,
             noise_floor,
-            step_size: step_size(schedule, tau0, kappa, rho)?,
+            (schedule, tau0, kappa, rho),
             whiten,
-            scaling: Scaling::parse(scaling)?,
+            scaling,
             shrink,
-        };
+        )?;
         let step = if single {
             EmStep::checked::<f32>(n_features, n_components, config)
         } else {
@@ -120,14 +86,7 @@ impl OnlineEMStep {
         n_total: usize,
         moments_applied: bool,
     ) -> PyResult<()> {
-        let sums = StepSums {
-            s: owned_copy(&s)?,
-            u: owned_copy(&u)?,
-            dsq_sum,
-        };
-        if !sums.s.iter().chain(sums.u.iter()).all(|v| v.is_finite()) || !dsq_sum.is_finite() {
-            return Err(crate::error::FaError::Diverged("the sums of the pass are not finite").into());
-        }
+        let sums = pass_sums(s, u, dsq_sum)?;
         let single = self.single;
         py.detach(|| {
             let mut step = lock(&self.inner)?;
@@ -145,46 +104,11 @@ impl OnlineEMStep {
         })
     }
 
-    /// Forget the pending step (the store's pass applied it).
-    fn drop_pending(&self) -> PyResult<()> {
-        lock(&self.inner)?.drop_pending();
-        Ok(())
-    }
-
     /// A new step: this one with its warm-up ended at the last sample (the first M-step on the statistics so
     /// far); RuntimeError when warm-up is over or fewer than two distinct samples were seen.
     fn ended_warmup(&self) -> PyResult<Self> {
         let ended = self.read(|s| s.ended_warmup())??;
         Ok(Self::wrap(ended, self.single))
-    }
-
-    /// An independent copy.
-    fn copy(&self) -> PyResult<Self> {
-        Ok(Self::wrap(self.read(|s| s.clone())?, self.single))
-    }
-
-    /// The step's entries of an `OnlineEM` state map (every key but the rows, `n_features` and F₀).
-    fn get_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let map = self.read(|s| {
-            let mut w = StateWriter::new("OnlineEM");
-            s.write_state(&mut w);
-            w.0
-        })?;
-        state_to_dict(py, map)
-    }
-
-    /// The step of an `OnlineEM` state map of D = `n_features` rows stored in `dtype` (checked; ValueError).
-    #[staticmethod]
-    fn from_state(state: &Bound<'_, PyDict>, n_features: usize, dtype: &str) -> PyResult<Self> {
-        let single = is_single(dtype)?;
-        let map = dict_to_state(state)?;
-        let r = StateReader(&map);
-        let step = if single {
-            EmStep::read_state::<f32>(&r, n_features)
-        } else {
-            EmStep::read_state::<f64>(&r, n_features)
-        }?;
-        Ok(Self::wrap(step, single))
     }
 
     /// B̄ (K, K).
@@ -198,21 +122,6 @@ impl OnlineEMStep {
     }
 
     #[getter]
-    fn n_seen(&self) -> PyResult<u64> {
-        self.read(EmStep::n_seen)
-    }
-
-    #[getter]
-    fn n_components(&self) -> PyResult<usize> {
-        self.read(EmStep::n_components)
-    }
-
-    #[getter]
-    fn n_warmup(&self) -> PyResult<u64> {
-        self.read(|s| s.config().n_warmup)
-    }
-
-    #[getter]
     fn whiten(&self) -> PyResult<bool> {
         self.read(|s| s.config().whiten)
     }
@@ -222,37 +131,6 @@ impl OnlineEMStep {
         self.read(|s| s.config().shrink)
     }
 
-    #[getter]
-    fn scaling(&self) -> PyResult<&'static str> {
-        self.read(|s| match s.config().scaling {
-            Scaling::Unit => "unit",
-            Scaling::Data => "data",
-        })
-    }
-
-    /// "float32" or "float64": the storage of the rows this step is for.
-    #[getter]
-    fn dtype(&self) -> &'static str {
-        if self.single {
-            "float32"
-        } else {
-            "float64"
-        }
-    }
-
-    /// σ̂² after the last sample.
-    #[getter]
-    fn scale_sq(&self) -> PyResult<f64> {
-        self.read(EmStep::scale_sq)
-    }
-
-    /// The noise floor of the next pass.
-    #[getter]
-    fn floor(&self) -> PyResult<f64> {
-        let single = self.single;
-        self.read(|s| if single { s.floor::<f32>() } else { s.floor::<f64>() })
-    }
-
     /// σ of the warm-up start F₀ σ, ψ₀ = σ².
     #[getter]
     fn warmup_scale(&self) -> PyResult<f64> {
@@ -260,12 +138,7 @@ impl OnlineEMStep {
     }
 
     #[getter]
-    fn is_fitted(&self) -> PyResult<bool> {
-        self.read(EmStep::is_fitted)
-    }
-
-    #[getter]
     fn effective_samples(&self) -> PyResult<f64> {
         self.read(EmStep::effective_samples)
     }
-}
+});

@@ -5,11 +5,14 @@
 mod any_float;
 #[macro_use]
 mod common;
+#[macro_use]
+mod kk_step;
 mod em_step;
 mod exports;
 mod gaussian;
 mod gfa;
 mod minibatch;
+mod sga_step;
 mod sharded;
 mod state_arrays;
 mod streaming;
@@ -35,6 +38,8 @@ mod _core {
     use super::gfa::{GFACore, OnlineGFACore};
     #[pymodule_export]
     use super::minibatch::{column_moments, MiniBatchEMCore};
+    #[pymodule_export]
+    use super::sga_step::OnlineSGAStep;
     #[pymodule_export]
     use super::sharded::{
         fill_sample_noise, latent_mean_from_sums, log_prob_from_sums, snapshot_max_elements, standard_normal_rows,

@@ -266,6 +266,47 @@ fn typed_model<C: Send, M32: Send, M64: Send>(
     Ok(Mutex::new(inner?))
 }
 
+/// (schedule name, τ₀, κ, ρ): a step-size schedule as the Python classes pass it.
+pub(crate) type ScheduleArgs<'a> = (&'a str, f64, f64, f64);
+
+/// The online-EM configuration of the Python classes' arguments (each checked by the model or step built on it).
+pub(crate) fn em_config(
+    n_warmup: u64,
+    noise_floor: f64,
+    (schedule, tau0, kappa, rho): ScheduleArgs<'_>,
+    whiten: bool,
+    scaling: &str,
+    shrink: bool,
+) -> PyResult<EmConfig> {
+    Ok(EmConfig {
+        n_warmup,
+        noise_floor,
+        step_size: step_size(schedule, tau0, kappa, rho)?,
+        whiten,
+        scaling: Scaling::parse(scaling)?,
+        shrink,
+    })
+}
+
+/// The online-SGA configuration of the Python classes' arguments.
+pub(crate) fn sga_config(
+    lr: f64,
+    rule: &str,
+    n_warmup: u64,
+    noise_floor: f64,
+    (schedule, tau0, kappa, rho): ScheduleArgs<'_>,
+    scaling: &str,
+) -> PyResult<SgaConfig> {
+    Ok(SgaConfig {
+        lr,
+        rule: SgaRule::parse(rule)?,
+        n_warmup,
+        noise_floor,
+        step_size: step_size(schedule, tau0, kappa, rho)?,
+        scaling: Scaling::parse(scaling)?,
+    })
+}
+
 /// Engine of `onlinefa.OnlineEM`.
 #[pyclass(frozen, module = "onlinefa._core")]
 pub struct OnlineEMCore {
@@ -294,15 +335,14 @@ model_methods!(OnlineEMCore, {
         scaling: &str,
         shrink: bool,
     ) -> PyResult<Self> {
-        let step_size = step_size(schedule, tau0, kappa, rho)?;
-        let config = EmConfig {
+        let config = em_config(
             n_warmup,
             noise_floor,
-            step_size,
+            (schedule, tau0, kappa, rho),
             whiten,
-            scaling: Scaling::parse(scaling)?,
+            scaling,
             shrink,
-        };
+        )?;
         let shape = (n_features, n_components);
         let inner = typed_model(py, shape, init, seed, dtype, config, OnlineEm::new, OnlineEm::new)?;
         Ok(OnlineEMCore { inner })
@@ -364,15 +404,7 @@ model_methods!(OnlineSGACore, {
         rho: f64,
         scaling: &str,
     ) -> PyResult<Self> {
-        let step_size = step_size(schedule, tau0, kappa, rho)?;
-        let config = SgaConfig {
-            lr,
-            rule: SgaRule::parse(rule)?,
-            n_warmup,
-            noise_floor,
-            step_size,
-            scaling: Scaling::parse(scaling)?,
-        };
+        let config = sga_config(lr, rule, n_warmup, noise_floor, (schedule, tau0, kappa, rho), scaling)?;
         let shape = (n_features, n_components);
         let inner = typed_model(py, shape, init, seed, dtype, config, OnlineSga::new, OnlineSga::new)?;
         Ok(OnlineSGACore { inner })

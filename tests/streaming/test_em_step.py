@@ -13,6 +13,7 @@ import pytest
 
 import onlinefa
 from onlinefa import NumericalBreakdownError, _core
+from engine_state import same_state
 
 CONFIG: dict[str, Any] = {"n_warmup": 12, "noise_floor": 1e-6, "schedule": "harmonic", "tau0": 0.0, "kappa": 1.0,
                           "rho": 1.0, "scaling": "data", "shrink": False}
@@ -83,10 +84,6 @@ def fitted_step(dtype: str = "float64") -> Any:
     step = _core.OnlineEMStep(d, k, dtype=dtype, whiten=True, **CONFIG)
     numpy_rows(step, _core.orthonormal_init(d, k, 4), stream(40, d, 2))
     return step
-
-
-def same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[key]), np.asarray(b[key])) for key in a)
 
 
 @pytest.mark.parametrize("sums", [

@@ -20,8 +20,8 @@ SCRIPT = STREAMING_PREAMBLE + textwrap.dedent("""
     fused = OnlineSGA(d, k, seed=3, dtype=dtype, **config).update(torch.as_tensor(X))
     fused_calls = len(calls)
     if config.get("scaling") == "unit":  # a step far too large: the kernel's pass refuses it, changing nothing
-        bad = OnlineSGA(d, k, seed=3, dtype=dtype, **config).update(torch.as_tensor(X[:12]))
-        bad._engine.settings.lr = 1e6
+        bad_state = OnlineSGA(d, k, seed=3, dtype=dtype, **config).update(torch.as_tensor(X[:12])).get_state()
+        bad = OnlineSGA.from_state({**bad_state, "lr": 1e6})
         before = bad.get_state()
         try:
             bad.update(torch.as_tensor(X[12:16]))

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .. import _core
+from ._row_store import KkStepRows
 from ._em_triton import available as fused_available
 from ._em_triton import fused_pass
 
@@ -59,8 +60,10 @@ def new_step(n_features: int, n_components: int, dtype: torch.dtype, **config: A
     return _core.OnlineEMStep(n_features, n_components, dtype=str(dtype).removeprefix("torch."), **config)
 
 
-class EMEngine:
+class EMEngine(KkStepRows):
     """The rows of one online EM model in torch tensors on ``device``, and its K×K step (Rust)."""
+
+    _step_class = _core.OnlineEMStep
 
     def __init__(self, kk_step: Any, n_features: int, schedule: str, init: torch.Tensor | None,
                  dtype: torch.dtype, device: torch.device) -> None:
@@ -78,41 +81,6 @@ class EMEngine:
         #: The sample's (θ̄, d̄², d) between local_sums and apply_sums.
         self._moments: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    # -- copies: the step is a Rust object, copied through its own method -----------------------------------
-    def __deepcopy__(self, memo: dict[int, Any]) -> "EMEngine":
-        copy = EMEngine.__new__(EMEngine)
-        copy.__dict__.update(self.__dict__)
-        copy.kk_step = self.kk_step.copy()
-        for name in _ROWS:
-            setattr(copy, name, getattr(self, name).clone())
-        if self.init_loadings is not None:
-            copy.init_loadings = self.init_loadings.clone()
-        copy._moments = None if self._moments is None else tuple(t.clone() for t in self._moments)  # type: ignore[assignment]
-        return copy
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["kk_step"] = self.kk_step.get_state()
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.kk_step = _core.OnlineEMStep.from_state(state["kk_step"], self.settings.n_features,
-                                                  str(self.dtype).removeprefix("torch."))
-
-    # -- the model -------------------------------------------------------------------------------------
-    @property
-    def n_seen(self) -> int:
-        return int(self.kk_step.n_seen)
-
-    @property
-    def scale_sq(self) -> float:
-        return float(self.kk_step.scale_sq)
-
-    @property
-    def is_fitted(self) -> bool:
-        return bool(self.kk_step.is_fitted)
-
     @property
     def pending(self) -> Pending | None:
         """The step the next pass applies to Ā (float64 on the CPU), or None."""
@@ -128,18 +96,14 @@ class EMEngine:
         _, h_inv = self.kk_step.basis()
         return None if h_inv is None else torch.from_numpy(h_inv)
 
-    def floor(self) -> float:
-        """The noise floor of the next pass (the step's, for this dtype)."""
-        return float(self.kk_step.floor)
-
     def effective_samples(self) -> float:
         """Effective number of samples behind the running averages."""
         return float(self.kk_step.effective_samples)
 
-    def applied_a_bar(self, pending: Pending | None = None) -> torch.Tensor:
+    def applied_a_bar(self) -> torch.Tensor:
         """Ā with the pending step applied (a new tensor in the state's dtype)."""
         a = self.a_bar.to(torch.float64)
-        p = self.pending if pending is None else pending
+        p = self.pending
         if p is not None:
             # (1 − ρ) a + ρ d mᵀ, one pass
             a = torch.addr(a, self.d_last.to(torch.float64), p.m.to(a.device), beta=1.0 - p.rho, alpha=p.rho)

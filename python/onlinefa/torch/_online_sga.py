@@ -11,7 +11,7 @@ from ..errors import NotFittedError
 from ..streaming import OnlineSGA as NumpyOnlineSGA
 from .._validation import sga_step_args
 from ..streaming import DEFAULT_NOISE_FLOOR, check_scaling, common_args, schedule_args
-from ._sga_engine import SGAEngine, SGASettings
+from ._sga_engine import SGAEngine, new_step
 from ._torch_model import TorchStreamingModel, initial_loadings, locked, state_dtype
 
 
@@ -19,8 +19,9 @@ class OnlineSGA(TorchStreamingModel):
     """Online SGA factor analysis (:class:`onlinefa.OnlineSGA`) on torch tensors.
 
     The same algorithm, arguments, defaults and checkpoints as :class:`onlinefa.OnlineSGA`, with the D-sized
-    state (θ̄, F, ψ, d) in ``dtype`` on ``device`` and the K×K algebra in float64 on the CPU. In float64 it
-    equals the Rust core to rounding (tested to 1e-10 relative over 1,000 samples).
+    state (θ̄, F, ψ, d) in ``dtype`` on ``device``; the K×K part of each step (the E-step, the rule's step sizes,
+    the warm-up) is the Rust core's own code, run in float64 on the CPU on the pass's sums. In float64 it equals
+    the Rust core to rounding (tested to 1e-10 relative over 1,000 samples).
 
     Parameters
     ----------
@@ -63,11 +64,12 @@ class OnlineSGA(TorchStreamingModel):
     ) -> None:
         args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, "float64")
         sched = schedule_args(schedule, tau0, kappa, rho)
-        d, k = args["n_features"], args["n_components"]
+        d, k, rows_dtype = args["n_features"], args["n_components"], state_dtype(dtype)
         step, _ = sga_step_args(lr, check_scaling(scaling))
-        settings = SGASettings(d, k, args["n_warmup"], args["noise_floor"], step["lr"], sched["schedule"],
-                               sched["tau0"], sched["kappa"], sched["rho"], check_scaling(scaling), step["rule"])
-        self._engine = SGAEngine(settings, initial_loadings(args), state_dtype(dtype), torch.device(device))
+        kk_step = new_step(d, k, rows_dtype, lr=step["lr"], rule=step["rule"], n_warmup=args["n_warmup"],
+                           noise_floor=args["noise_floor"], scaling=check_scaling(scaling), **sched)
+        self._engine = SGAEngine(kk_step, d, sched["schedule"], initial_loadings(args), rows_dtype,
+                                 torch.device(device))
 
     @classmethod
     def algorithm1(cls, n_features: int, n_components: int, *, lr: float = 1e-3, n_warmup: int = 100,

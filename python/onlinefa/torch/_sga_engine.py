@@ -21,10 +21,12 @@ Under the whitened rule (``lr="auto"``, ``rule="whitened"``) the step of sample 
 a_F = min(a, 1/(1 + m·m)) as α, then f ← clip(f L) with L Lᵀ = (1 − a_F) I + a_F P, and ψ ← ψ + a (q − ψ) with
 q = d'² − 2 d' f·m + g·f instead of the exp step (a step that cannot diverge, so it is not checked).
 
-The K×K algebra runs in float64 on the CPU; the D-sized state stays on its device in its dtype. The row step is
+The K×K part (the E-step, the rule's step sizes, the warm-up, σ̂² and the pending step) is the Rust core's own
+step, ``_core.OnlineSGAStep``, run in float64 on the CPU on the pass's sums; the D-sized state stays on its device
+in its dtype. The row step is
 computed in float64 and rounded to the state's dtype once (the Rust core's float32 kernel uses an equivalent
 residual form in float32 arithmetic; both stay within float32's rounding of the float64 model). A step that fails
-changes nothing: the new state is adopted only after the E-step succeeded. On CUDA with Triton importable
+changes nothing: the new rows are adopted only after the step succeeded. On CUDA with Triton importable
 (K ≤ 16) the pass after the start runs as one fused kernel (``_sga_triton``), the same arithmetic in the state's
 dtype.
 """
@@ -38,41 +40,32 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _core
 from ..errors import NumericalBreakdownError
+from ._row_store import KkStepRows
 from ._sga_triton import available as fused_available
 from ._sga_triton import fused_pass
-from ._kk_algebra import MAX_STATE, cpu64, eye64, loading_bound, relative_floor, spd_factor, spd_inverse, step_size, stored
+from ._kk_algebra import MAX_STATE, cpu64, loading_bound, stored
 
 #: ψ growing more than this factor past both its previous value and d'² in one step is a diverged step.
 MAX_PSI_OVERSHOOT = 1e6
 #: Bound of α ∇β under ``"data"`` (ψ moves by at most a factor e per sample); ``"unit"`` caps it at 700.
 MAX_LOG_PSI_STEP = 1.0
-#: Largest latent second moment a step accepts (its products with the loadings stay finite in float64).
-MAX_LATENT_MOMENT = 1e150
+_ROWS = ("mean", "loadings", "psi", "d_last")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SGASettings:
-    """The hyper-parameters of one model (the checkpoint's configuration entries)."""
+    """The hyper-parameters of one model, as ``repr`` and the base class read them."""
 
     n_features: int
     n_components: int
     n_warmup: int
-    noise_floor: float
     lr: float
     schedule: str
-    tau0: float
-    kappa: float
-    rho: float
     scaling: str
     #: "gradient" (constant ``lr``) or "whitened" (steps of 1/t; ``lr`` unused).
     rule: str = "gradient"
-
-    def mean_step(self, t: int) -> float:
-        """Step of the running mean: 1/t under ``scaling="data"``, the schedule's ρ_t under ``"unit"``."""
-        if self.scaling == "data":
-            return 1.0 / t
-        return step_size(self.schedule, self.tau0, self.kappa, self.rho, t)
 
 
 @dataclass
@@ -87,14 +80,9 @@ class SGAStep:
     whiten: torch.Tensor | None = None
 
 
-def step_rates(settings: SGASettings, m: torch.Tensor, p: torch.Tensor, t: int) -> SGAStep:
-    """Sample t's step (m, P) with the rule's step sizes (as the Rust core's ``StepRates``)."""
-    if settings.rule != "whitened":
-        return SGAStep(m, p, settings.lr)
-    a = 1.0 / t
-    a_f = min(a, 1.0 / (1.0 + float(m @ m)))
-    target = a_f * p + (1.0 - a_f) * eye64(p.shape[0])
-    return SGAStep(m, p, a_f, a, spd_factor(target, "the whitening step (1 − a) I + a P"))
+def new_step(n_features: int, n_components: int, dtype: torch.dtype, **config: Any) -> Any:
+    """The Rust core's K×K step for rows of ``dtype`` (``config``: the OnlineSGA hyper-parameters)."""
+    return _core.OnlineSGAStep(n_features, n_components, dtype=str(dtype).removeprefix("torch."), **config)
 
 
 def _bounded(values: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
@@ -102,35 +90,41 @@ def _bounded(values: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     return torch.nan_to_num(values, nan=hi).clamp(min=lo, max=hi)
 
 
-class SGAEngine:
-    """The state of one online SGA model and its update, in torch tensors on ``device``."""
+class SGAEngine(KkStepRows):
+    """The rows of one online SGA model in torch tensors on ``device``, and its K×K step (Rust)."""
 
-    def __init__(self, settings: SGASettings, init: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
-        d = settings.n_features
-        self.settings, self.dtype, self.device = settings, dtype, device
-        self.n_seen = 0
+    _step_class = _core.OnlineSGAStep
+
+    def __init__(self, kk_step: Any, n_features: int, schedule: str, init: torch.Tensor, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        d = n_features
+        #: The K×K part: ``_core.OnlineSGAStep``.
+        self.kk_step, self.dtype, self.device = kk_step, dtype, device
+        self.settings = SGASettings(d, int(kk_step.n_components), int(kk_step.n_warmup), float(kk_step.lr),
+                                    schedule, str(kk_step.scaling), str(kk_step.rule))
         self.mean = torch.zeros(d, dtype=dtype, device=device)
         self.loadings = init.to(dtype=dtype, device=device).clone()
         self.psi = torch.ones(d, dtype=dtype, device=device)
         self.d_last = torch.zeros(d, dtype=dtype, device=device)
-        self.pending: SGAStep | None = None
-        self.scale_sq = 0.0
         #: This sample's new D-sized state and whether it is active, between local_sums and apply_sums.
         self._next: tuple[bool, dict[str, torch.Tensor]] | None = None
 
     @property
-    def is_fitted(self) -> bool:
-        return self.n_seen > self.settings.n_warmup
-
-    def floor(self) -> float:
-        """The noise floor: absolute under ``"unit"``, relative to σ̂² under ``"data"``."""
-        s = self.settings
-        return relative_floor(s.scaling, s.noise_floor, self.scale_sq, self.dtype)
+    def pending(self) -> SGAStep | None:
+        """The step the next pass applies (float64 on the CPU), or None."""
+        pending = self.kk_step.pending()
+        if pending is None:
+            return None
+        m, p, whiten = pending
+        _, _, _, _, f_rate, psi_rate = self.kk_step.plan()
+        return SGAStep(torch.from_numpy(m), torch.from_numpy(p), float(f_rate), psi_rate,
+                       None if whiten is None else torch.from_numpy(whiten))
 
     # -- the row-local part of a pass ------------------------------------------------------------------------
     def current_rows(self, start: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """(F, ψ) with the start (when ``start``) and the pending step applied, stored values as float64, and
         whether the step diverged (a ψ growing more than ``MAX_PSI_OVERSHOOT``-fold past its scale)."""
+        pending = self.pending
         f = self.loadings.to(torch.float64)
         psi = self.psi.to(torch.float64)
         if start:
@@ -139,17 +133,17 @@ class SGAEngine:
             else:
                 f = stored(f * math.sqrt(self.scale_sq), self.dtype)
                 psi = stored(psi.clamp(min=self.floor()), self.dtype)
-        if self.pending is None:
+        if pending is None:
             return f, psi, False
-        return self._gradient_step(f, psi)
+        return self._gradient_step(f, psi, pending)
 
-    def _gradient_step(self, f: torch.Tensor, psi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    def _gradient_step(self, f: torch.Tensor, psi: torch.Tensor,
+                       pending: SGAStep) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Lines 10–14 with the pending m, P and d' = d_last; also whether a ψ step diverged."""
-        assert self.pending is not None
-        s, lr, floor = self.settings, self.pending.f_rate, self.floor()
+        s, lr, floor = self.settings, pending.f_rate, self.floor()
         precondition = s.scaling == "data"
-        m = self.pending.m.to(f.device)
-        p = self.pending.p.to(f.device)
+        m = pending.m.to(f.device)
+        p = pending.p.to(f.device)
         d = self.d_last.to(torch.float64)
         g = f @ p
         q = d * d - 2.0 * d * (f @ m) + torch.linalg.vecdot(g, f)
@@ -164,12 +158,12 @@ class SGAEngine:
             grad = grad * inv_psi[:, None]
         hi = MAX_STATE[self.dtype]
         new_f = _bounded(f + lr * grad, -hi, hi)
-        if self.pending.whiten is not None:
-            new_f = _bounded(new_f @ self.pending.whiten.to(f.device), -hi, hi)
+        if pending.whiten is not None:
+            new_f = _bounded(new_f @ pending.whiten.to(f.device), -hi, hi)
         new_f = stored(new_f, self.dtype)
-        if self.pending.psi_rate is not None:
+        if pending.psi_rate is not None:
             # ψ + a (q − ψ) lies between ψ and q ≥ 0: it cannot diverge, so it is not checked.
-            new_psi = stored(_bounded(psi + self.pending.psi_rate * (q - psi), floor, hi), self.dtype)
+            new_psi = stored(_bounded(psi + pending.psi_rate * (q - psi), floor, hi), self.dtype)
             return self._bound_loadings(new_f, new_psi), new_psi, False
         new_psi = stored(_bounded(psi * torch.exp(log_step), floor, hi), self.dtype)
         diverged = bool((new_psi > MAX_PSI_OVERSHOOT * torch.maximum(psi, d * d)).any())
@@ -203,12 +197,9 @@ class SGAEngine:
         """First half of a step: this engine's rows' share of the cross-row sums for sample ``x``, (S, u, Σ d̄²)
         with S, u float64 on the CPU (Σ d̄² only during a data-scaled warm-up); the new row state waits for
         :meth:`apply_sums`. Rows split across processes add their sums (the sharded model)."""
-        t = self.n_seen + 1
         k = self.settings.n_components
-        rho = self.settings.mean_step(t)
-        fitting = t > self.settings.n_warmup
-        start = fitting and self.settings.scaling == "data" and t == self.settings.n_warmup + 1
-        if fitting and not start and self.pending is not None and fused_available(self.device, k):
+        _, rho, fitting, start, _, _ = self.kk_step.plan()
+        if fitting and not start and self.kk_step.pending() is not None and fused_available(self.device, k):
             # the same pass fused into one read of the state and one write of the new rows (Triton)
             s_sum, u_sum, diverged, fused_state = fused_pass(self, x, rho, self.floor(), MAX_STATE[self.dtype],
                                                              self._log_step_bounds())
@@ -236,58 +227,39 @@ class SGAEngine:
         return cpu64(y.T @ f), cpu64(y.T @ d_stored), 0.0
 
     def apply_sums(self, s_sum: torch.Tensor, u_sum: torch.Tensor, dsq_sum: float, n_total: int) -> None:
-        """Second half of a step: the E-step (4.23) from the sums over all ``n_total`` rows, then the sample's new
-        row state is adopted. Nothing changes if the E-step fails."""
+        """Second half of a step: the K×K step (the E-step (4.23) after warm-up) from the sums over all ``n_total``
+        rows, then the sample's new row state is adopted. Nothing changes if the step fails."""
         pending, self._next = self._next, None
         if pending is None:
             raise RuntimeError("apply_sums needs the local_sums of the same sample first")
-        active, state = pending
-        step = _estep(s_sum, u_sum, self.settings, self.n_seen + 1) if active else None
+        _, state = pending
+        self.kk_step.apply(cpu64(s_sum).contiguous().numpy(), cpu64(u_sum).contiguous().numpy(), float(dsq_sum),
+                           int(n_total))
         for name, value in state.items():
             setattr(self, name, value)
-        self.pending = step
-        if not active and self.settings.scaling == "data":
-            self.scale_sq = dsq_sum / n_total
-        self.n_seen += 1
 
     # -- checkpoints (the Rust core's state map) ------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         """The state map of the Rust core's ``OnlineSGA`` (NumPy arrays and Python scalars)."""
-        s = self.settings
 
         def host(tensor: torch.Tensor) -> np.ndarray:
             return np.ascontiguousarray(tensor.detach().cpu().numpy())
 
-        state: dict[str, Any] = {
-            "kind": "OnlineSGA", "n_features": s.n_features, "n_components": s.n_components,
-            "n_warmup": s.n_warmup, "noise_floor": s.noise_floor, "lr": s.lr, "schedule": s.schedule,
-            "tau0": s.tau0 if s.schedule == "power" else 0.0, "kappa": s.kappa if s.schedule == "power" else 1.0,
-            "rho": s.rho if s.schedule == "constant" else 1.0, "scaling": s.scaling, "scale_sq": self.scale_sq,
-            "rule": s.rule,
-            "n_seen": self.n_seen, "mean": host(self.mean), "loadings": host(self.loadings), "psi": host(self.psi),
-            "d_last": host(self.d_last),
-        }
-        if self.pending is not None:
-            state.update(pending_m=host(self.pending.m), pending_p=host(self.pending.p))
+        state: dict[str, Any] = dict(self.kk_step.get_state())
+        state["n_features"] = self.settings.n_features
+        state.update({name: host(getattr(self, name)) for name in _ROWS})
         return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device) -> "SGAEngine":
         """The engine of a state map written by :meth:`get_state` or by the Rust core (validated there first)."""
-        settings = SGASettings(int(state["n_features"]), int(state["n_components"]), int(state["n_warmup"]),
-                               float(state["noise_floor"]), float(state["lr"]), str(state["schedule"]),
-                               float(state["tau0"]), float(state["kappa"]), float(state["rho"]),
-                               str(state["scaling"]), str(state.get("rule", "gradient")))
+        d = int(state["n_features"])
         dtype = torch.float32 if np.asarray(state["loadings"]).dtype == np.float32 else torch.float64
-        engine = cls(settings, torch.as_tensor(np.asarray(state["loadings"])), dtype, device)
-        engine.n_seen, engine.scale_sq = int(state["n_seen"]), float(state["scale_sq"])
-        for name in ("mean", "psi", "d_last"):
+        kk_step = _core.OnlineSGAStep.from_state(dict(state), d, str(dtype).removeprefix("torch."))
+        engine = cls(kk_step, d, str(state["schedule"]), torch.as_tensor(np.asarray(state["loadings"])), dtype,
+                     device)
+        for name in _ROWS:
             setattr(engine, name, torch.as_tensor(np.asarray(state[name])).to(dtype=dtype, device=device).clone())
-        if "pending_m" in state:
-            engine.pending = step_rates(settings,
-                                        torch.as_tensor(np.asarray(state["pending_m"], dtype=np.float64)).clone(),
-                                        torch.as_tensor(np.asarray(state["pending_p"], dtype=np.float64)).clone(),
-                                        engine.n_seen)
         return engine
 
 
@@ -295,15 +267,3 @@ def _diverged() -> NumericalBreakdownError:
     return NumericalBreakdownError(
         "the SGA step diverged (a noise variance grew more than 10^6-fold past the data's scale in one step); "
         "lower lr or use scaling='data'")
-
-
-def _estep(s_sum: torch.Tensor, u_sum: torch.Tensor, settings: SGASettings, t: int) -> SGAStep:
-    """(4.23) from the sums of sample t: Σ = (I + S)⁻¹, m = Σ u, and P = Σ + m mᵀ for the next step."""
-    lower = spd_factor(eye64(s_sum.shape[0]) + s_sum, "I + Fᵀ Ψ⁻¹ F")
-    m = torch.cholesky_solve(u_sum[:, None], lower)[:, 0]
-    p = spd_inverse(lower) + torch.outer(m, m)
-    if not bool(torch.isfinite(p).all()) or float(p.abs().max()) > MAX_LATENT_MOMENT or \
-            float(m.abs().max()) > MAX_LATENT_MOMENT:
-        raise NumericalBreakdownError("the latent second moment Σ + m mᵀ (a divergent SGA step) is not positive "
-                                      "definite: the model diverged; restore a checkpoint")
-    return step_rates(settings, m, p, t)
