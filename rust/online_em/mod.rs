@@ -10,7 +10,7 @@
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
-use crate::config_checks::{check_floor_fits, checked_init, validate_dims};
+use crate::config_checks::checked_init;
 use crate::engine::block::{accumulate_estep, block_times, load_rows, rank_one_update, row_dots};
 use crate::engine::driver::{self, Driven};
 use crate::engine::em_kernel::{row_kernel_max, to_loadings_space, EmBlockIo, EmConsts, EmRowKernel, Isa};
@@ -102,15 +102,13 @@ pub(crate) type FittedRowsVisitor<'a> = dyn FnMut(usize, &[f64], &[f64], &[f64])
 impl<T: Real> OnlineEm<T> {
     /// New model. `init` is F₀ (D×K); ψ starts at 1, θ̄ at 0.
     pub fn new(n_features: usize, n_components: usize, init: ArrayView2<f64>, config: EmConfig) -> Result<Self> {
-        validate_dims(n_features, n_components, config.noise_floor)?;
-        check_floor_fits::<T>(config.noise_floor)?;
-        config.step_size.validate()?;
+        let step = EmStep::checked::<T>(n_features, n_components, config)?;
         let init = checked_init::<T>(init, n_features, n_components)?;
         let k = n_components;
         Ok(OnlineEm {
             n_features,
             n_components,
-            step: EmStep::new(k, config),
+            step,
             mean: try_filled(n_features, T::default(), "n_features")?,
             a_bar: try_filled(checked_size(n_features, k)?, T::default(), "n_features")?,
             dsq_bar: try_filled(n_features, T::default(), "n_features")?,

@@ -70,9 +70,9 @@ pub struct EmStep {
 }
 
 impl EmStep {
-    /// The step of a new model of K = `n_components` (B̄ = 0, Σ = I, warm-up basis). The configuration is
-    /// checked by the model that owns the rows ([`super::OnlineEm::new`]) or by [`EmStep::checked`].
-    pub(crate) fn new(n_components: usize, config: EmConfig) -> Self {
+    /// The step of a new model of K = `n_components` (B̄ = 0, Σ = I, warm-up basis), its configuration
+    /// checked by [`EmStep::checked`].
+    fn new(n_components: usize, config: EmConfig) -> Self {
         EmStep {
             n_components,
             config,

@@ -110,9 +110,8 @@ pub struct SgaKkStep {
 }
 
 impl SgaKkStep {
-    /// The step of a new model (nothing seen). The configuration is checked by [`SgaKkStep::checked`] or the model
-    /// that owns the rows.
-    pub(crate) fn new(n_components: usize, config: SgaConfig) -> Self {
+    /// The step of a new model (nothing seen), its configuration checked by [`SgaKkStep::checked`].
+    fn new(n_components: usize, config: SgaConfig) -> Self {
         SgaKkStep {
             n_components,
             config,

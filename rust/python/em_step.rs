@@ -74,9 +74,8 @@ kk_step_class!(OnlineEMStep, EmStep, "OnlineEM", {
     }
 
     /// Finish the step of sample n_seen + 1 from its pass's sums over all `n_total` rows: S (K, K), u (K,) and
-    /// Σ d̄². `moments_applied`: the store adopted θ̄_t, d̄²_t and d_t with the pass (else the next pass applies
-    /// them, as the Rust rows do). NumericalBreakdownError (nothing changed) when the K×K algebra fails.
-    #[pyo3(signature = (s, u, dsq_sum, n_total, *, moments_applied))]
+    /// Σ d̄². A Python row store adopts θ̄_t, d̄²_t and d_t with its pass, so the pending step carries no moments.
+    /// NumericalBreakdownError (nothing changed) when the K×K algebra fails.
     fn apply(
         &self,
         py: Python<'_>,
@@ -84,7 +83,6 @@ kk_step_class!(OnlineEMStep, EmStep, "OnlineEM", {
         u: PyReadonlyArray1<'_, f64>,
         dsq_sum: f64,
         n_total: usize,
-        moments_applied: bool,
     ) -> PyResult<()> {
         let sums = pass_sums(s, u, dsq_sum)?;
         let single = self.single;
@@ -96,9 +94,7 @@ kk_step_class!(OnlineEMStep, EmStep, "OnlineEM", {
             } else {
                 next.finish::<f64>(&sums, n_total)
             }?;
-            if moments_applied {
-                next.moments_applied();
-            }
+            next.moments_applied();
             *step = next;
             Ok(())
         })

@@ -55,7 +55,7 @@ def numpy_rows(step: Any, init: np.ndarray, X: np.ndarray) -> tuple[np.ndarray, 
         new_mean, d_new = mean + mean_rho * e, e - mean_rho * e
         new_dsq = dsq + rho * (d_new * d_new - dsq)
         y = f / psi[:, None]
-        step.apply(y.T @ f, y.T @ d_new, float(new_dsq.sum()), d, moments_applied=True)
+        step.apply(y.T @ f, y.T @ d_new, float(new_dsq.sum()), d)
         mean, dsq, d_last = new_mean, new_dsq, d_new
     f, psi = loadings(apply_pending(a_bar))
     return mean, f, psi
@@ -97,13 +97,13 @@ def test_bad_sums_raise_and_change_nothing(sums: Any) -> None:
     before = step.get_state()
     s, u, dsq_sum = sums(3)
     with pytest.raises(NumericalBreakdownError):
-        step.apply(s, u, dsq_sum, 25, moments_applied=True)
+        step.apply(s, u, dsq_sum, 25)
     assert same_state(step.get_state(), before)
 
 
 @pytest.mark.parametrize("call, error", [
-    (lambda s: s.apply(np.eye(2), np.zeros(3), 1.0, 25, moments_applied=True), ValueError),
-    (lambda s: s.apply(np.eye(3), np.zeros(3), 1.0, 0, moments_applied=True), ValueError),
+    (lambda s: s.apply(np.eye(2), np.zeros(3), 1.0, 25), ValueError),
+    (lambda s: s.apply(np.eye(3), np.zeros(3), 1.0, 0), ValueError),
 ])
 def test_malformed_sums_are_refused(call: Any, error: type[Exception]) -> None:
     step = fitted_step()

@@ -171,8 +171,7 @@ class EMEngine(KkStepRows):
         moments, self._moments = self._moments, None
         if moments is None:
             raise RuntimeError("apply_sums needs the local_sums of the same sample first")
-        self.kk_step.apply(_host(s_sum).numpy(), _host(u_sum).numpy(), float(dsq_sum), int(n_total),
-                        moments_applied=True)
+        self.kk_step.apply(_host(s_sum).numpy(), _host(u_sum).numpy(), float(dsq_sum), int(n_total))
         self.mean, self.dsq_bar, self.d_last = moments
         if self.init_loadings is not None and self.kk_step.is_fitted:
             self.init_loadings = None
