@@ -12,7 +12,7 @@ Per device and state dtype, medians over ``--repeats`` updates after warm-up:
 * **floor**: one in-place read+write (``buf.mul_(c)``) of as many bytes as the model's D-sized state
   ((K + 3)·D values for OnlineEM (Ā, θ̄, d̄², d) and OnlineSGA (F, θ̄, ψ, d), (K + 2)·D for VIFA with SGD (F, c,
   β)), on that device, synchronised;
-* **torch**: ``update`` of the ``onlinefa.torch`` model with the snapshot already on the device (VIFA: one
+* **torch**: ``update`` of the model with ``device=`` and the snapshot already on the device (VIFA: one
   training draw and one ``step`` with a gradient already on the device);
 * **host copy + Rust**: the snapshot (gradient) copied to the host (``.cpu().numpy()``) and fed to the Rust
   core's model (the path without a device model);
@@ -87,12 +87,11 @@ def streaming(kind: str, d: int, k: int, dtype: torch.dtype, device: torch.devic
     if kind == "VIFA":
         options: dict[str, Any] = {"prior_precision": 1.0, "lr_mean": 1e-4, "lr_loadings": 1e-4,
                                    "lr_log_noise": 1e-4, "seed": 0}
-        return Models(onlinefa.torch.VIFA(d, k, dtype=dtype, device=device, **options),
+        return Models(onlinefa.VIFA(d, k, dtype=name, device=device, **options),
                       onlinefa.VIFA(d, k, dtype=name, **options),
                       lambda m, g: (m.sample(), m.step(g)), lambda m, g: (m.sample(), m.step(g)), k + 2)
-    ours_class = {"OnlineEM": onlinefa.torch.OnlineEM, "OnlineSGA": onlinefa.torch.OnlineSGA}[kind]
-    rust_class = {"OnlineEM": onlinefa.OnlineEM, "OnlineSGA": onlinefa.OnlineSGA}[kind]
-    return Models(ours_class(d, k, seed=0, dtype=dtype, device=device), rust_class(d, k, seed=0, dtype=name),
+    model_class = {"OnlineEM": onlinefa.OnlineEM, "OnlineSGA": onlinefa.OnlineSGA}[kind]
+    return Models(model_class(d, k, seed=0, dtype=name, device=device), model_class(d, k, seed=0, dtype=name),
                   lambda m, x: m.update(x), lambda m, x: m.update(x), k + 3)
 
 

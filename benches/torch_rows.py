@@ -8,7 +8,7 @@ checkout, alternating)::
 
 Per state dtype, process-CPU medians over ``--repeats`` single-row updates after a short warm-up:
 
-* **OnlineEM / OnlineSGA**: ``update`` of ``onlinefa.torch.OnlineEM`` / ``OnlineSGA`` (torch rows, the Rust
+* **OnlineEM / OnlineSGA**: ``update`` of ``onlinefa.OnlineEM`` / ``OnlineSGA`` with ``device="cpu"`` (torch rows, the Rust
   core's K×K step);
 * **plain EM pass**: the same operations of one online EM sample written out in torch (pending rank-one step,
   F = Ā H̄⁻¹, ψ, the moments, the sums, a K×K Cholesky solve), with no checks, locks or bookkeeping: the
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-import onlinefa.torch as device_models
+import onlinefa
 
 
 def median_ms(step: Callable[[int], None], repeats: int) -> float:
@@ -37,7 +37,7 @@ def median_ms(step: Callable[[int], None], repeats: int) -> float:
 
 
 def model_ms(name: str, d: int, k: int, dtype: str, rows: torch.Tensor, repeats: int) -> float:
-    model = getattr(device_models, name)(d, k, seed=0, dtype=dtype, n_warmup=2)
+    model = getattr(onlinefa, name)(d, k, seed=0, dtype=dtype, n_warmup=2, device="cpu")
     model.update(rows[:5])
     return median_ms(lambda i: model.update(rows[5 + i]), repeats)
 

@@ -6,13 +6,16 @@ import os
 from typing import Any
 
 
-def load(path: str | os.PathLike[str]) -> Any:
+def load(path: str | os.PathLike[str], *, device: Any = None) -> Any:
     """Read any onlinefa checkpoint: a model saved with ``save`` or written by ``onlinefa fit``.
 
     Parameters
     ----------
     path : str or path-like
         Checkpoint file.
+    device : str or torch.device, optional
+        For ``OnlineEM``, ``OnlineSGA`` and ``VIFA``: where the model's rows go (None: the Rust core; a torch
+        device: torch tensors there, see their ``device`` argument). Other models refuse a device (TypeError).
 
     Returns
     -------
@@ -25,6 +28,8 @@ def load(path: str | os.PathLike[str]) -> Any:
         The file is not a valid checkpoint (truncated, corrupted, unknown version or model class).
     OSError
         The file cannot be opened.
+    TypeError
+        ``device`` given for a model that has no device form (nothing is read).
     """
     from ._registry import kind_named
     from .checkpoint import stored_class
@@ -33,4 +38,9 @@ def load(path: str | os.PathLike[str]) -> Any:
     model_kind = kind_named(kind)
     if model_kind is None:
         raise ValueError(f"{os.fspath(path)!r} holds a model of class {kind!r}, which this onlinefa cannot load")
-    return model_kind.model_class().load(path)
+    model_class = model_kind.model_class()
+    if device is None:
+        return model_class.load(path)
+    if not callable(getattr(model_class, "to", None)):
+        raise TypeError(f"{model_class.__name__} has no device form; load it without device=")
+    return model_class.load(path, device=device)

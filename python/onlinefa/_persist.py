@@ -74,16 +74,30 @@ class CheckpointMixin:
         save_state(path, type(self).__name__, self._savable_state())
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Self:
+    def load(cls, path: str | os.PathLike[str], *, device: Any = None) -> Self:
         """Read a checkpoint written by :meth:`save`; updates then continue bit-identically.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The checkpoint file.
+        device : str or torch.device, optional
+            Models with a ``device`` argument (``OnlineEM``, ``OnlineSGA``, ``VIFA``): where the rows go (None:
+            the Rust core; a torch device: torch tensors there). A checkpoint saved from either form loads into
+            either.
 
         Raises
         ------
         ValueError
             The file is not a regular file, is truncated, corrupted, of an unknown format version, holds
             another model, or holds a value the algorithm cannot continue from; the message names the file.
+        TypeError
+            ``device`` given to a model that has no device form (nothing is read).
         """
         from .checkpoint import load_state
+
+        if device is not None and not callable(getattr(cls, "to", None)):
+            raise TypeError(f"{cls.__name__} has no device form; load it without device=")
 
         state = load_state(path, cls.__name__, adopt=True)  # arrays move into the engine, not copied
         model = cls.__new__(cls)
@@ -91,6 +105,9 @@ class CheckpointMixin:
             model.__setstate__({"class": cls.__name__, "state": state})
         except ValueError as err:
             raise ValueError(f"{os.fspath(path)!r} is not a valid {cls.__name__} checkpoint: {err}") from err
+        if device is not None:
+            moved: Self = getattr(model, "to")(device)
+            return moved
         return model
 
 

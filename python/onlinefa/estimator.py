@@ -768,6 +768,6 @@ def _restore_model(state: dict[str, Any], shown_path: str) -> StreamingModel:
         for key, value in state.items()
         if key.startswith("model.") and key != "model.class"
     }
-    model = model_class.__new__(model_class)
+    model: StreamingModel = object.__new__(model_class)  # as unpickling does: no constructor runs
     model.__setstate__({"class": class_name, "state": model_state})
     return model

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core as _engine
+from ._device import DeviceMovable
 from ._gaussian import CachedSnapshot, FactorGaussianMixin, refreshed_snapshot
 from ._persist import CheckpointMixin
 from .errors import NotFittedError
@@ -119,7 +120,7 @@ def common_args(
     }
 
 
-class _StreamingModel(CheckpointMixin, FactorGaussianMixin):
+class _StreamingModel(DeviceMovable, CheckpointMixin, FactorGaussianMixin):
     """Shared front of the Rust engines: input conversion, properties, Gaussian helpers."""
 
     _core: _engine.OnlineEMCore | _engine.OnlineSGACore
@@ -450,6 +451,11 @@ class OnlineEM(_StreamingModel):
         500 / 1,000 / 5,000 / 20,000 was 0.38 / 0.23 / 0.17 / 0.14 / 0.11 / 0.10 / 0.075 / 0.043 against
         3.73 / 1.56 / 0.83 / 0.47 / 0.24 / 0.16 / 0.082 / 0.043 without it (thesis Algorithm 2: 0.86 /
         0.36 / 0.22 / 0.17 / 0.13 / 0.12 / 0.085 / 0.054). ``False`` reports the fit as it is.
+    device : str or torch.device, optional
+        Where the D-sized rows live. None (the default): in the Rust core, in host memory, with NumPy arrays in
+        and out. Any torch device (``"cuda:0"``, ``"cpu"``, ...): in torch tensors on that device, with torch
+        tensors in and out, the same Rust K×K step driving them (needs PyTorch). Both are this class; the
+        checkpoints are the same, and :meth:`to` moves a model between them.
 
     Examples
     --------
@@ -461,6 +467,7 @@ class OnlineEM(_StreamingModel):
     """
 
     _core_class = _engine.OnlineEMCore
+    _device_impl = "onlinefa.torch._online_em:OnlineEM"
     _own_settings = ("whiten", "shrink")
     _legacy_settings = {"shrink": False}
 
@@ -481,6 +488,7 @@ class OnlineEM(_StreamingModel):
         rho: float = 0.01,
         scaling: Scaling = "data",
         shrink: bool = True,
+        device: Any = None,
     ) -> None:
         args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
         own = {"whiten": bool(whiten), "shrink": bool(shrink)}
@@ -497,13 +505,14 @@ class OnlineEM(_StreamingModel):
         seed: SeedLike = None,
         noise_floor: float = DEFAULT_NOISE_FLOOR,
         dtype: StateDTypeLike = "float64",
+        device: Any = None,
     ) -> "OnlineEM":
         """The thesis's Algorithm 2 exactly: no whitening, ρ_t = 1/t, F₀ = Q, ψ₀ = 1, 100 warm-up samples,
         absolute noise floor (``scaling="unit"``), the fit reported as it is (``shrink=False``). For reproducing the thesis; on data far from unit scale
-        (network weights) it collapses — use the default constructor there."""
+        (network weights) it collapses — use the default constructor there. ``device`` as for the constructor."""
         return cls(
             n_features, n_components, n_warmup=n_warmup, init=init, seed=seed, noise_floor=noise_floor,
-            dtype=dtype, whiten=False, schedule="harmonic", scaling="unit", shrink=False,
+            dtype=dtype, whiten=False, schedule="harmonic", scaling="unit", shrink=False, device=device,
         )
 
     def _ended_warmup(self) -> Any:
@@ -602,6 +611,11 @@ class OnlineSGA(_StreamingModel):
         variances of 8e149 / 8e17 it was 1% off, at 10 times that 26%; at noise variances of 5e-201 /
         5e-31, 3.5% off); the limits are not checked, since that would take a second pass over every
         batch (``SCALE_EQUIVARIANT_VARIANCES`` in ``onlinefa.streaming`` holds the range).
+    device : str or torch.device, optional
+        Where the D-sized rows live. None (the default): in the Rust core, in host memory, with NumPy arrays in
+        and out. Any torch device (``"cuda:0"``, ``"cpu"``, ...): in torch tensors on that device, with torch
+        tensors in and out, the same Rust K×K step driving them (needs PyTorch). Both are this class; the
+        checkpoints are the same, and :meth:`to` moves a model between them.
 
     Warnings
     --------
@@ -615,6 +629,7 @@ class OnlineSGA(_StreamingModel):
     """
 
     _core_class = _engine.OnlineSGACore
+    _device_impl = "onlinefa.torch._online_sga:OnlineSGA"
     _own_settings = ("lr",)
 
     def __init__(
@@ -633,6 +648,7 @@ class OnlineSGA(_StreamingModel):
         kappa: float = 0.9,
         rho: float = 0.01,
         scaling: Scaling = "data",
+        device: Any = None,
     ) -> None:
         args = common_args(n_features, n_components, n_warmup, init, seed, noise_floor, dtype)
         own, setting = sga_step_args(lr, scaling)
@@ -655,12 +671,14 @@ class OnlineSGA(_StreamingModel):
         seed: SeedLike = None,
         noise_floor: float = DEFAULT_NOISE_FLOOR,
         dtype: StateDTypeLike = "float64",
+        device: Any = None,
     ) -> "OnlineSGA":
         """The thesis's Algorithm 1 exactly: plain SGD (constant lr = 1e-3) from F₀ = Q, ψ₀ = 1, 100 warm-up samples,
-        ρ_t = 1/t, absolute noise floor (``scaling="unit"``). For reproducing the thesis only."""
+        ρ_t = 1/t, absolute noise floor (``scaling="unit"``). For reproducing the thesis only; ``device`` as for the
+        constructor."""
         return cls(
             n_features, n_components, lr=lr, n_warmup=n_warmup, init=init, seed=seed, noise_floor=noise_floor,
-            dtype=dtype, schedule="harmonic", scaling="unit",
+            dtype=dtype, schedule="harmonic", scaling="unit", device=device,
         )
 
 

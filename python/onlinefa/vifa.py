@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _core
+from ._device import DeviceMovable
 from ._persist import CheckpointMixin
 from ._gaussian import FactorGaussianMixin
 from ._validation import (
@@ -116,7 +117,7 @@ def _gaussian_of(model: object) -> tuple[FloatArray, FloatArray, FloatArray]:
     return mean, loadings, noise
 
 
-class VIFA(CheckpointMixin, FactorGaussianMixin):
+class VIFA(DeviceMovable, CheckpointMixin, FactorGaussianMixin):
     """Variational inference with a factor-analysis posterior (thesis Algorithm 3).
 
     Fits q(θ) = N(c, F Fᵀ + Ψ) (c: ``mean``, F: ``loadings`` D×K, ψ = diag Ψ: ``noise_variance``) to the
@@ -179,6 +180,12 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
     dtype : {"float64", "float32"}, default="float64"
         Storage of the D-sized state (c, F, β and Adam's moments); K×K algebra and sums stay float64.
         dtype objects are accepted as for :class:`onlinefa.OnlineEM`.
+    device : str or torch.device, optional
+        Where c, F, β and Adam's moments live. None (the default): in the Rust core, with NumPy arrays in and
+        out. Any torch device (``"cuda:0"``, ``"cpu"``, ...): in torch tensors there, with the training draws and
+        gradients as tensors on that device and the K×K algebra in float64 on the CPU (needs PyTorch). Both are
+        this class with the same checkpoints; :meth:`to` moves a model between them. The device model's draws
+        come from torch generators keyed by (seed, draw index): the same distribution, another random stream.
 
     Raises
     ------
@@ -202,6 +209,8 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
     True
     """
 
+    _device_impl = "onlinefa.torch._vifa_model:VIFA"
+
     def __init__(
         self,
         n_features: int,
@@ -219,6 +228,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         init_mean: ArrayLike | None = None,
         init_noise_variance: ArrayLike | None = None,
         dtype: StateDTypeLike = "float64",
+        device: Any = None,
     ) -> None:
         d = check_int(n_features, "n_features", 1)
         k = check_int(n_components, "n_components", 1)
@@ -261,6 +271,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         n_grad_samples: int = 1,
         clip_grad_norm: float | None = None,
         dtype: StateDTypeLike = "float64",
+        device: Any = None,
     ) -> Self:
         """Start VIFA from a fitted Gaussian N(c, F Fᵀ + diag ψ), with scale-aware learning rates.
 
@@ -289,8 +300,8 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
             start, sqrt ψ₀, is deliberately not used: a fit to SGD iterates is typically far narrower
             than the posterior (sqrt ψ₀ ≈ 1e-4 there), so rates proportional to it barely move q.
         optimizer : {"sgd", "adam"}, default="adam"
-        seed, n_grad_samples, clip_grad_norm, dtype
-            As in :class:`VIFA`.
+        seed, n_grad_samples, clip_grad_norm, dtype, device
+            As in :class:`VIFA` (``model`` may hold tensors on any device).
 
         Returns
         -------
@@ -331,7 +342,7 @@ class VIFA(CheckpointMixin, FactorGaussianMixin):
         return cls(
             mean.shape[0], loadings.shape[1], prior_precision=prior_precision, optimizer=opt,  # type: ignore[arg-type]
             seed=seed, init=loadings, init_mean=mean, init_noise_variance=noise, n_grad_samples=n_grad_samples,
-            clip_grad_norm=clip_grad_norm, dtype=dtype, **resolved,
+            clip_grad_norm=clip_grad_norm, dtype=dtype, device=device, **resolved,
         )
 
     # -- training --------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""onlinefa.torch.ShardedOnlineEM, ShardedOnlineSGA and ShardedVIFA over gloo (2 and 3 spawned ranks, each shard a torch
+"""onlinefa.distributed.ShardedOnlineEM (device=), ShardedOnlineSGA and ShardedVIFA over gloo (2 and 3 spawned ranks, each shard a torch
 engine): the concatenated model equals the single-process Rust model, and bad input on one rank raises on every
 rank and changes nothing."""
 
@@ -34,7 +34,7 @@ def stream() -> np.ndarray:
 
 
 def worker(rank: int, world: int, tmp: str) -> None:
-    from onlinefa.torch import ShardedOnlineEM, ShardedOnlineSGA
+    from onlinefa.torch._sharded import ShardedOnlineEM, ShardedOnlineSGA
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=20))
@@ -100,7 +100,7 @@ def vifa_gradient(theta: np.ndarray) -> np.ndarray:
 
 
 def vifa_worker(rank: int, world: int, tmp: str) -> None:
-    from onlinefa.torch import ShardedVIFA
+    from onlinefa.torch._sharded_vifa import ShardedVIFA
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=20))

@@ -1,4 +1,4 @@
-"""onlinefa.torch.ShardedOnlineEM: a peer dying at the last collective of an update (the one that sums the
+"""onlinefa.distributed.ShardedOnlineEM (device=): a peer dying at the last collective of an update (the one that sums the
 Gram of the reporting map, after every sample's) leaves each survivor as it was before the call.
 
 The ranks are spawned processes over gloo; the dying rank exits (``os._exit``) when the update reaches that
@@ -28,7 +28,8 @@ COLLECTIVE_TIMEOUT = 5.0
 
 
 def worker(rank: int, world: int, tmp: str, culprit: int) -> None:
-    from onlinefa.torch import ShardedOnlineEM, _sharded
+    from onlinefa.torch import _sharded
+    from onlinefa.torch._sharded import ShardedOnlineEM
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT))

@@ -1,4 +1,4 @@
-"""The fused Triton pass of onlinefa.torch.OnlineEM, run by Triton's interpreter on the CPU, against the plain
+"""The fused Triton pass of onlinefa.OnlineEM (device=), run by Triton's interpreter on the CPU, against the plain
 torch pass and the Rust core.
 """
 
@@ -14,7 +14,8 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 SCRIPT = STREAMING_PREAMBLE + textwrap.dedent("""
-    from onlinefa.torch import OnlineEM, _em_engine
+    from onlinefa.torch import _em_engine
+    from onlinefa.torch._online_em import OnlineEM
 
     fused = OnlineEM(d, k, seed=3, dtype=dtype, **config)
     count_calls(_em_engine, "fused_pass")

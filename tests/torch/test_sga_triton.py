@@ -1,4 +1,4 @@
-"""The fused Triton pass of onlinefa.torch.OnlineSGA, run by Triton's interpreter on the CPU, against the plain
+"""The fused Triton pass of onlinefa.OnlineSGA (device=), run by Triton's interpreter on the CPU, against the plain
 torch pass and the Rust core.
 """
 
@@ -14,7 +14,8 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 SCRIPT = STREAMING_PREAMBLE + textwrap.dedent("""
-    from onlinefa.torch import OnlineSGA, _sga_engine
+    from onlinefa.torch import _sga_engine
+    from onlinefa.torch._online_sga import OnlineSGA
 
     count_calls(_sga_engine, "fused_pass")
     fused = OnlineSGA(d, k, seed=3, dtype=dtype, **config).update(torch.as_tensor(X))

@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from onlinefa.torch import VIFA as TorchVIFA  # noqa: E402
-from onlinefa.torch import OnlineEM as TorchOnlineEM  # noqa: E402
-from onlinefa.torch import OnlineSGA as TorchOnlineSGA  # noqa: E402
+from onlinefa.torch._vifa_model import VIFA as TorchVIFA  # noqa: E402
+from onlinefa.torch._online_em import OnlineEM as TorchOnlineEM  # noqa: E402
+from onlinefa.torch._online_sga import OnlineSGA as TorchOnlineSGA  # noqa: E402
 
 D, K = 12, 2
 

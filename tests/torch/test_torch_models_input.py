@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from onlinefa.torch import OnlineEM, OnlineSGA  # noqa: E402
+from onlinefa.torch._online_em import OnlineEM  # noqa: E402
+from onlinefa.torch._online_sga import OnlineSGA  # noqa: E402
 from device_parity import assert_same_state, state_map, stream  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""onlinefa.torch.OnlineEM against the Rust core: the same model in float64 (1e-10 relative over 1,000 samples, in
+"""onlinefa.OnlineEM (device=) against the Rust core: the same model in float64 (1e-10 relative over 1,000 samples, in
 every configuration), float32 within the Rust float32 state's own error, checkpoints in both directions, atomic
 failure and the warm-up's first fit."""
 
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import onlinefa  # noqa: E402
 from onlinefa import NotFittedError, NumericalBreakdownError  # noqa: E402
-from onlinefa.torch import OnlineEM as TorchOnlineEM  # noqa: E402
+from onlinefa.torch._online_em import OnlineEM as TorchOnlineEM  # noqa: E402
 from device_parity import (  # noqa: E402
     COLLECTED_FEATURES, relative, stream, trained_by_collector,
 )

@@ -1,4 +1,4 @@
-"""onlinefa.torch.OnlineSGA against the Rust core: the same model in float64 (1e-10 relative over 1,000 samples, in
+"""onlinefa.OnlineSGA (device=) against the Rust core: the same model in float64 (1e-10 relative over 1,000 samples, in
 every configuration, the thesis's Algorithm 1 included), float32 within the Rust float32 state's own error,
 checkpoints in both directions, atomic failure and the warm-up."""
 
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import onlinefa  # noqa: E402
 from onlinefa import NotFittedError, NumericalBreakdownError  # noqa: E402
-from onlinefa.torch import OnlineSGA as TorchOnlineSGA  # noqa: E402
+from onlinefa.torch._online_sga import OnlineSGA as TorchOnlineSGA  # noqa: E402
 from device_parity import (  # noqa: E402
     COLLECTED_FEATURES, assert_same_state, relative, state_map, stream, trained_by_collector,
 )

@@ -1,4 +1,4 @@
-"""onlinefa.torch.VIFA against the Rust core: given the same draws' noise and gradients, the same model in float64
+"""onlinefa.VIFA (device=) against the Rust core: given the same draws' noise and gradients, the same model in float64
 (1e-10 relative over 1,000 steps: SGD, Adam, several draws per step with clipping, K > 16), float32 within the Rust
 float32 state's own error; checkpoints in both directions; refused input and a diverging step change nothing; its
 own draws have the right distribution and it learns a known posterior; vifa_step drives it on a module."""
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 import onlinefa  # noqa: E402
 from onlinefa import NumericalBreakdownError  # noqa: E402
-from onlinefa.torch import VIFA as TorchVIFA  # noqa: E402
+from onlinefa.torch._vifa_model import VIFA as TorchVIFA  # noqa: E402
 
 BASE: dict[str, Any] = {"prior_precision": 0.1, "lr_mean": 1e-3, "lr_loadings": 1e-3, "lr_log_noise": 1e-3}
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -1,4 +1,4 @@
-"""The fused Triton step of onlinefa.torch.VIFA, run by Triton's interpreter on the CPU, against the plain torch
+"""The fused Triton step of onlinefa.VIFA (device=), run by Triton's interpreter on the CPU, against the plain torch
 step (the same draws: the noise comes from the model's seed and counters).
 """
 
@@ -16,7 +16,8 @@ pytest.importorskip("triton")
 SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np, torch, onlinefa
-    from onlinefa.torch import VIFA, _vifa_engine
+    from onlinefa.torch import _vifa_engine
+    from onlinefa.torch._vifa_model import VIFA
 
     config = json.loads(sys.argv[1])
     dtype = config.pop("dtype")

@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from .. import _core
+from .._device import DeviceDispatch
 from .._gaussian import sample_noise, sample_seed
 from .._validation import as_numpy, as_sample_matrix, check_finite_samples, check_int
 from ._comm import Communicator, exchange, new_tag
@@ -56,7 +57,7 @@ def rank_file(rank: int, world_size: int, generation: int | None = None) -> str:
 _RANK_FILE = re.compile(r"rank-(\d{5})-of-(\d{5})(?:\.g([0-9a-f]{12}))?\.npz")
 
 
-class ShardedGaussianMixin:
+class ShardedGaussianMixin(DeviceDispatch):
     """Collective queries of a Gaussian N(c, F Fᵀ + Ψ) whose D rows are split across ranks."""
 
     _comm: Communicator
@@ -110,6 +111,11 @@ class ShardedGaussianMixin:
         """The single-process model of this rank's rows (its K×K state is the whole model's). Read from it,
         but change it only through this object."""
         return self._local
+
+    def snapshot(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """This rank's rows of the fitted Gaussian (c, F, ψ), read from one consistent state (no collective)."""
+        mean, loadings, noise_variance = self._local.snapshot()
+        return mean, loadings, noise_variance
 
     @property
     def mean(self) -> FloatArray:

@@ -28,7 +28,7 @@ class _ShardedStreaming(ShardedGaussianMixin):
 
     def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
                  rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
-                 seed: int | None = None, **options: Any) -> None:
+                 seed: int | None = None, device: Any = None, **options: Any) -> None:
         self._comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
         self._n_components = int(n_components)
         local_class = self._local_class
@@ -228,22 +228,28 @@ class ShardedOnlineEM(_ShardedStreaming):
     seed : int, optional
         Without ``init``: the ranks together draw the single-process model's initial loadings for this seed
         (None: rank 0 draws one for all).
+    device : str or torch.device, optional
+        None (the default): this rank's rows in the Rust core (NumPy in and out). A torch device (e.g.
+        ``f"cuda:{rank}"``): this rank's rows in torch tensors there (torch tensors in and out; needs PyTorch).
+        The device is each rank's own; it may differ between ranks.
     **options
         The other keyword arguments of :class:`onlinefa.OnlineEM` (``n_warmup``, ``whiten``, ``schedule``,
         ``dtype``, ...), identical on every rank (checked at construction).
     """
 
     _local_class = OnlineEM
+    _device_impl = "onlinefa.torch._sharded:ShardedOnlineEM"
     _sums_keep_state = True
 
 
 class ShardedOnlineSGA(_ShardedStreaming):
     """:class:`onlinefa.OnlineSGA` with its D rows split across processes (exact).
 
-    Same parameters as :class:`ShardedOnlineEM`, with the options of :class:`onlinefa.OnlineSGA`. Its pass
+    Same parameters as :class:`ShardedOnlineEM` (``device`` included), with the options of :class:`onlinefa.OnlineSGA`. Its pass
     updates the running mean in place, so a batch first agrees that every rank's input is valid (one tiny
     collective per call), then takes one collective per sample.
     """
 
     _local_class = OnlineSGA
+    _device_impl = "onlinefa.torch._sharded:ShardedOnlineSGA"
     _sums_keep_state = False

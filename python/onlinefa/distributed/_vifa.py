@@ -42,6 +42,10 @@ class ShardedVIFA(ShardedGaussianMixin):
         Key of the training draws and of the default initialisation (None: rank 0 draws one for all).
     init_mean, init_noise_variance : array-like of shape (n_features,), optional
         This rank's entries of c₀ and ψ₀.
+    device : str or torch.device, optional
+        None (the default): this rank's rows in the Rust core (NumPy in and out). A torch device (e.g.
+        ``f"cuda:{rank}"``): this rank's rows in torch tensors there (torch tensors in and out; needs PyTorch).
+        The device is each rank's own; it may differ between ranks.
     **options
         The other keyword arguments of :class:`onlinefa.VIFA` (``prior_precision``, ``lr_mean``,
         ``lr_loadings``, ``lr_log_noise``, ``optimizer``, ``n_grad_samples``, ``clip_grad_norm``, ``dtype``),
@@ -49,6 +53,7 @@ class ShardedVIFA(ShardedGaussianMixin):
     """
 
     _local_class = VIFA
+    _device_impl = "onlinefa.torch._sharded_vifa:ShardedVIFA"
     _local: VIFA
     #: B = Fᵀ Ψ⁻¹ F of the current parameters summed over every rank (K×K), kept to restore a failed step.
     _gram: FloatArray
@@ -58,7 +63,7 @@ class ShardedVIFA(ShardedGaussianMixin):
     def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
                  rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
                  seed: int | None = None, init_mean: ArrayLike | None = None,
-                 init_noise_variance: ArrayLike | None = None, **options: Any) -> None:
+                 init_noise_variance: ArrayLike | None = None, device: Any = None, **options: Any) -> None:
         comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
         layout, local = build_local_vifa(comm, n_features, n_components, init, seed, init_mean, init_noise_variance,
                                          options)

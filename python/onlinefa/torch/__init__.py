@@ -13,14 +13,14 @@ Needs PyTorch (the optional extra ``torch``: ``pip install ".[torch]"`` in the s
 - :func:`linearized_predictions`, :func:`linearized_model_average`: the linearised (GLM) predictive
   f(x; c) + J(x)(θ − c) of the draws, by Jacobian-vector products; :func:`select_scale`: the covariance
   scale chosen by held-out likelihood or by the ELBO of the training data.
-- :func:`vifa_step`: one VIFA training step on a module; :class:`VIFA` keeps VIFA's state in torch tensors
-  on any device.
+- :func:`vifa_step`: one VIFA training step on a module.
 - :class:`GaussianNoise`, :func:`vifa_regression_step`: a regression noise variance σ² learned from the
   ELBO alongside VIFA (empirical Bayes).
 - :func:`to_torch`: any model's Gaussian as ``torch.distributions.LowRankMultivariateNormal``.
-- :class:`OnlineEM`, :class:`OnlineSGA`: the streaming posteriors with their state in torch tensors on any
-  device (the Rust core's updates and checkpoints; for state on an accelerator); :class:`ShardedOnlineEM`,
-  :class:`ShardedOnlineSGA` and :class:`ShardedVIFA` split their rows across processes.
+- Models with their rows in torch tensors on any device are the library's own classes with ``device=``:
+  ``onlinefa.OnlineEM(D, K, device="cuda")``, ``onlinefa.OnlineSGA``, ``onlinefa.VIFA``, and
+  ``onlinefa.distributed.ShardedOnlineEM`` / ``ShardedOnlineSGA`` / ``ShardedVIFA`` for rows split across
+  processes.
 - :class:`SWAG`: the SWAG baseline of Maddox et al. (NumPy-based, in :mod:`onlinefa.torch.swag`).
 
 See the "PyTorch workflow" section of docs/guide/usage.md for an end-to-end example.
@@ -35,10 +35,6 @@ from ..errors import SlowCollectionWarning
 from ._collect import SnapshotCollector
 from ._distributions import to_torch
 from ._noise import GaussianNoise, vifa_regression_step
-from ._online_em import OnlineEM
-from ._online_sga import OnlineSGA
-from ._sharded import ShardedOnlineEM, ShardedOnlineSGA
-from ._sharded_vifa import ShardedVIFA
 from ._linearized import LinearizedPredictions, linearized_model_average, linearized_predictions
 from ._params import ParameterVector
 from ._posterior import GaussianParameters, MultiSWAG, gaussian_parameters
@@ -46,19 +42,25 @@ from ._predictive import fit_noise_variance, regression_log_likelihood
 from ._sampling import sample_parameters
 from ._scale import ScaleSelection, select_scale
 from ._vifa import vifa_step
-from ._vifa_model import VIFA
 
 if TYPE_CHECKING:
     from .swag import SWAG
 
 __all__ = [
-    "GaussianNoise", "GaussianParameters", "LinearizedPredictions", "MultiSWAG", "OnlineEM", "OnlineSGA", "ParameterVector", "SWAG",
-    "ScaleSelection", "ShardedOnlineEM", "ShardedOnlineSGA", "ShardedVIFA", "VIFA", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
+    "GaussianNoise", "GaussianParameters", "LinearizedPredictions", "MultiSWAG", "ParameterVector", "SWAG",
+    "ScaleSelection", "SlowCollectionWarning", "SnapshotCollector", "bayesian_model_average",
     "fit_noise_variance", "gaussian_parameters", "linearized_model_average", "linearized_predictions",
     "refresh_batch_norm", "regression_log_likelihood", "select_scale",
     "sample_parameters", "to_torch", "vifa_regression_step",
     "vifa_step",
 ]  # fmt: skip
+
+
+#: The device classes this module had before they became the library's classes with ``device=``.
+_MOVED = {"OnlineEM": "onlinefa.OnlineEM", "OnlineSGA": "onlinefa.OnlineSGA", "VIFA": "onlinefa.VIFA",
+          "ShardedOnlineEM": "onlinefa.distributed.ShardedOnlineEM",
+          "ShardedOnlineSGA": "onlinefa.distributed.ShardedOnlineSGA",
+          "ShardedVIFA": "onlinefa.distributed.ShardedVIFA"}
 
 
 def __getattr__(name: str) -> Any:
@@ -67,4 +69,7 @@ def __getattr__(name: str) -> Any:
         from .swag import SWAG
 
         return SWAG
+    if name in _MOVED:
+        raise AttributeError(f"onlinefa.torch.{name} is now {_MOVED[name]}(..., device=...): the same model with "
+                             "its rows in torch tensors on that device")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -180,7 +180,7 @@ def vifa_regression_step(
 
     Parameters
     ----------
-    vifa : VIFA or onlinefa.torch.VIFA
+    vifa : VIFA
     module : torch.nn.Module
     batch : (x, y) tuple of torch.Tensor
         A mini-batch drawn uniformly from the N training examples.

@@ -1,4 +1,4 @@
-"""``onlinefa.torch.OnlineEM``: the default online EM posterior with its state in torch tensors on any device."""
+"""``onlinefa.OnlineEM(..., device=...)``: the default online EM posterior with its rows in torch tensors on any device."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ._torch_model import TorchStreamingModel, initial_loadings, locked, mapped_
 
 
 class OnlineEM(TorchStreamingModel):
-    """Online EM factor analysis (the library's default :class:`onlinefa.OnlineEM`) on torch tensors.
+    """What ``onlinefa.OnlineEM(..., device=...)`` builds: online EM with its rows in torch tensors.
 
     The same algorithm, arguments, defaults and checkpoints as :class:`onlinefa.OnlineEM`, with the D-sized
     state (θ̄, Ā, d̄², d) in ``dtype`` on ``device``: a snapshot already on the GPU is fitted there, without a
@@ -35,10 +35,10 @@ class OnlineEM(TorchStreamingModel):
 
     Examples
     --------
-    >>> import torch, onlinefa.torch
-    >>> em = onlinefa.torch.OnlineEM(20, 3, seed=0).update(torch.randn(50, 20, dtype=torch.float64))
-    >>> em.loadings.shape, em.n_seen
-    (torch.Size([20, 3]), 50)
+    >>> import torch, onlinefa
+    >>> em = onlinefa.OnlineEM(20, 3, seed=0, device="cpu").update(torch.randn(50, 20, dtype=torch.float64))
+    >>> em.loadings.shape, em.n_seen, isinstance(em, onlinefa.OnlineEM)
+    (torch.Size([20, 3]), 50, True)
     """
 
     def __init__(
@@ -103,7 +103,11 @@ class OnlineEM(TorchStreamingModel):
 
     def __repr__(self) -> str:
         s = self._engine.settings
-        return (f"onlinefa.torch.OnlineEM(n_features={s.n_features}, n_components={s.n_components}, "
+        return (f"onlinefa.OnlineEM(n_features={s.n_features}, n_components={s.n_components}, "
                 f"whiten={s.whiten}, shrink={s.shrink}, schedule={s.schedule!r}, scaling={s.scaling!r}, "
                 f"n_warmup={s.n_warmup}, "
                 f"dtype={str(self.dtype).removeprefix('torch.')!r}, device={str(self.device)!r}, n_seen={self.n_seen})")
+
+
+# ``onlinefa.OnlineEM(..., device=...)`` builds this class; it is that class to ``isinstance``.
+NumpyOnlineEM.register(OnlineEM)

@@ -1,4 +1,4 @@
-"""``onlinefa.torch.OnlineSGA``: online SGA (Algorithm 1 with the library's defaults) on torch tensors."""
+"""``onlinefa.OnlineSGA(..., device=...)``: online SGA (Algorithm 1 with the library's defaults) on torch tensors."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ._torch_model import TorchStreamingModel, initial_loadings, locked, state_d
 
 
 class OnlineSGA(TorchStreamingModel):
-    """Online SGA factor analysis (:class:`onlinefa.OnlineSGA`) on torch tensors.
+    """What ``onlinefa.OnlineSGA(..., device=...)`` builds: online SGA with its rows in torch tensors.
 
     The same algorithm, arguments, defaults and checkpoints as :class:`onlinefa.OnlineSGA`, with the D-sized
     state (θ̄, F, ψ, d) in ``dtype`` on ``device``; the K×K part of each step (the E-step, the rule's step sizes,
@@ -34,8 +34,8 @@ class OnlineSGA(TorchStreamingModel):
 
     Examples
     --------
-    >>> import torch, onlinefa.torch
-    >>> sga = onlinefa.torch.OnlineSGA(20, 3, seed=0).update(torch.randn(50, 20, dtype=torch.float64))
+    >>> import torch, onlinefa
+    >>> sga = onlinefa.OnlineSGA(20, 3, seed=0, device="cpu").update(torch.randn(50, 20, dtype=torch.float64))
     >>> sga.loadings.shape, sga.n_seen
     (torch.Size([20, 3]), 50)
     """
@@ -99,6 +99,10 @@ class OnlineSGA(TorchStreamingModel):
     def __repr__(self) -> str:
         s = self._engine.settings
         lr = "'auto'" if s.rule == "whitened" else s.lr
-        return (f"onlinefa.torch.OnlineSGA(n_features={s.n_features}, n_components={s.n_components}, lr={lr}, "
+        return (f"onlinefa.OnlineSGA(n_features={s.n_features}, n_components={s.n_components}, lr={lr}, "
                 f"schedule={s.schedule!r}, scaling={s.scaling!r}, n_warmup={s.n_warmup}, "
                 f"dtype={str(self.dtype).removeprefix('torch.')!r}, device={str(self.device)!r}, n_seen={self.n_seen})")
+
+
+# ``onlinefa.OnlineSGA(..., device=...)`` builds this class; it is that class to ``isinstance``.
+NumpyOnlineSGA.register(OnlineSGA)

@@ -87,7 +87,7 @@ def gaussian_parameters(model: object) -> GaussianParameters:
 
     Parameters
     ----------
-    model : OnlineEM, OnlineSGA, VIFA, VBFA, OnlineVBFA, OnlineFactorAnalysis, SWAG, onlinefa.torch.OnlineEM, onlinefa.torch.OnlineSGA
+    model : OnlineEM, OnlineSGA, VIFA (any device), VBFA, OnlineVBFA, OnlineFactorAnalysis, SWAG
         A model with ``snapshot()`` returning (mean, loadings, noise_variance) consistently, or the
         properties ``mean``, ``loadings`` (D×K), ``noise_variance``, or the fitted estimator attributes
         ``mean_``, ``components_`` (K×D), ``noise_variance_``.

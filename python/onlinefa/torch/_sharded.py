@@ -1,5 +1,5 @@
-"""``onlinefa.torch.ShardedOnlineEM`` and ``ShardedOnlineSGA``: the device models with their D rows split across
-processes."""
+"""``onlinefa.distributed.ShardedOnlineEM`` and ``ShardedOnlineSGA`` with ``device=``: the device models with their D
+rows split across processes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
-from .. import _core
+from .. import _core, distributed
 from ..distributed._comm import AllReduce, Communicator, exchange
 from ..distributed._layout import ShardLayout, build_local_model
 from ..errors import NotFittedError, NumericalBreakdownError
@@ -58,6 +58,21 @@ class ShardedTorchModel:
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's rows of the fitted Gaussian (c, F, ψ) on its device (see the local model's ``snapshot``)."""
         return self._local.snapshot()
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """This rank's entries of the mean c."""
+        return self.snapshot()[0]
+
+    @property
+    def loadings(self) -> torch.Tensor:
+        """This rank's rows of F, shape (n_features, K)."""
+        return self.snapshot()[1]
+
+    @property
+    def noise_variance(self) -> torch.Tensor:
+        """This rank's entries of ψ."""
+        return self.snapshot()[2]
 
     def update(self: Sharded, X: Any) -> Sharded:
         """Apply one sample or a batch, given this rank's features of each (a tensor on any device; collective).
@@ -135,13 +150,13 @@ class ShardedTorchModel:
 
 
 class ShardedOnlineEM(ShardedTorchModel):
-    """:class:`onlinefa.torch.OnlineEM` with its D rows split across processes, each shard on its own device
+    """:class:`onlinefa.OnlineEM` (``device=``) with its D rows split across processes, each shard on its own device
     (e.g. ``device=f"cuda:{rank}"``): exact, one collective of K² + K + 1 numbers per sample (and, with ``shrink``,
     one of K² numbers per ``update`` call for the reported Gaussian).
 
     The parameters are those of :class:`onlinefa.distributed.ShardedOnlineEM` (``n_features`` is this rank's
     number of rows; ``group`` or ``allreduce`` with ``rank``/``world_size``; ``seed`` draws the single-process
-    model's initial loadings across ranks; every other option of :class:`onlinefa.torch.OnlineEM` must be the
+    model's initial loadings across ranks; every other option of :class:`onlinefa.OnlineEM` must be the
     same on every rank), plus ``device``, which may differ between ranks. Every rank raises when any rank's
     input or step fails, and keeps the same state.
     """
@@ -150,7 +165,7 @@ class ShardedOnlineEM(ShardedTorchModel):
 
 
 class ShardedOnlineSGA(ShardedTorchModel):
-    """:class:`onlinefa.torch.OnlineSGA` with its D rows split across processes, each shard on its own device:
+    """:class:`onlinefa.OnlineSGA` (``device=``) with its D rows split across processes, each shard on its own device:
     exact, one collective of K² + K + 1 numbers per sample.
 
     The parameters are those of :class:`onlinefa.distributed.ShardedOnlineSGA` plus ``device``, as for
@@ -159,3 +174,8 @@ class ShardedOnlineSGA(ShardedTorchModel):
     """
 
     _local_class = OnlineSGA
+
+
+# ``onlinefa.distributed.ShardedOnlineEM(..., device=...)`` builds these classes; they are those to ``isinstance``.
+distributed.ShardedOnlineEM.register(ShardedOnlineEM)
+distributed.ShardedOnlineSGA.register(ShardedOnlineSGA)

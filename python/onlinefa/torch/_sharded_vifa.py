@@ -1,4 +1,4 @@
-"""``onlinefa.torch.ShardedVIFA``: the device VIFA with its D rows split across processes."""
+"""``onlinefa.distributed.ShardedVIFA`` with ``device=``: the device VIFA with its D rows split across processes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
+from .. import distributed
 from ..distributed._comm import AllReduce, Communicator, exchange
 from ..distributed._layout import ShardLayout
 from ..distributed._vifa import build_local_vifa
@@ -16,7 +17,7 @@ from ._vifa_model import VIFA
 
 
 class ShardedVIFA:
-    """:class:`onlinefa.torch.VIFA` with its D rows split across processes, each shard on its own device.
+    """:class:`onlinefa.VIFA` (``device=``) with its D rows split across processes, each shard on its own device.
 
     The parameters are those of :class:`onlinefa.distributed.ShardedVIFA` (``n_features`` is this rank's number
     of rows; the initial loadings are the single-process model's rows), plus ``device``, which may differ between
@@ -48,7 +49,7 @@ class ShardedVIFA:
 
     @property
     def local_model(self) -> VIFA:
-        """This rank's rows as an :class:`onlinefa.torch.VIFA` (its (I + B)⁻¹ is the whole model's)."""
+        """This rank's rows as a device :class:`onlinefa.VIFA` (its (I + B)⁻¹ is the whole model's)."""
         return self._local
 
     @property
@@ -99,3 +100,7 @@ class ShardedVIFA:
         assert state is not None
         engine.finish_step(state, torch.as_tensor(summed.reshape(self._k, self._k)))
         return self
+
+
+# ``onlinefa.distributed.ShardedVIFA(..., device=...)`` builds this class; it is that class to ``isinstance``.
+distributed.ShardedVIFA.register(ShardedVIFA)

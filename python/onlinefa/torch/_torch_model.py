@@ -76,7 +76,7 @@ def state_dtype(dtype: object) -> torch.dtype:
 
 
 class TorchGaussianModel:
-    """Base of the torch models (:class:`onlinefa.torch.OnlineEM`, ``OnlineSGA``, ``VIFA``): the Gaussian's
+    """Base of the torch models (:class:`onlinefa.OnlineEM`, ``OnlineSGA`` and ``VIFA`` with ``device=``): the Gaussian's
     queries and the checkpoints of the NumPy-facing class of the same name.
 
     Subclasses set ``_engine`` in their constructor (``settings`` with ``n_features`` and ``n_components``,
@@ -135,7 +135,7 @@ class TorchGaussianModel:
         raise NotImplementedError
 
     #: (n_seen, R): the K×K reporting map of a model whose rows are one shard of a larger model, computed over
-    #: all the shards after the last update (see ``onlinefa.torch.ShardedOnlineEM``); None: the model's own.
+    #: all the shards after the last update (see ``onlinefa.distributed.ShardedOnlineEM`` with ``device=``); None: the model's own.
     _fixed_map: tuple[int, np.ndarray] | None = None
 
     def _report_map(self, n_seen: int, f: torch.Tensor, psi: torch.Tensor, n_samples: float) -> np.ndarray:
@@ -185,6 +185,17 @@ class TorchGaussianModel:
         model._engine = cls._engine_class.from_state(checked, torch.device(device))
         return model
 
+    def to(self, device: str | torch.device | None) -> Any:
+        """The same model with its rows on ``device``: None for the Rust core's host rows (NumPy in and out), a
+        torch device for tensors there. ``self`` when the rows are already on that device; otherwise a new model
+        (this one unchanged), whose updates continue as this one's would."""
+        if device is None:
+            return self.to_numpy()
+        target = torch.device(device)
+        if target == self.device:
+            return self
+        return type(self).from_state(self.get_state(), device=target)
+
     def to_numpy(self) -> Any:
         """The same model as the NumPy-facing class (Rust core, host memory); updates continue alike."""
         model = self._numpy_class.__new__(self._numpy_class)
@@ -196,6 +207,8 @@ class TorchGaussianModel:
         """The same model as a model of the NumPy-facing class, with its state moved to ``device``."""
         if not isinstance(model, cls._numpy_class):
             raise TypeError(f"expected an onlinefa.{cls._numpy_class.__name__}, got {type(model).__name__}")
+        if isinstance(model, TorchGaussianModel):
+            return cls.from_state(model.get_state(), device=device)
         return cls.from_state(model.__getstate__()["state"], device=device)
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -209,7 +222,7 @@ class TorchGaussianModel:
 
 
 class TorchStreamingModel(TorchGaussianModel):
-    """Base of :class:`onlinefa.torch.OnlineEM` and :class:`onlinefa.torch.OnlineSGA`: validated batches and
+    """Base of the device forms of :class:`onlinefa.OnlineEM` and :class:`onlinefa.OnlineSGA`: validated batches and
     atomic updates; the engine also has ``n_seen``, ``is_fitted`` and ``step``."""
 
     # -- updates ------------------------------------------------------------------------------------------

@@ -45,8 +45,8 @@ def vifa_step(
 
     Parameters
     ----------
-    vifa : VIFA or onlinefa.torch.VIFA
-        With no draw pending. A :class:`onlinefa.torch.VIFA` gets its draws and gradients as tensors on the
+    vifa : VIFA
+        With no draw pending. A VIFA with ``device=`` gets its draws and gradients as tensors on the
         parameters' device (no host copy).
     module : torch.nn.Module
     loss_fn : callable
@@ -73,8 +73,8 @@ def vifa_step(
         Draws are already pending in ``vifa``. If ``loss_fn`` raises, the draws taken so far stay
         pending (a VIFA draw cannot be withdrawn): step them yourself or restore a checkpoint.
     """
-    if not isinstance(vifa, (VIFA, DeviceVIFA)):
-        raise TypeError(f"vifa must be an onlinefa.VIFA or onlinefa.torch.VIFA, got {type(vifa).__name__}")
+    if not isinstance(vifa, VIFA):
+        raise TypeError(f"vifa must be an onlinefa.VIFA, got {type(vifa).__name__}")
     n = check_int(n_data, "n_data", 1)
     vector = ParameterVector(module if parameters is None else parameters, dtype=torch.float64)
     if len(vector) != vifa.n_features:

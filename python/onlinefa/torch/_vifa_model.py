@@ -1,4 +1,4 @@
-"""``onlinefa.torch.VIFA``: VIFA (Algorithm 3) with its D-sized state in torch tensors on any device."""
+"""``onlinefa.VIFA(..., device=...)``: VIFA (Algorithm 3) with its D-sized state in torch tensors on any device."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ._vifa_engine import VIFAEngine
 
 
 class VIFA(TorchGaussianModel):
-    """Variational inference with a factor-analysis posterior (:class:`onlinefa.VIFA`) on torch tensors.
+    """What ``onlinefa.VIFA(..., device=...)`` builds: VIFA with its state in torch tensors.
 
     The same objective, step, arguments, defaults and checkpoints as :class:`onlinefa.VIFA`, with c, F, β and
     Adam's moments in ``dtype`` on ``device``, the training draws and gradients as tensors on that device, and
@@ -40,10 +40,10 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
 
     Examples
     --------
-    >>> import torch, onlinefa.torch
+    >>> import torch, onlinefa
     >>> mu = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
-    >>> vi = onlinefa.torch.VIFA(3, 2, prior_precision=0.0, lr_mean=1e-2, lr_loadings=1e-2, lr_log_noise=1e-2,
-    ...                          optimizer="adam", seed=0)
+    >>> vi = onlinefa.VIFA(3, 2, prior_precision=0.0, lr_mean=1e-2, lr_loadings=1e-2, lr_log_noise=1e-2,
+    ...                    optimizer="adam", seed=0, device="cpu")
     >>> for _ in range(3000):
     ...     _ = vi.step(vi.sample() - mu)
     >>> bool(torch.allclose(vi.mean, mu, atol=0.2))
@@ -209,6 +209,10 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
 
     def __repr__(self) -> str:
         s = self._engine.settings
-        return (f"onlinefa.torch.VIFA(n_features={s.n_features}, n_components={s.n_components}, "
+        return (f"onlinefa.VIFA(n_features={s.n_features}, n_components={s.n_components}, "
                 f"optimizer={s.optimizer!r}, n_steps={self.n_steps}, "
                 f"dtype={str(self.dtype).removeprefix('torch.')!r}, device={str(self.device)!r})")
+
+
+# ``onlinefa.VIFA(..., device=...)`` builds this class; it is that class to ``isinstance``.
+NumpyVIFA.register(VIFA)
