@@ -4,8 +4,12 @@ parameters.
 
 Run by hand::
 
-    python benches/device.py                    # D = 10⁶, K = 10, float32 and float64
-    python benches/device.py --d 2000000 --k 20
+    python benches/device.py                    # D = 10⁶, K = 10, float32 and float64, every device
+    python benches/device.py --d 2000000 --k 10,20
+    python benches/device.py --devices cuda --d 100000000 --k 10,20 --dtypes float32 --passes plain,triton \
+        --no-host --models OnlineEM           # what benches/gpu_check.sh runs
+    python benches/device.py --snapshot-cost    # a per-step snapshot of a ResNet-50-sized network
+    python benches/device.py --sharded          # the same over NCCL, one rank per GPU (two GPUs or more)
 
 Per device and state dtype, medians over ``--repeats`` updates after warm-up:
 
@@ -18,11 +22,16 @@ Per device and state dtype, medians over ``--repeats`` updates after warm-up:
   core's model (the path without a device model);
 * **train step**: forward, backward and an SGD step of an MLP with ≈ D parameters on a batch of 64, on that
   device: the cost of one snapshot in training steps is torch / train step.
+
+``--passes plain,triton`` times each CUDA row twice: with the plain torch pass (``ONLINEFA_TRITON=0``) and with
+the fused Triton pass (K ≤ 16; above it the plain pass runs and the row says so). The updates cycle through 8
+rows drawn once on the device, so that D = 10⁸ needs no host memory for the stream.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -33,6 +42,8 @@ import torch
 
 import onlinefa
 import onlinefa.torch
+from onlinefa.torch._triton_common import SWITCH, available as fused_available
+from device_snapshots import sharded_rows, snapshot_cost_rows
 
 
 def synchronise(device: torch.device) -> None:
@@ -95,46 +106,107 @@ def streaming(kind: str, d: int, k: int, dtype: torch.dtype, device: torch.devic
                   lambda m, x: m.update(x), lambda m, x: m.update(x), k + 3)
 
 
-def row(kind: str, device: torch.device, d: int, k: int, dtype: torch.dtype, repeats: int, step_s: float) -> str:
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    stream = (torch.randn(k + 3 + repeats, d, generator=gen, dtype=torch.float64) * 1e-2).to(device)
-    models = streaming(kind, d, k, dtype, device)
-    for i in range(k + 3):  # past any warm-up
-        models.update_ours(models.ours, stream[i])
-        models.update_rust(models.rust, stream[i].cpu().numpy())
-    at = iter(range(k + 3, k + 3 + repeats))
-    ours = median_seconds(lambda: models.update_ours(models.ours, stream[next(at)]), repeats, device)
-    at_host = iter(range(k + 3, k + 3 + repeats))
-    host = median_seconds(lambda: models.update_rust(models.rust, stream[next(at_host)].cpu().numpy()), repeats,
-                          device)
-    buf = torch.ones(models.state_vectors * d, dtype=dtype, device=device)
-    floor = median_seconds(lambda: buf.mul_(1.0000001), repeats, device)
+#: Rows drawn once per bench row on the device; the timed updates cycle through them.
+POOL_ROWS = 8
+
+
+def row(kind: str, device: torch.device, d: int, k: int, dtype: torch.dtype, repeats: int, step_s: float,
+        fused: bool | None, host: bool) -> str:
+    """One table row. ``fused``: None leaves the pass to the model (CPU rows), False / True force the plain or the
+    Triton pass on CUDA. ``host``: also time the host copy + Rust core column."""
+    if fused is not None:
+        os.environ[SWITCH] = "1" if fused else "0"
+    ours, host_s = update_seconds(kind, device, d, k, dtype, repeats, host)
+    floor = floor_seconds(streaming_vectors(kind, k) * d, dtype, device, repeats)
     name = str(dtype).removeprefix("torch.")
-    return (f"| {kind} | {device} | {d:,} | {k} | {name} | {ours * 1e3:.1f} | {floor * 1e3:.2f} | "
-            f"{ours / floor:.0f}× | {host * 1e3:.1f} | {ours / host:.2f}× | {step_s * 1e3:.1f} | "
-            f"{ours / step_s:.1f} |")
+    passes = {None: "auto", False: "plain", True: "triton" if fused_available(device, k) else "plain (K > 16)"}
+    host_cells = (f"{host_s * 1e3:.1f} | {ours / host_s:.2f}×" if host else "– | –")
+    return (f"| {kind} | {device} | {passes[fused]} | {d:,} | {k} | {name} | {ours * 1e3:.2f} | {floor * 1e3:.2f} | "
+            f"{ours / floor:.1f}× | {host_cells} | {step_s * 1e3:.1f} | {ours / step_s:.2f} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--d", type=int, default=1_000_000)
-    parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--models", type=lambda v: v.split(","), default=["OnlineEM", "OnlineSGA", "VIFA"])
-    args = parser.parse_args()
-    devices = [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-    cards = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) or "none"
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} CPU threads; GPUs: {cards}")
-    print()
-    print("| model | device | D | K | state | torch ms | floor ms | × floor | host copy + Rust ms | torch / Rust | "
-          "train step ms | snapshot in steps |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+def update_seconds(kind: str, device: torch.device, d: int, k: int, dtype: torch.dtype, repeats: int,
+                   host: bool) -> tuple[float, float]:
+    """Median seconds of one update of the device model and (``host``; else NaN) of the Rust model fed through a
+    host copy, cycling through ``POOL_ROWS`` rows drawn once on the device."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    pool = torch.randn(POOL_ROWS, d, generator=gen, dtype=dtype, device=device) * 1e-2
+    models = streaming(kind, d, k, dtype, device)
+    warm = k + 3  # past any warm-up
+    for i in range(warm):
+        models.update_ours(models.ours, pool[i % POOL_ROWS])
+        if host:
+            models.update_rust(models.rust, pool[i % POOL_ROWS].cpu().numpy())
+    at = iter(range(warm, warm + repeats))
+    ours = median_seconds(lambda: models.update_ours(models.ours, pool[next(at) % POOL_ROWS]), repeats, device)
+    if not host:
+        return ours, float("nan")
+    at_host = iter(range(warm, warm + repeats))
+    return ours, median_seconds(
+        lambda: models.update_rust(models.rust, pool[next(at_host) % POOL_ROWS].cpu().numpy()), repeats, device)
+
+
+def floor_seconds(n_values: int, dtype: torch.dtype, device: torch.device, repeats: int) -> float:
+    """Median seconds of one in-place read+write of ``n_values`` values on the device."""
+    buf = torch.ones(n_values, dtype=dtype, device=device)
+    return median_seconds(lambda: buf.mul_(1.0000001), repeats, device)
+
+
+def streaming_vectors(kind: str, k: int) -> int:
+    """D-sized vectors of state: (K + 3) for OnlineEM and OnlineSGA, (K + 2) for VIFA with SGD."""
+    return k + 2 if kind == "VIFA" else k + 3
+
+
+def update_rows(args: argparse.Namespace) -> None:
+    devices = [torch.device(name) for name in args.devices] if args.devices else (
+        [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())])
+    print("| model | device | pass | D | K | state | torch ms | floor ms | × floor | host copy + Rust ms | "
+          "torch / Rust | train step ms | snapshot in steps |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for device in devices:
         net, n_params = mlp_with(args.d, device)
         step_s = train_step_seconds(net, device, args.repeats)
+        del net
+        passes: list[bool | None] = [None]
+        if device.type == "cuda":
+            passes = [name == "triton" for name in args.passes]
         for kind in args.models:
-            for dtype in (torch.float32, torch.float64):
-                print(row(kind, device, n_params, args.k, dtype, args.repeats, step_s), flush=True)
+            for k in args.k:
+                for dtype in args.dtypes:
+                    for fused in passes:
+                        print(row(kind, device, n_params, k, dtype, args.repeats, step_s, fused, args.host),
+                              flush=True)
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--d", type=int, default=1_000_000)
+    parser.add_argument("--k", type=lambda v: [int(x) for x in v.split(",")], default=[10])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--models", type=lambda v: v.split(","), default=["OnlineEM", "OnlineSGA", "VIFA"])
+    parser.add_argument("--devices", type=lambda v: v.split(","), default=None,
+                        help="e.g. cuda or cpu,cuda:0 (default: the CPU and every GPU)")
+    parser.add_argument("--dtypes", type=lambda v: [getattr(torch, x) for x in v.split(",")],
+                        default=[torch.float32, torch.float64])
+    parser.add_argument("--passes", type=lambda v: v.split(","), default=["plain", "triton"],
+                        help="CUDA rows: plain, triton or both (default both)")
+    parser.add_argument("--no-host", dest="host", action="store_false",
+                        help="leave out the host copy + Rust column (slow at D = 10⁸)")
+    parser.add_argument("--snapshot-cost", action="store_true",
+                        help="instead: a per-step snapshot of a ResNet-50-sized network against its training step")
+    parser.add_argument("--sharded", action="store_true", help="instead: OnlineEM sharded over NCCL, one rank per GPU")
+    args = parser.parse_args()
+    cards = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) or "none"
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} CPU threads; GPUs: {cards}")
+    print()
+    if args.snapshot_cost:
+        snapshot_cost_rows(args.k, args.repeats)
+    elif args.sharded:
+        sharded_rows(args.d, args.k, args.repeats)
+    else:
+        update_rows(args)
 
 
 if __name__ == "__main__":

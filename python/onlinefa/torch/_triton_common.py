@@ -14,7 +14,7 @@ try:  # an optional accelerator: the plain torch passes are the fallback everywh
 except ImportError:  # pragma: no cover - Triton ships with the CUDA wheels of PyTorch
     triton = None
 
-__all__ = ["BLOCK_ROWS", "MAX_K", "available", "padded_components", "scalar_table", "triton"]
+__all__ = ["BLOCK_ROWS", "MAX_K", "SWITCH", "available", "padded_components", "scalar_table", "triton"]
 
 #: Rows per program of a kernel.
 BLOCK_ROWS = 128
@@ -22,10 +22,14 @@ BLOCK_ROWS = 128
 MAX_K = 16
 
 
+#: Set to "0" to keep the plain torch passes on CUDA too (the benchmarks compare the two that way).
+SWITCH = "ONLINEFA_TRITON"
+
+
 def available(device: torch.device, k: int) -> bool:
-    """Whether the fused kernels run: Triton importable, K ≤ 16, and a CUDA device (or any device under
-    ``TRITON_INTERPRET=1``, the interpreter the tests use)."""
-    if triton is None or k > MAX_K:
+    """Whether the fused kernels run: Triton importable, K ≤ 16, not switched off (``ONLINEFA_TRITON=0``), and a
+    CUDA device (or any device under ``TRITON_INTERPRET=1``, the interpreter the tests use)."""
+    if triton is None or k > MAX_K or os.environ.get(SWITCH) == "0":
         return False
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
