@@ -7,8 +7,9 @@ from typing import Any
 
 
 def engine_state(model: Any) -> dict[str, Any]:
-    """The full engine state of ``model`` (an onlinefa model with a Rust engine), as a dict of copies."""
-    state: dict[str, Any] = model._core.get_state()
+    """The full engine state of ``model`` (an onlinefa model on the Rust core, or on a device: the same map),
+    as a dict of copies."""
+    state: dict[str, Any] = model.get_state() if hasattr(model, "_engine") else model._core.get_state()
     return state
 
 

@@ -359,6 +359,22 @@ class MappedCore:
         return self._core.query_sums(x, self._transform)
 
 
+def sharded_query_engine(local: _StreamingModel, rank: int) -> Any:
+    """The engine that answers the collective queries of one rank's rows of a sharded model (``local``, on the
+    Rust core): with ``shrink``, the loadings mapped by the K×K map computed over every rank's rows after the
+    last update (RuntimeError if a failed collective left it out of date)."""
+    local._require_fitted()
+    core = local._core
+    if not local._settings.get("shrink", False) or not core.is_fitted:
+        return core
+    fixed = local._fixed_map
+    if fixed is None or fixed[0] != core.n_seen:
+        raise RuntimeError(
+            f"rank {rank}: the reporting map of the sharded model is out of date (a collective failed after the "
+            "last samples were applied); call update again (with the next samples) on every rank")
+    return MappedCore(core, fixed[1])
+
+
 class OnlineEM(_StreamingModel):
     """Online expectation-maximisation for factor analysis (Brownlie 2021, Algorithm 2, with whitening).
 

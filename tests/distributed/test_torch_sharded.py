@@ -1,6 +1,6 @@
-"""onlinefa.distributed.ShardedOnlineEM (device=), ShardedOnlineSGA and ShardedVIFA over gloo (2 and 3 spawned ranks, each shard a torch
-engine): the concatenated model equals the single-process Rust model, and bad input on one rank raises on every
-rank and changes nothing."""
+"""onlinefa.distributed.ShardedOnlineEM, ShardedOnlineSGA and ShardedVIFA with device="cpu" over gloo (2 and 3
+spawned ranks, each shard's rows in torch tensors): the concatenated model equals the single-process Rust model,
+and bad input on one rank raises on every rank and changes nothing."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def stream() -> np.ndarray:
 
 
 def worker(rank: int, world: int, tmp: str) -> None:
-    from onlinefa.torch._sharded import ShardedOnlineEM, ShardedOnlineSGA
+    from onlinefa.distributed import ShardedOnlineEM, ShardedOnlineSGA
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=20))
@@ -44,13 +44,13 @@ def worker(rank: int, world: int, tmp: str) -> None:
     for name, options in CONFIGS.items():
         options = dict(options)
         sharded = ShardedOnlineSGA if options.pop("sga", False) else ShardedOnlineEM
-        model = sharded(hi - lo, K, seed=5, **options)
+        model = sharded(hi - lo, K, seed=5, device="cpu", **options)
         for i in range(0, N, 25):
             model.update(x[i: i + 25])
         mean, f, psi = model.snapshot()
         out[f"{name}_mean"], out[f"{name}_f"], out[f"{name}_psi"] = mean.numpy(), f.numpy(), psi.numpy()
     for name, sharded in (("em", ShardedOnlineEM), ("sga", ShardedOnlineSGA)):
-        model = sharded(hi - lo, K, seed=5).update(x[:20])
+        model = sharded(hi - lo, K, seed=5, device="cpu").update(x[:20])
         before = model.local_model.get_state()
         batch = x[20:25].clone()
         if rank == world - 1:
@@ -100,13 +100,13 @@ def vifa_gradient(theta: np.ndarray) -> np.ndarray:
 
 
 def vifa_worker(rank: int, world: int, tmp: str) -> None:
-    from onlinefa.torch._sharded_vifa import ShardedVIFA
+    from onlinefa.distributed import ShardedVIFA
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=20))
     lo, hi = LAYOUTS[world][rank], LAYOUTS[world][rank + 1]
     single = onlinefa.VIFA(D, K, seed=5, **VIFA_OPTIONS)  # the noise source: every rank takes its slice
-    model = ShardedVIFA(hi - lo, K, seed=5, **VIFA_OPTIONS)
+    model = ShardedVIFA(hi - lo, K, seed=5, device="cpu", **VIFA_OPTIONS)
     weights = np.linspace(1.0, 20.0, D)[lo:hi]
     for _ in range(200):
         thetas = [single.sample() for _ in range(2)]

@@ -107,22 +107,48 @@ def test_vifa_from_gaussian_takes_a_device() -> None:
 
 
 @pytest.mark.parametrize("name", ["ShardedOnlineEM", "ShardedOnlineSGA"])
-def test_a_sharded_model_takes_a_device(name: str) -> None:
+def test_a_sharded_model_on_a_device_answers_as_on_the_rust_core(name: str, tmp_path: Path) -> None:
     rows = stream(40, D, seed=7)
     options: dict[str, Any] = {"allreduce": lambda values: values, "rank": 0, "world_size": 1, "seed": 0}
     on_device = getattr(distributed, name)(D, K, device="cpu", **options).update(torch.as_tensor(rows))
     on_core = getattr(distributed, name)(D, K, **options).update(rows)
-    assert isinstance(on_device, getattr(distributed, name))
-    assert isinstance(on_device.snapshot()[1], torch.Tensor)
+    assert type(on_device) is type(on_core) and on_device.dtype == on_core.dtype == "float64"
+    assert isinstance(on_device.local_model.loadings, torch.Tensor)
     for got, want in zip(on_device.snapshot(), on_core.snapshot()):
         assert relative(host(got), want) < 1e-10
+    queries = stream(3, D, seed=9)
+    np.testing.assert_allclose(on_device.log_prob(queries), on_core.log_prob(queries), rtol=1e-10)
+    np.testing.assert_allclose(on_device.transform(queries), on_core.transform(queries), rtol=1e-8, atol=1e-12)
+    assert relative(on_device.sample(4, seed=1), on_core.sample(4, seed=1)) < 1e-10
+    on_device.save(tmp_path / "sharded")
+    loaded = getattr(distributed, name).load(tmp_path / "sharded", device="cpu", **{
+        key: options[key] for key in ("allreduce", "rank", "world_size")})
+    assert isinstance(loaded.local_model.loadings, torch.Tensor)
+    assert torch.equal(loaded.local_model.loadings, on_device.local_model.loadings)
 
 
-def test_a_sharded_vifa_takes_a_device() -> None:
+def test_a_sharded_vifa_on_a_device_steps_and_answers_as_on_the_rust_core(tmp_path: Path) -> None:
     options: dict[str, Any] = {"allreduce": lambda values: values, "rank": 0, "world_size": 1}
-    model = distributed.ShardedVIFA(D, K, device="cpu", **options, **VIFA_OPTIONS)
-    assert isinstance(model, distributed.ShardedVIFA)
-    assert isinstance(model.sample(), torch.Tensor)
+    on_device = distributed.ShardedVIFA(D, K, device="cpu", **options, **VIFA_OPTIONS)
+    on_core = distributed.ShardedVIFA(D, K, **options, **VIFA_OPTIONS)
+    assert type(on_device) is type(on_core)
+    target = np.linspace(-1.0, 1.0, D)
+    for _ in range(5):  # the same gradient function on each; the draws' noise streams differ between stores
+        on_device.step(on_device.sample() - torch.as_tensor(target))
+        on_core.step(on_core.sample() - target)
+    assert on_device.n_steps == on_core.n_steps == 5
+    assert isinstance(on_device.local_model.mean, torch.Tensor)
+    # the collective queries of the device rows equal those of the same rows moved to the Rust core
+    moved = distributed.ShardedVIFA(D, K, **options, **VIFA_OPTIONS)
+    moved._local = on_device.local_model.to(None)
+    moved._sync_precision()
+    queries = stream(3, D, seed=10)
+    np.testing.assert_allclose(on_device.log_prob(queries), moved.log_prob(queries), rtol=1e-10)
+    np.testing.assert_allclose(on_device.transform(queries), moved.transform(queries), rtol=1e-8, atol=1e-12)
+    on_device.save(tmp_path / "vifa")
+    loaded = distributed.ShardedVIFA.load(tmp_path / "vifa", device="cpu", **options)
+    assert torch.equal(loaded.local_model.loadings, on_device.local_model.loadings)
+    np.testing.assert_allclose(loaded.log_prob(queries), moved.log_prob(queries), rtol=1e-10)
 
 
 def test_the_old_torch_names_say_where_the_classes_went() -> None:

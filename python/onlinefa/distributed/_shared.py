@@ -15,7 +15,6 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from .. import _core
-from .._device import DeviceDispatch
 from .._gaussian import sample_noise, sample_seed
 from .._validation import as_numpy, as_sample_matrix, check_finite_samples, check_int
 from ._comm import Communicator, exchange, new_tag
@@ -57,7 +56,7 @@ def rank_file(rank: int, world_size: int, generation: int | None = None) -> str:
 _RANK_FILE = re.compile(r"rank-(\d{5})-of-(\d{5})(?:\.g([0-9a-f]{12}))?\.npz")
 
 
-class ShardedGaussianMixin(DeviceDispatch):
+class ShardedGaussianMixin:
     """Collective queries of a Gaussian N(c, F Fᵀ + Ψ) whose D rows are split across ranks."""
 
     _comm: Communicator
@@ -322,12 +321,20 @@ class ShardedGaussianMixin(DeviceDispatch):
         _remove_other_generations(directory, rank, w, file.name)
 
     @classmethod
+    def _load_local(cls, file: Path, device: Any) -> Any:
+        """This rank's model from its file; ``device`` where the rows go (None: the Rust core)."""
+        if device is not None:
+            raise TypeError(f"{cls.__name__}.load takes no device; load it without one")
+        return cls._local_class.load(file)
+
+    @classmethod
     def load(cls, path: str | os.PathLike[str], *, group: Any = None, allreduce: Any = None,
-             rank: int | None = None, world_size: int | None = None) -> Any:
+             rank: int | None = None, world_size: int | None = None, device: Any = None) -> Any:
         """Read a checkpoint written by :meth:`save` with the same number of ranks (collective).
 
         Each rank reads the file of its own rank; the manifest's SHA-256 detects a file of another rank or
-        another save. Updates then continue bit-identically.
+        another save. Updates then continue bit-identically. ``device`` (the streaming models): where this
+        rank's rows go, as the constructor's; a checkpoint saved from either row store loads into either.
         """
         comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
         failure: BaseException | None = None
@@ -335,7 +342,7 @@ class ShardedGaussianMixin(DeviceDispatch):
         model._comm, n_local = comm, 0
         try:
             file, sizes = read_manifest(Path(path), cls.__name__, comm.rank, comm.world_size)
-            model._local = cls._local_class.load(file)
+            model._local = cls._load_local(file, device)
             model._n_components = model._local.n_components
             model._layout = ShardLayout(comm.rank, comm.world_size, sizes)
             n_local = model._local.n_features

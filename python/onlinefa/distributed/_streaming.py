@@ -9,22 +9,22 @@ from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
 from .._core import NumericalBreakdownError
-from ..streaming import OnlineEM, OnlineSGA, MappedCore
+from ..streaming import OnlineEM, OnlineSGA
 from ._comm import AllReduce, Communicator, exchange
 from ..errors import ShardCommunicationError
 from ._layout import build_local_model
-from ._shared import ShardedGaussianMixin, local_matrix
+from ._rows import RowStore, shard_rows
+from ._shared import ShardedGaussianMixin
 
 FloatArray = NDArray[np.float64]
 
 
 class _ShardedStreaming(ShardedGaussianMixin):
-    """A streaming model whose rows are split across ranks; one collective per sample."""
+    """A streaming model whose rows are split across ranks; one collective per sample. The same loop drives
+    every row store (:mod:`._rows`): the Rust core's rows, or torch tensors on a device (``device=``)."""
 
     _local_class: type[OnlineEM] | type[OnlineSGA]
-    #: Whether ``local_sums`` leaves the model unchanged (then a batch needs no separate agreement).
-    _sums_keep_state: bool
-    _local: OnlineEM | OnlineSGA
+    _local: Any  #: OnlineEM or OnlineSGA, on the Rust core or on a device
 
     def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
                  rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
@@ -32,43 +32,37 @@ class _ShardedStreaming(ShardedGaussianMixin):
         self._comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
         self._n_components = int(n_components)
         local_class = self._local_class
+        # the device is this rank's own: it is left out of the options every rank must agree on
         self._layout, self._local = build_local_model(
             self._comm, local_class.__name__, n_features, n_components, init, seed, options,
-            lambda n_local, k, rows, _seed, _layout: local_class(n_local, k, init=rows, **options),
+            lambda n_local, k, rows, _seed, _layout: local_class(n_local, k, init=rows, device=device, **options),
             strictly_more_rows=True)
 
     def _local_engine(self) -> Any:
-        local = self._local
-        local._require_fitted()
-        core = local._core
-        if not local._settings.get("shrink", False) or not core.is_fitted:
-            return core
-        fixed = local._fixed_map
-        if fixed is None or fixed[0] != core.n_seen:
-            raise RuntimeError(
-                f"rank {self.rank}: the reporting map of the sharded model is out of date (a collective failed "
-                "after the last samples were applied); call update again (with the next samples) on every rank")
-        return MappedCore(core, fixed[1])
+        return shard_rows(self._local).query_engine(self.rank)
 
-    def _refresh_report_map(self) -> None:
+    def _refresh_report_map(self, rows: RowStore) -> None:
         """After the state changed (collective): the K×K map of the spiked-model shrinkage (``shrink``) from the
         Gram Fᵀ Ψ⁻¹ F summed over every rank's rows, kept on the local model for its queries."""
-        local, k = self._local, self._n_components
-        core = local._core
-        if not isinstance(core, _core.OnlineEMCore) or not core.shrink or not core.is_fitted:  # alike on every rank
+        if not rows.reports_map():  # alike on every rank
             return
+        k = self._n_components
         failure: BaseException | None = None
         gram: FloatArray | None = None
+        n_seen, n_samples = 0, 0.0
         try:
-            gram = np.ascontiguousarray(core.gram(), dtype=np.float64).ravel()
+            gram, n_seen, n_samples = rows.gram()
         except Exception as err:
             failure = err
         total, _ = exchange(self._comm, failure, gram, k * k, what="the reporting map")
-        transform = _core.spiked_transform(total.reshape(k, k), self.n_features_total, core.effective_samples)
-        local._fixed_map = (core.n_seen, transform)
+        rows.set_map(n_seen, _core.spiked_transform(total.reshape(k, k), self.n_features_total, n_samples))
 
     def _after_load(self) -> None:
-        self._refresh_report_map()
+        self._refresh_report_map(shard_rows(self._local))
+
+    @classmethod
+    def _load_local(cls, file: Any, device: Any) -> Any:
+        return cls._local_class.load(file, device=device)
 
     # -- updates ----------------------------------------------------------------------------------------
     def update(self, X: ArrayLike) -> "_ShardedStreaming":
@@ -83,8 +77,9 @@ class _ShardedStreaming(ShardedGaussianMixin):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features) or (n_features,)
-            This rank's slice of each sample: NumPy, or a torch tensor on any device (moved to host once;
-            a contiguous CPU tensor is read in place).
+            This rank's slice of each sample. Rows on the Rust core: NumPy, or a torch tensor on any device
+            (moved to host once; a contiguous CPU tensor is read in place). Rows on a device: a tensor (moved to
+            that device) or an array.
 
         Raises
         ------
@@ -93,62 +88,65 @@ class _ShardedStreaming(ShardedGaussianMixin):
         NumericalBreakdownError
             A numerical breakdown; every rank raises and keeps the same state (as the single-process model).
         ShardCommunicationError
-            A collective failed (a peer died or the process group's timeout passed). The call is atomic on
-            every surviving rank: its model is restored to its state before the call (from a copy of the
-            rank's state, see :meth:`_backup`; above that copy's size bound the samples before the failure
-            stay applied, and the message says so).
+            A collective failed (a peer died or the process group's timeout passed), whichever collective of the
+            call it was. The call is atomic on every surviving rank: its model is restored to its state before
+            the call (from a copy of the rank's state, see :meth:`_keeps_backup`; above that copy's size bound
+            the samples before the failure stay applied, and the message says so).
         """
-        core = self._local._core
+        rows = shard_rows(self._local)
+        with rows.lock():
+            return self._update(rows, X)
+
+    def _update(self, rows: RowStore, X: ArrayLike) -> "_ShardedStreaming":
         failure: BaseException | None = None
-        x: NDArray[Any] | None = None
+        batch: Any = None
         try:
-            x = local_matrix(X, self._local.n_features)
-            core.check_batch(x)
+            batch = rows.checked(X)
         except Exception as err:
             failure = err
-        n_rows = 0 if x is None else x.shape[0]
-        backup = self._backup()
-        self._local._cache = None
-        if not self._sums_keep_state:
-            _, rows = exchange(self._comm, failure, None, 0, rows=n_rows, what="update")
-            self._check_rows(rows)
-        k = self._n_components
-        for i in range(max(n_rows, 1)):
-            sums = None
-            if failure is None and x is not None and i < n_rows:
-                try:
-                    s, u, dsq = core.local_sums(x[i])
-                    sums = np.concatenate([s.ravel(), u, [dsq]])
-                    if not np.all(np.isfinite(sums)):
-                        raise NumericalBreakdownError(
-                            f"the E-step sums of sample {i} over this rank's rows are not finite"
-                        )
-                except Exception as err:
-                    failure = err
-            try:
-                total, rows = exchange(self._comm, failure, sums, k * k + k + 1, rows=n_rows, what="update")
+        n_rows = 0 if batch is None else int(batch.shape[0])
+        backup = rows.backup() if self._keeps_backup() else None
+        applied = 0
+        try:
+            if not rows.sums_keep_state:
+                _, counts = exchange(self._comm, failure, None, 0, rows=n_rows, what="update")
+                self._check_rows(counts)
+            for i in range(max(n_rows, 1)):
+                sums = None
+                if failure is None and batch is not None and i < n_rows:
+                    try:
+                        sums = rows.sums(batch[i])
+                        if not np.all(np.isfinite(sums)):
+                            raise NumericalBreakdownError(
+                                f"the E-step sums of sample {i} over this rank's rows are not finite")
+                    except Exception as err:
+                        failure = err
+                total, counts = exchange(self._comm, failure, sums, self._sums_length(), rows=n_rows,
+                                         what="update")
                 if i == 0:
-                    self._check_rows(rows)
+                    self._check_rows(counts)
                 if n_rows == 0:
                     return self
-                core.apply_sums(total[: k * k].reshape(k, k), total[k * k: k * k + k], float(total[-1]),
-                                self.n_features_total)
-            except ShardCommunicationError as err:
-                # A peer died (or the timeout passed) between two samples: the samples before it were applied
-                # on this rank. Put back the state from before the call and say so.
-                restored = self._restore(backup)
-                raise ShardCommunicationError(
-                    f"{err}; this rank's model " + (
-                        "was restored to its state before the call" if restored else
-                        f"keeps the {i} sample(s) of the call applied before the failure (no copy of its state "
-                        "was kept: the largest shard's D_local·K is above onlinefa._core.snapshot_max_elements())"
-                    )
-                ) from err
-            except BaseException:
-                self._restore(backup)
-                raise
-        self._refresh_report_map()
+                rows.apply(total, self._n_components, self.n_features_total)
+                applied = i + 1
+            self._refresh_report_map(rows)  # a collective too: a peer lost here must leave the model as it was
+        except ShardCommunicationError as err:
+            restored = self._restore(rows, backup)
+            raise ShardCommunicationError(
+                f"{err}; this rank's model " + (
+                    "was restored to its state before the call" if restored else
+                    f"keeps the {applied} sample(s) of the call applied before the failure (no copy of its state "
+                    "was kept: the largest shard's D_local·K is above onlinefa._core.snapshot_max_elements())"
+                )
+            ) from err
+        except BaseException:
+            self._restore(rows, backup)
+            raise
         return self
+
+    def _sums_length(self) -> int:
+        k = self._n_components
+        return k * k + k + 1
 
     def _check_rows(self, rows: NDArray[np.int64]) -> None:
         if np.any(rows != rows[0]):
@@ -156,49 +154,46 @@ class _ShardedStreaming(ShardedGaussianMixin):
                 f"rank {self.rank}: every rank must pass the same number of samples; got {rows.tolist()} by rank"
             )
 
-    def _backup(self) -> dict[str, Any] | None:
-        """The state to restore after a failed batch, or None.
+    def _keeps_backup(self) -> bool:
+        """Whether a call keeps a copy of this rank's state to put back after a failure.
 
-        A copy of this rank's state (``get_state`` of the local core: D_local·K + 4·D_local + K² + K numbers
-        in the storage dtype, i.e. about one more copy of the rank's model for the duration of the call). It
-        is kept when the largest shard's D_local·K is at most ``onlinefa._core.snapshot_max_elements()``
-        (2¹⁸), the bound of the single-process models, so that every rank makes the same choice (the shard
-        sizes are known on every rank). Above the bound no copy is made, and a failed call leaves the samples
-        before the failing one applied, on every rank alike.
+        The copy is about one more copy of the rank's model (D_local·K + 4·D_local + K² + K numbers) for the
+        duration of the call. It is kept when the largest shard's D_local·K is at most
+        ``onlinefa._core.snapshot_max_elements()`` (2¹⁸), the bound of the single-process models, so that every
+        rank makes the same choice (the shard sizes are known on every rank). Above the bound no copy is made,
+        and a failed call leaves the samples before the failing one applied, on every rank alike.
         """
-        if max(self._layout.sizes) * self._n_components <= _core.snapshot_max_elements():
-            state: dict[str, Any] = self._local._core.get_state()
-            return state
-        return None
+        return max(self._layout.sizes) * self._n_components <= _core.snapshot_max_elements()
 
-    def _restore(self, backup: dict[str, Any] | None) -> bool:
+    @staticmethod
+    def _restore(rows: RowStore, backup: Any) -> bool:
         """Put back the state from before the batch, if it was kept (returns whether it was); otherwise the
         samples before the failing one stay applied (as in the single-process model)."""
         if backup is None:
             return False
-        self._local._restore(backup)
+        rows.restore(backup)
         return True
 
     # -- local accessors -------------------------------------------------------------------------------
     @property
     def n_seen(self) -> int:
         """Samples applied so far (the same on every rank)."""
-        return self._local.n_seen
+        return int(self._local.n_seen)
 
     @property
     def n_warmup(self) -> int:
         """Warm-up length."""
-        return self._local.n_warmup
+        return int(self._local.n_warmup)
 
     @property
     def is_fitted(self) -> bool:
         """Whether warm-up is over."""
-        return self._local.is_fitted
+        return bool(self._local.is_fitted)
 
     @property
     def dtype(self) -> str:
-        """Storage dtype of the state."""
-        return self._local.dtype
+        """Storage dtype of the state ("float64" or "float32", whichever store holds the rows)."""
+        return str(self._local.dtype).removeprefix("torch.")
 
     def __repr__(self) -> str:
         start, stop = self.row_range
@@ -238,18 +233,14 @@ class ShardedOnlineEM(_ShardedStreaming):
     """
 
     _local_class = OnlineEM
-    _device_impl = "onlinefa.torch._sharded:ShardedOnlineEM"
-    _sums_keep_state = True
 
 
 class ShardedOnlineSGA(_ShardedStreaming):
     """:class:`onlinefa.OnlineSGA` with its D rows split across processes (exact).
 
-    Same parameters as :class:`ShardedOnlineEM` (``device`` included), with the options of :class:`onlinefa.OnlineSGA`. Its pass
-    updates the running mean in place, so a batch first agrees that every rank's input is valid (one tiny
-    collective per call), then takes one collective per sample.
+    Same parameters as :class:`ShardedOnlineEM` (``device`` included), with the options of
+    :class:`onlinefa.OnlineSGA`. On the Rust core its pass updates the running mean in place, so a batch first
+    agrees that every rank's input is valid (one tiny collective per call), then takes one collective per sample.
     """
 
     _local_class = OnlineSGA
-    _device_impl = "onlinefa.torch._sharded:ShardedOnlineSGA"
-    _sums_keep_state = False

@@ -1,106 +1,71 @@
-"""``onlinefa.distributed.ShardedVIFA`` with ``device=``: the device VIFA with its D rows split across processes."""
+"""The rows of a device VIFA (torch tensors) as a sharded VIFA drives them.
+
+``onlinefa.distributed.ShardedVIFA(..., device=...)`` keeps each rank's rows in a device :class:`onlinefa.VIFA`;
+the sharded step is the same for every row store (``onlinefa.distributed._vifa``), and :class:`TensorVifaRows`
+is this store's part of it. Its local step changes nothing until ``finish``, so a failed step needs no copy.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ContextManager
 
 import numpy as np
 import torch
-from numpy.typing import ArrayLike
 
-from .. import distributed
-from ..distributed._comm import AllReduce, Communicator, exchange
-from ..distributed._layout import ShardLayout
-from ..distributed._vifa import build_local_vifa
-from ._vifa_engine import VIFAEngine, precision_inverse
+from ..errors import NumericalBreakdownError
+from ._vifa_engine import precision_inverse
 from ._vifa_model import VIFA
 
 
-class ShardedVIFA:
-    """:class:`onlinefa.VIFA` (``device=``) with its D rows split across processes, each shard on its own device.
+class TensorVifaRows:
+    """A device VIFA's rows: its engine's three phases of a step and its lock."""
 
-    The parameters are those of :class:`onlinefa.distributed.ShardedVIFA` (``n_features`` is this rank's number
-    of rows; the initial loadings are the single-process model's rows), plus ``device``, which may differ between
-    ranks. A training draw needs no communication (h is keyed by the shared seed and draw index, z by the draw
-    and the shard's first global row); :meth:`step` takes two small collectives, the clipping norms (3 numbers)
-    and B = Fᵀ Ψ⁻¹ F of the new parameters (K²). Invalid gradients or a diverging step on any rank raise on
-    every rank and change nothing anywhere (a rank's new state is adopted only after both collectives).
-    """
+    local_step_changes_state = False
 
-    def __init__(self, n_features: int, n_components: int, *, group: Any = None, allreduce: AllReduce | None = None,
-                 rank: int | None = None, world_size: int | None = None, init: ArrayLike | None = None,
-                 seed: int | None = None, init_mean: ArrayLike | None = None,
-                 init_noise_variance: ArrayLike | None = None, device: str | torch.device = "cpu",
-                 **options: Any) -> None:
-        self._comm = Communicator(allreduce, group=group, rank=rank, world_size=world_size)
-        # the start (options agreed, the single-process model's rows) from the host model, then on the device
-        self._layout, start = build_local_vifa(self._comm, n_features, n_components, init, seed, init_mean,
-                                               init_noise_variance, options)
-        self._local = VIFA.from_numpy(start, device=device)
-        engine: VIFAEngine = self._local._engine
-        self._k = engine.settings.n_components
-        gram = self._comm.sum(engine.gram().numpy().ravel(), "B = Fᵀ Ψ⁻¹ F")
-        engine.m_inv = precision_inverse(torch.as_tensor(gram.reshape(self._k, self._k)))
+    def __init__(self, local: VIFA) -> None:
+        self._local = local
 
-    @property
-    def layout(self) -> ShardLayout:
-        """Row ranges of every rank."""
-        return self._layout
+    def lock(self) -> ContextManager[Any]:
+        lock: ContextManager[Any] = self._local._lock
+        return lock
 
-    @property
-    def local_model(self) -> VIFA:
-        """This rank's rows as a device :class:`onlinefa.VIFA` (its (I + B)⁻¹ is the whole model's)."""
-        return self._local
+    def checked(self, grad: Any) -> torch.Tensor:
+        return self._local._checked_gradients(grad)
 
-    @property
-    def n_steps(self) -> int:
-        """Optimiser steps applied so far (the same on every rank)."""
-        return self._local.n_steps
+    def norms(self, grads: torch.Tensor) -> list[float] | None:
+        norms: list[float] | None = self._local._engine.local_gradient_norms(grads)
+        return norms
 
-    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This rank's rows of (c, F, ψ) on its device."""
-        return self._local.snapshot()
+    def local_step(self, grads: torch.Tensor, sq_norms: list[float] | None) -> tuple[Any, np.ndarray, bool]:
+        state, gram = self._local._engine.local_step(grads, sq_norms)
+        return state, gram.numpy().ravel(), True
 
-    def sample(self) -> torch.Tensor:
-        """The training draw of this rank's rows (local), remembered for :meth:`step`."""
-        return self._local.sample()
+    def finish(self, pending: Any, gram: np.ndarray, finite: bool) -> None:
+        if not finite:
+            raise NumericalBreakdownError("the VIFA step made a parameter non-finite on another rank: lower the "
+                                          "learning rates or set clip_grad_norm; this rank's model is as before")
+        engine = self._local._engine
+        whole = torch.as_tensor(np.asarray(gram).reshape(engine.settings.n_components, -1))
+        if pending is None:  # the current parameters: only their (I + B)⁻¹
+            engine.m_inv = precision_inverse(whole)
+        else:
+            engine.finish_step(pending, whole)
 
-    def step(self, grad: Any) -> "ShardedVIFA":
-        """One optimiser step from this rank's slice of the gradients at the pending draws (collective).
+    def gram(self) -> np.ndarray:
+        gram: np.ndarray = self._local._engine.gram().numpy().ravel()
+        return gram
 
-        Raises
-        ------
-        ValueError, RuntimeError
-            Invalid gradients or call order on any rank: every rank raises, none changes.
-        onlinefa.NumericalBreakdownError
-            The step would make a parameter non-finite on some rank: every rank raises, none changes.
-        """
-        with self._local._lock:
-            return self._step_locked(grad)
+    def backup(self) -> Any:
+        raise NotImplementedError("a device VIFA's local step changes nothing: no copy is needed")
 
-    def _step_locked(self, grad: Any) -> "ShardedVIFA":
-        engine: VIFAEngine = self._local._engine
-        failure: BaseException | None = None
-        g, norms = None, None
-        try:
-            g = self._local._checked_gradients(grad)
-            norms = engine.local_gradient_norms(g)
-        except Exception as err:
-            failure = err
-        clip = engine.settings.clip_grad_norm is not None
-        total, _ = exchange(self._comm, failure, None if norms is None else np.asarray(norms), 3, what="step")
-        failure, payload, state = None, np.zeros(self._k * self._k), None
-        try:
-            assert g is not None  # every rank's gradients passed the check above
-            state, gram = engine.local_step(g, [float(v) for v in total] if clip else None)
-            payload = gram.numpy().ravel()
-        except Exception as err:
-            failure = err
-        summed, _ = exchange(self._comm, failure, payload, self._k * self._k, what="step (B = Fᵀ Ψ⁻¹ F)")
-        assert state is not None
-        engine.finish_step(state, torch.as_tensor(summed.reshape(self._k, self._k)))
-        return self
+    def restore(self, backup: Any) -> None:
+        raise NotImplementedError("a device VIFA's local step changes nothing: no copy is needed")
 
+    def row_offset(self) -> int:
+        return int(self._local._engine.row_offset)
 
-# ``onlinefa.distributed.ShardedVIFA(..., device=...)`` builds this class; it is that class to ``isinstance``.
-distributed.ShardedVIFA.register(ShardedVIFA)
+    def query_engine(self, gram: np.ndarray) -> Any:
+        """The collective queries run on a host copy of these rows, with the whole model's (I + B)⁻¹."""
+        host = self._local.to_numpy()
+        host._core.finish_step(np.asarray(gram).reshape(self._local.n_components, -1), True)
+        return host._core

@@ -75,7 +75,30 @@ def state_dtype(dtype: object) -> torch.dtype:
     return _DTYPES[name]
 
 
-class TorchGaussianModel:
+class SnapshotParts:
+    """``mean``, ``loadings`` and ``noise_variance`` as the parts of ``snapshot()`` (one consistent state each)."""
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The fitted Gaussian (mean c, loadings F, noise variances ψ) as float64 tensors on the device."""
+        raise NotImplementedError
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """c = θ̄ (D,)."""
+        return self.snapshot()[0]
+
+    @property
+    def loadings(self) -> torch.Tensor:
+        """F (D, K)."""
+        return self.snapshot()[1]
+
+    @property
+    def noise_variance(self) -> torch.Tensor:
+        """ψ (D,)."""
+        return self.snapshot()[2]
+
+
+class TorchGaussianModel(SnapshotParts):
     """Base of the torch models (:class:`onlinefa.OnlineEM`, ``OnlineSGA`` and ``VIFA`` with ``device=``): the Gaussian's
     queries and the checkpoints of the NumPy-facing class of the same name.
 
@@ -130,10 +153,6 @@ class TorchGaussianModel:
         dtype: torch.dtype = self._engine.dtype
         return dtype
 
-    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The fitted Gaussian (mean c, loadings F, noise variances ψ) as float64 tensors on the device."""
-        raise NotImplementedError
-
     #: (n_seen, R): the K×K reporting map of a model whose rows are one shard of a larger model, computed over
     #: all the shards after the last update (see ``onlinefa.distributed.ShardedOnlineEM`` with ``device=``); None: the model's own.
     _fixed_map: tuple[int, np.ndarray] | None = None
@@ -145,21 +164,6 @@ class TorchGaussianModel:
             return self._fixed_map[1]
         out: np.ndarray = _core.spiked_transform(factor_gram(f, psi), int(f.shape[0]), n_samples)
         return out
-
-    @property
-    def mean(self) -> torch.Tensor:
-        """c = θ̄ (D,)."""
-        return self.snapshot()[0]
-
-    @property
-    def loadings(self) -> torch.Tensor:
-        """F (D, K)."""
-        return self.snapshot()[1]
-
-    @property
-    def noise_variance(self) -> torch.Tensor:
-        """ψ (D,)."""
-        return self.snapshot()[2]
 
     @locked
     def sample(self, n_samples: int = 1, *, generator: torch.Generator | None = None) -> torch.Tensor:
