@@ -19,6 +19,7 @@ mod streaming;
 mod update_pool;
 mod vbfa;
 mod vifa;
+mod vifa_step;
 
 use pyo3::prelude::*;
 
@@ -54,4 +55,6 @@ mod _core {
     use super::vbfa::{vbfa_log_likelihood, OnlineVBFACore, VBFACore};
     #[pymodule_export]
     use super::vifa::VIFACore;
+    #[pymodule_export]
+    use super::vifa_step::VIFAStep;
 }

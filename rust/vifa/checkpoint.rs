@@ -1,10 +1,9 @@
 //! The saved state of a [`super::Vifa`]: hyper-parameters, counters, parameters and Adam moments.
 
-use super::config::validate_vifa_dims;
 use super::fused::Kernel;
 use super::params::{sqrt_noise, Moments, Params};
 use super::update::LOG_NOISE_LIMIT;
-use super::{LearningRates, Optimizer, Vifa, VifaConfig};
+use super::{Optimizer, Vifa, VifaKkStep};
 use crate::error::{FaError, Result};
 use crate::state::{expect_kind, Checkpoint, StateMap, StateReader, StateReal, StateValue, StateWriter};
 
@@ -31,24 +30,7 @@ impl<T: StateReal> Checkpoint for Vifa<T> {
         let (d, k) = (self.n_features, self.n_components);
         let mut w = StateWriter::new(Self::KIND);
         w.put("n_features", StateValue::Int(d as u64));
-        w.put("n_components", StateValue::Int(k as u64));
-        w.put("prior_precision", StateValue::Float(self.config.prior_precision));
-        w.put("lr_mean", StateValue::Float(self.config.lr.mean));
-        w.put("lr_loadings", StateValue::Float(self.config.lr.loadings));
-        w.put("lr_log_noise", StateValue::Float(self.config.lr.log_noise));
-        w.put("optimizer", StateValue::Text(self.config.optimizer.name().into()));
-        w.put("n_grad_samples", StateValue::Int(self.config.n_grad_samples as u64));
-        if let Some(max) = self.config.clip_grad_norm {
-            w.put("clip_grad_norm", StateValue::Float(max));
-        }
-        w.put("seed", StateValue::Int(self.seed));
-        w.put("n_draws", StateValue::Int(self.n_draws));
-        w.put("n_pending", StateValue::Int(self.n_pending as u64));
-        w.put("n_steps", StateValue::Int(self.n_steps));
-        w.put("diverged", StateValue::Bool(self.m_inv.is_none()));
-        if self.row_offset != 0 {
-            w.put("row_offset", StateValue::Int(self.row_offset as u64));
-        }
+        self.kk_step.write_state(&mut w);
         write_params(&mut w, "", &self.params, d, k);
         if let Some(m) = &self.moments {
             write_params(&mut w, "adam_m_", &m.first, d, k);
@@ -61,34 +43,10 @@ impl<T: StateReal> Checkpoint for Vifa<T> {
         expect_kind(state, Self::KIND)?;
         let r = StateReader(state);
         let bad = |e: FaError| FaError::InvalidState(e.to_string());
-        let (d, k) = (r.usize("n_features")?, r.usize("n_components")?);
-        validate_vifa_dims(d, k).map_err(bad)?;
-        let config = VifaConfig {
-            prior_precision: r.float("prior_precision")?,
-            lr: LearningRates {
-                mean: r.float("lr_mean")?,
-                loadings: r.float("lr_loadings")?,
-                log_noise: r.float("lr_log_noise")?,
-            },
-            optimizer: Optimizer::parse(r.text("optimizer")?).map_err(bad)?,
-            n_grad_samples: r.usize("n_grad_samples")?,
-            clip_grad_norm: if r.has("clip_grad_norm") {
-                Some(r.float("clip_grad_norm")?)
-            } else {
-                None
-            },
-        };
-        config.validate().map_err(bad)?;
-        let (n_draws, n_pending) = (r.int("n_draws")?, r.usize("n_pending")?);
-        if n_pending > config.n_grad_samples || n_pending as u64 > n_draws {
-            return Err(FaError::InvalidState(format!(
-                "n_pending = {n_pending} exceeds n_grad_samples or n_draws = {n_draws}"
-            )));
-        }
-        if r.bool("diverged")? {
-            return Err(FaError::InvalidState("the checkpointed VIFA had diverged".into()));
-        }
-        let moments = match config.optimizer {
+        let d = r.usize("n_features")?;
+        let kk_step = VifaKkStep::read_state(&r, d)?;
+        let k = kk_step.n_components;
+        let moments = match kk_step.config.optimizer {
             Optimizer::Sgd => None,
             Optimizer::Adam => Some(Moments {
                 first: read_params::<T>(&r, "adam_m_", d, k)?,
@@ -98,17 +56,11 @@ impl<T: StateReal> Checkpoint for Vifa<T> {
         let mut model = Vifa {
             n_features: d,
             n_components: k,
-            config,
-            seed: r.int("seed")?,
-            n_draws,
-            n_pending,
-            n_steps: r.int("n_steps")?,
+            kk_step,
             sqrt_psi: Vec::new(),
             kernel: Kernel::choose(k),
             params: read_params(&r, "", d, k)?,
             moments,
-            m_inv: None,
-            row_offset: if r.has("row_offset") { r.usize("row_offset")? } else { 0 },
         };
         if model
             .params
@@ -121,7 +73,7 @@ impl<T: StateReal> Checkpoint for Vifa<T> {
             )));
         }
         model.sqrt_psi = sqrt_noise(&model.params.beta);
-        model.m_inv = Some(model.recompute_m_inv().map_err(bad)?);
+        model.kk_step.m_inv = Some(model.recompute_m_inv().map_err(bad)?);
         Ok(model)
     }
 }
@@ -129,7 +81,7 @@ impl<T: StateReal> Checkpoint for Vifa<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vifa::VifaInit;
+    use crate::vifa::{LearningRates, VifaConfig, VifaInit};
 
     fn adam_model(d: usize, seed: u64) -> Vifa<f32> {
         let f = crate::init::orthonormal_loadings(d, 2, seed).expect("init");

@@ -17,36 +17,29 @@ use super::lanes;
 use super::{fill_noise, latent_draw, Vifa, BLOCK_ROWS, TASK_ROWS};
 use crate::engine::isa::Isa;
 use crate::engine::{run_tasks, use_parallel};
-use crate::error::{FaError, Result};
+use crate::error::Result;
 use crate::scalar::Real;
 
 impl<T: Real> Vifa<T> {
     /// The first pending draw's index.
     pub(super) fn first_pending(&self) -> u64 {
-        self.n_draws - self.n_pending as u64
+        self.kk_step.first_pending()
     }
 
     /// Draw θ = F h + c + ψ^{1/2} ⊙ z (4.50; Algorithm 3 lines 5–7) and remember it for the next step.
     /// Error if L = `n_grad_samples` draws are already waiting for their step.
     pub fn sample(&mut self) -> Result<Array1<f64>> {
-        self.m_inv()?;
-        if self.n_pending >= self.config.n_grad_samples {
-            return Err(FaError::CallOrder(format!(
-                "{} draw(s) are already waiting for step() (n_grad_samples = {}); call step() with their \
-                 gradients first",
-                self.n_pending, self.config.n_grad_samples
-            )));
-        }
-        let theta = self.theta(self.n_draws);
-        self.n_draws += 1;
-        self.n_pending += 1;
+        let mut next = self.kk_step.clone();
+        let draw = next.begin_draw()?;
+        let theta = self.theta(draw);
+        self.kk_step = next;
         Ok(theta)
     }
 
     /// θ of draw `draw` at the current parameters (D).
     pub(super) fn theta(&self, draw: u64) -> Array1<f64> {
         let (d, k) = (self.n_features, self.n_components);
-        let h = latent_draw(self.seed, draw, k);
+        let h = latent_draw(self.kk_step.seed, draw, k);
         let h_slice = h.as_slice().expect("a new vector is contiguous");
         let mut out = vec![0.0; d];
         let tasks: Vec<(usize, &mut [f64])> = out
@@ -59,7 +52,7 @@ impl<T: Real> Vifa<T> {
             for (b, o_blk) in o.chunks_mut(BLOCK_ROWS).enumerate() {
                 let row0 = lo + b * BLOCK_ROWS;
                 let nb = o_blk.len();
-                fill_noise(self.seed, draw, self.row_offset + row0, &mut z[..nb]);
+                fill_noise(self.kk_step.seed, draw, self.kk_step.row_offset + row0, &mut z[..nb]);
                 if let Kernel::Fused(isa) = self.kernel {
                     let rows = SampleRows {
                         c: &self.params.c[row0..row0 + nb],
@@ -84,16 +77,22 @@ impl<T: Real> Vifa<T> {
     pub fn pending_noise(&self) -> (Array2<f64>, Array2<f64>) {
         let (d, k) = (self.n_features, self.n_components);
         let first = self.first_pending();
-        let mut h = Array2::zeros((self.n_pending, k));
-        let mut z = Array2::zeros((self.n_pending, d));
-        for l in 0..self.n_pending {
-            h.row_mut(l).assign(&latent_draw(self.seed, first + l as u64, k));
+        let mut h = Array2::zeros((self.kk_step.n_pending, k));
+        let mut z = Array2::zeros((self.kk_step.n_pending, d));
+        for l in 0..self.kk_step.n_pending {
+            h.row_mut(l)
+                .assign(&latent_draw(self.kk_step.seed, first + l as u64, k));
             let mut row = z.row_mut(l);
             let slice = row
                 .as_slice_mut()
                 .expect("rows of a standard-layout array are contiguous");
             for (b, blk) in slice.chunks_mut(BLOCK_ROWS).enumerate() {
-                fill_noise(self.seed, first + l as u64, self.row_offset + b * BLOCK_ROWS, blk);
+                fill_noise(
+                    self.kk_step.seed,
+                    first + l as u64,
+                    self.kk_step.row_offset + b * BLOCK_ROWS,
+                    blk,
+                );
             }
         }
         (h, z)
@@ -103,9 +102,9 @@ impl<T: Real> Vifa<T> {
     pub(super) fn pending_latents(&self) -> Array2<f64> {
         let k = self.n_components;
         let first = self.first_pending();
-        let mut h = Array2::zeros((self.n_pending, k));
+        let mut h = Array2::zeros((self.kk_step.n_pending, k));
         for (l, mut row) in h.rows_mut().into_iter().enumerate() {
-            row.assign(&latent_draw(self.seed, first + l as u64, k));
+            row.assign(&latent_draw(self.kk_step.seed, first + l as u64, k));
         }
         h
     }

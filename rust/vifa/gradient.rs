@@ -37,14 +37,14 @@ impl<T: Real> Vifa<T> {
     ) -> GradCtx<'a, X> {
         GradCtx {
             k: self.n_components,
-            seed: self.seed,
+            seed: self.kk_step.seed,
             first_draw: self.first_pending(),
             h,
             grads,
             m_inv_tiled: Tiled::new(self.n_components, &m_inv.iter().copied().collect::<Vec<f64>>()),
             m_inv,
-            alpha: self.config.prior_precision,
-            row_offset: self.row_offset,
+            alpha: self.kk_step.config.prior_precision,
+            row_offset: self.kk_step.row_offset,
         }
     }
 }

@@ -62,7 +62,7 @@ fn fused_kernels_equal_the_blocked_path_to_rounding() {
             );
             let mut blocked = fused.clone();
             blocked.kernel = Kernel::Blocked(Isa::detect());
-            blocked.m_inv = Some(blocked.recompute_m_inv().expect("m_inv"));
+            blocked.kk_step.m_inv = Some(blocked.recompute_m_inv().expect("m_inv"));
             train(&mut fused, 4);
             train(&mut blocked, 4);
             let diff = max_relative_difference(&fused, &blocked);
@@ -71,7 +71,10 @@ fn fused_kernels_equal_the_blocked_path_to_rounding() {
                 diff > 0.0 || k == 1,
                 "K = {k}: the two paths should not be the same code"
             );
-            let (a, b) = (fused.m_inv.expect("finite"), blocked.m_inv.expect("finite"));
+            let (a, b) = (
+                fused.kk_step.m_inv.expect("finite"),
+                blocked.kk_step.m_inv.expect("finite"),
+            );
             assert!(a
                 .iter()
                 .zip(b.iter())
@@ -88,12 +91,12 @@ fn paths_agree_with_portable<T: Real>(tol: f64) {
         let start = model::<T>(611, k, settings(Optimizer::Adam, true), 5);
         let mut portable = start.clone();
         portable.kernel = Kernel::Fused(Isa::Portable);
-        portable.m_inv = Some(portable.recompute_m_inv().expect("m_inv"));
+        portable.kk_step.m_inv = Some(portable.recompute_m_inv().expect("m_inv"));
         train(&mut portable, 3);
         for isa in Isa::available() {
             let mut other = start.clone();
             other.kernel = Kernel::Fused(isa);
-            other.m_inv = Some(other.recompute_m_inv().expect("m_inv"));
+            other.kk_step.m_inv = Some(other.recompute_m_inv().expect("m_inv"));
             train(&mut other, 3);
             if isa.vector_bytes() == Isa::Portable.vector_bytes() {
                 other.kernel = portable.kernel;
@@ -129,7 +132,7 @@ fn thread_count_independent<T: Real>() {
         let run = |vi: &mut Vifa<T>| train(vi, 2);
         let mut par = model::<T>(d, k, settings(Optimizer::Adam, true), 2);
         par.kernel = kernel;
-        par.m_inv = Some(par.recompute_m_inv().expect("m_inv"));
+        par.kk_step.m_inv = Some(par.recompute_m_inv().expect("m_inv"));
         let mut ser = par.clone();
         run(&mut par);
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");

@@ -31,10 +31,11 @@
 //! Layout, each file using only those before it (the layering test checks that no two files import each
 //! other in a cycle): `config` (hyper-parameters, optimiser, learning rates), `params` (c, F, β and Adam's
 //! moments), `products` (the K×K products of the gradients), `lanes` (the per-row arithmetic across W rows),
-//! `gradient` (the blocked gradient kernels), `update` (the SGD and Adam rules and clipping), `fused` (the
-//! vectorised code paths for K ≤ 16), `fused_tasks` (a task's pass through them), `draws` (sampling), `step` (the
-//! step split into local gradient norms, local step and finish for models sharded across processes),
-//! `checkpoint` (the saved state). The draws' noise keys live here; tasks run on the engine's partition.
+//! `gradient` (the blocked gradient kernels), `update` (the SGD and Adam rules and clipping), `kk_step` (the K×K
+//! part, written once for every row store: counters, (I + B)⁻¹, each step's rule, their state keys), `fused`
+//! (the vectorised code paths for K ≤ 16), `fused_tasks` (a task's pass through them), `draws` (sampling),
+//! `step` (the step split into local gradient norms, local step and finish for models sharded across
+//! processes), `checkpoint` (the saved state). The draws' noise keys live here; tasks run on the engine's partition.
 
 mod checkpoint;
 mod config;
@@ -44,6 +45,7 @@ mod fused_tasks;
 mod gradient;
 #[cfg(test)]
 mod kernel_tests;
+mod kk_step;
 mod lanes;
 mod params;
 mod products;
@@ -56,13 +58,14 @@ mod update;
 use ndarray::{Array1, Array2};
 
 use crate::engine::{BLOCK_ROWS, TASK_ROWS};
-use crate::error::{invalid, FaError, Result};
+use crate::error::{invalid, Result};
 use crate::noise;
 use crate::scalar::Real;
 
 pub(crate) use config::validate_vifa_dims;
 pub use config::{LearningRates, Optimizer, VifaConfig, VifaInit, ADAM_BETA1, ADAM_BETA2, ADAM_EPS};
 use fused::Kernel;
+pub use kk_step::VifaKkStep;
 use params::{checked_vector, sqrt_noise, Moments, Params};
 
 // The engine's partition (`crate::engine::partition`): tasks of TASK_ROWS rows, on rayon past its size gate, in blocks
@@ -77,15 +80,8 @@ const _: () = assert!(
 pub struct Vifa<T: Real> {
     pub(crate) n_features: usize,
     pub(crate) n_components: usize,
-    pub(crate) config: VifaConfig,
-    /// Seed of the draw key; with `n_draws` the whole random state.
-    pub(crate) seed: u64,
-    /// Training draws made so far; draw j uses stream j.
-    pub(crate) n_draws: u64,
-    /// Draws made since the last step: n_draws − n_pending … n_draws − 1.
-    pub(crate) n_pending: usize,
-    /// Optimiser steps applied so far (Adam's t).
-    pub(crate) n_steps: u64,
+    /// The K×K part: hyper-parameters, counters, the draws' key, (I + B)⁻¹, the row offset.
+    pub(crate) kk_step: VifaKkStep,
     pub(crate) params: Params<T>,
     pub(crate) moments: Option<Moments<T>>,
     /// ψ^{1/2} = exp(β/2) of the stored β (D): derived from `params.beta` (never saved), kept so that a
@@ -93,11 +89,6 @@ pub struct Vifa<T: Real> {
     pub(crate) sqrt_psi: Vec<f64>,
     /// The kernels of the passes (fused for K ≤ 16; chosen once, never saved).
     pub(crate) kernel: Kernel,
-    /// (I + B)⁻¹ with B = Fᵀ Ψ⁻¹ F of the current parameters (K×K); None once the parameters diverged.
-    pub(crate) m_inv: Option<Array2<f64>>,
-    /// Index of this model's first row in the whole vector when the rows are split across processes (0
-    /// otherwise): the noise z of row r is that of global feature `row_offset + r`.
-    pub(crate) row_offset: usize,
 }
 
 /// The hint carried by the error of a diverged model.
@@ -148,19 +139,13 @@ impl<T: Real> Vifa<T> {
         let mut model = Vifa {
             n_features: d,
             n_components: k,
-            config,
-            seed,
-            n_draws: 0,
-            n_pending: 0,
-            n_steps: 0,
+            kk_step: VifaKkStep::new(k, config, seed)?,
             sqrt_psi: sqrt_noise(&beta),
             kernel: Kernel::choose(k),
             params: Params { c, f, beta },
             moments,
-            m_inv: None,
-            row_offset: 0,
         };
-        model.m_inv = Some(model.recompute_m_inv()?);
+        model.kk_step.m_inv = Some(model.recompute_m_inv()?);
         Ok(model)
     }
 
@@ -176,45 +161,42 @@ impl<T: Real> Vifa<T> {
 
     /// Hyper-parameters.
     pub fn config(&self) -> &VifaConfig {
-        &self.config
+        &self.kk_step.config
     }
 
     /// Seed of the training draws.
     pub fn seed(&self) -> u64 {
-        self.seed
+        self.kk_step.seed
     }
 
     /// Optimiser steps applied so far.
     pub fn n_steps(&self) -> u64 {
-        self.n_steps
+        self.kk_step.n_steps
     }
 
     /// Training draws made so far.
     pub fn n_draws(&self) -> u64 {
-        self.n_draws
+        self.kk_step.n_draws
     }
 
     /// Draws waiting for their gradients.
     pub fn n_pending(&self) -> usize {
-        self.n_pending
+        self.kk_step.n_pending
+    }
+
+    /// The K×K part of the model.
+    pub fn kk_step(&self) -> &VifaKkStep {
+        &self.kk_step
     }
 
     /// Replace the learning rates (for schedules); takes effect at the next step.
     pub fn set_learning_rates(&mut self, lr: LearningRates) -> Result<()> {
-        lr.validate()?;
-        self.config.lr = lr;
-        Ok(())
+        self.kk_step.set_learning_rates(lr)
     }
 
     /// Replace the prior precision α of p(θ) = N(0, α⁻¹ I) (finite, >= 0); takes effect at the next step.
     pub fn set_prior_precision(&mut self, alpha: f64) -> Result<()> {
-        let config = VifaConfig {
-            prior_precision: alpha,
-            ..self.config.clone()
-        };
-        config.validate()?;
-        self.config = config;
-        Ok(())
+        self.kk_step.set_prior_precision(alpha)
     }
 
     /// Mean c (D).
@@ -238,19 +220,15 @@ impl<T: Real> Vifa<T> {
         self.params.beta.iter().map(|b| b.to_f64()).collect()
     }
 
-    fn m_inv(&self) -> Result<&Array2<f64>> {
-        self.m_inv.as_ref().ok_or(FaError::NotPositiveDefinite(DIVERGED))
-    }
-
     /// Place this model's rows at `row_offset` in a vector split across processes (its noise then equals
     /// that of the whole model's rows there).
     pub fn set_row_offset(&mut self, row_offset: usize) {
-        self.row_offset = row_offset;
+        self.kk_step.row_offset = row_offset;
     }
 
     /// Index of this model's first row in the whole vector.
     pub fn row_offset(&self) -> usize {
-        self.row_offset
+        self.kk_step.row_offset
     }
 }
 

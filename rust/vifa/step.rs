@@ -8,13 +8,13 @@ use ndarray::{Array2, ArrayView2};
 use super::fused::{Kernel, StepConsts};
 use super::fused_tasks;
 use super::gradient::{accumulate_gram, block_gradients, GradCtx, Scratch};
+use super::kk_step::precision_inverse;
 use super::params::RowsMut;
 use super::products::mirror_upper;
-use super::update::{clip_scales, update_task, StepTask, UpdateRule};
-use super::{Vifa, BLOCK_ROWS, DIVERGED, TASK_ROWS};
+use super::update::{update_task, StepTask, UpdateRule};
+use super::{Vifa, BLOCK_ROWS, TASK_ROWS};
 use crate::engine::{run_tasks, task_ranges, use_parallel, validate_batch};
-use crate::error::{invalid, FaError, Result};
-use crate::linalg::SpdFactor;
+use crate::error::{FaError, Result};
 use crate::scalar::Real;
 
 impl<T: Real> Vifa<T> {
@@ -63,13 +63,13 @@ impl<T: Real> Vifa<T> {
     /// part of ‖∇_c‖², ‖∇_F‖², ‖∇_β‖² (sums over rows: the parts of every process add up to the norms of
     /// the whole model). Changes nothing.
     pub fn local_gradient_norms<X: Real>(&self, grads: ArrayView2<X>) -> Result<Option<[f64; 3]>> {
-        self.m_inv()?;
+        self.kk_step.m_inv()?;
         self.check_grads(&grads)?;
-        if self.config.clip_grad_norm.is_none() {
+        if self.kk_step.config.clip_grad_norm.is_none() {
             return Ok(None);
         }
         let h = self.pending_latents();
-        let m_inv = self.m_inv()?.clone();
+        let m_inv = self.kk_step.m_inv()?.clone();
         Ok(Some(self.gradient_norms(&self.grad_ctx(h.view(), grads, m_inv.view()))))
     }
 
@@ -82,52 +82,25 @@ impl<T: Real> Vifa<T> {
         grads: ArrayView2<X>,
         sq_norms: Option<[f64; 3]>,
     ) -> Result<(Array2<f64>, bool)> {
-        let m_inv = self.m_inv()?.clone();
+        let m_inv = self.kk_step.m_inv()?.clone();
         self.check_grads(&grads)?;
-        let scale = match (self.config.clip_grad_norm, sq_norms) {
-            (Some(max), Some(sq)) => clip_scales(sq, max),
-            (None, _) => [1.0; 3],
-            (Some(_), None) => return Err(invalid("sq_norms", "gradient clipping needs the gradient norms")),
-        };
+        let rule = self.kk_step.rule(sq_norms)?;
         let h = self.pending_latents();
         let ctx = self.grad_ctx(h.view(), grads, m_inv.view());
-        let t = self.n_steps + 1;
-        let rule = UpdateRule::new(self.config.lr.as_array(), scale, t);
         let (gram, finite) = self.update_pass(&ctx, &rule);
-        self.n_steps = t;
-        self.n_pending = 0;
-        self.m_inv = None;
+        self.kk_step.stepped();
         Ok((gram, finite))
     }
 
     /// Last phase: (I + B)⁻¹ from B = Fᵀ Ψ⁻¹ F of the whole model (K×K) and whether every part's new
     /// parameters are finite; error (the model is then diverged) if they are not.
     pub fn finish_step(&mut self, gram: ArrayView2<f64>, finite: bool) -> Result<()> {
-        let k = self.n_components;
-        if gram.dim() != (k, k) {
-            return Err(FaError::Shape {
-                what: "gram",
-                expected: format!("({k}, {k})"),
-                got: gram.shape().to_vec(),
-            });
-        }
-        self.m_inv = if finite && gram.iter().all(|v| v.is_finite()) {
-            precision_inverse(k, vec![gram.to_owned()]).ok()
-        } else {
-            None
-        };
-        self.m_inv().map(|_| ())
+        self.kk_step.finish(gram, finite)
     }
 
     pub(super) fn check_grads<X: Real>(&self, grads: &ArrayView2<X>) -> Result<()> {
-        let l = self.config.n_grad_samples;
-        if self.n_pending < l {
-            return Err(FaError::CallOrder(format!(
-                "step() needs gradients at n_grad_samples = {l} draw(s) from sample(); {} pending — call \
-                 sample() first",
-                self.n_pending
-            )));
-        }
+        self.kk_step.check_ready()?;
+        let l = self.kk_step.config.n_grad_samples;
         if grads.dim() != (l, self.n_features) {
             let expected = if l == 1 {
                 format!("({},) or (1, {})", self.n_features, self.n_features)
@@ -225,13 +198,4 @@ fn square(k: usize, v: Vec<f64>) -> Array2<f64> {
 /// The values of a small matrix, row-major.
 fn flat(m: ArrayView2<f64>) -> Vec<f64> {
     m.iter().copied().collect()
-}
-
-/// (I + B)⁻¹ with B the sum of the per-task partial Gram matrices, added in task order.
-pub(super) fn precision_inverse(k: usize, partials: Vec<Array2<f64>>) -> Result<Array2<f64>> {
-    let gram = partials
-        .into_iter()
-        .fold(Array2::<f64>::zeros((k, k)), |acc, g| acc + g);
-    let precision = Array2::<f64>::eye(k) + &gram;
-    Ok(SpdFactor::new(precision.view(), DIVERGED)?.inverse())
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::error::FaError;
 use crate::init::{fill_standard_normal, orthonormal_loadings};
 use nalgebra::DMatrix;
 

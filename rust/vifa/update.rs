@@ -13,13 +13,13 @@ use crate::engine::isa::Isa;
 use crate::scalar::Real;
 
 /// Learning rates η, clipping factors and Adam's bias corrections of one step (per group c, F, β).
-pub(super) struct UpdateRule {
-    pub(super) lr: [f64; 3],
-    pub(super) scale: [f64; 3],
+pub(crate) struct UpdateRule {
+    pub(crate) lr: [f64; 3],
+    pub(crate) scale: [f64; 3],
     /// η / (1 − β₁ᵗ): Adam's step on m (m̂ = m / (1 − β₁ᵗ)).
-    pub(super) adam_lr: [f64; 3],
+    pub(crate) adam_lr: [f64; 3],
     /// 1 / √(1 − β₂ᵗ): √v̂ = √v / √(1 − β₂ᵗ).
-    pub(super) inv_sqrt_bias2: f64,
+    pub(crate) inv_sqrt_bias2: f64,
 }
 
 impl UpdateRule {

@@ -2,7 +2,7 @@
 
 K×K matrices and K-vectors live in float64 on the CPU, whatever the device of the D-sized state; the limits are
 the Rust core's per state dtype (largest accepted input, ψ's ceiling). Online EM's and online SGA's K×K steps
-are the Rust core's own (``_core.OnlineEMStep``, ``_core.OnlineSGAStep``); VIFA's (I + B)⁻¹ is computed here.
+are the Rust core's own (``_core.OnlineEMStep``, ``_core.OnlineSGAStep``), and so is VIFA's (``_core.VIFAStep``).
 """
 
 from __future__ import annotations
@@ -23,26 +23,11 @@ def loading_bound(psi: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bound.to(dtype).to(torch.float64)
 
 
-#: Adam's constants (Kingma & Ba 2015): β₁, β₂, ε.
-ADAM_BETA1, ADAM_BETA2, ADAM_EPS = 0.9, 0.999, 1e-8
-
-
 def cpu64(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` as float64 on the CPU, where the K×K algebra runs."""
     return tensor.to(dtype=torch.float64, device="cpu")
 
 
-def eye64(k: int) -> torch.Tensor:
-    """The K×K identity in float64 on the CPU."""
-    return torch.eye(k, dtype=torch.float64)
-
-
 def stored(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float64 ``values`` rounded to the state's ``dtype`` and back: what the state holds, as float64."""
     return values.to(dtype).to(torch.float64)
-
-
-def spd_inverse(lower: torch.Tensor) -> torch.Tensor:
-    """M⁻¹ from M's Cholesky factor, symmetrised."""
-    inv = torch.cholesky_inverse(lower)
-    return (inv + inv.T) * 0.5

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from ..errors import NumericalBreakdownError
-from ._vifa_engine import precision_inverse
 from ._vifa_model import VIFA
 
 
@@ -47,7 +46,7 @@ class TensorVifaRows:
         engine = self._local._engine
         whole = torch.as_tensor(np.asarray(gram).reshape(engine.settings.n_components, -1))
         if pending is None:  # the current parameters: only their (I + B)⁻¹
-            engine.m_inv = precision_inverse(whole)
+            engine.refresh_m_inv(whole)
         else:
             engine.finish_step(pending, whole)
 

@@ -14,22 +14,25 @@ then, per group (c, F, β) with the optional clipping factor s = min(1, max/‖�
 parameters for the next step. The draws' noise comes from torch generators on the state's device keyed by (seed,
 draw index), so a model's random stream depends only on its seed and counters; it is not the Rust core's stream.
 
-Arithmetic in float64 on the device, rounded to the state's dtype once per stored value; the K×K algebra in
-float64 on the CPU. A step that fails (non-finite or |β| > 700 after it) changes nothing. On CUDA with Triton
+Arithmetic in float64 on the device, rounded to the state's dtype once per stored value. The K×K part (the
+hyper-parameters, the counters of draws and steps, (I + B)⁻¹, each step's rule: learning rates, Adam's bias
+corrections, clipping factors, and the state keys they own) is the Rust core's own code (``_core.VIFAStep``,
+run in float64 on the CPU). A step that fails (non-finite or |β| > 700 after it) changes nothing. On CUDA with Triton
 importable (K ≤ 16) the step runs as fused kernels (``_vifa_triton``), the same arithmetic in the state's dtype.
 """
 
 from __future__ import annotations
 
-import math
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from .. import _core
 from ..errors import NumericalBreakdownError
-from ._kk_algebra import ADAM_BETA1, ADAM_BETA2, ADAM_EPS, cpu64, eye64, spd_inverse
+from ._kk_algebra import cpu64
 from ._vifa_triton import available as fused_available
 from ._vifa_triton import fused_norms, fused_step
 
@@ -38,9 +41,10 @@ LOG_NOISE_LIMIT = 700.0
 GROUPS = ("mean", "loadings", "log_noise")
 
 
-@dataclass
+@dataclass(frozen=True)
 class VIFASettings:
-    """The hyper-parameters of one model (the checkpoint's configuration entries)."""
+    """The hyper-parameters of one model (the checkpoint's configuration entries), a read-only view of the K×K
+    step's (change them through ``kk_step``)."""
 
     n_features: int
     n_components: int
@@ -56,38 +60,74 @@ def _noise_seed(seed: int, draw: int, stream: int) -> int:
     return int(np.random.SeedSequence([seed, draw, stream]).generate_state(1, np.uint64)[0])
 
 
-def precision_inverse(gram: torch.Tensor) -> torch.Tensor:
-    """(I + B)⁻¹ (K×K, float64 on the CPU); NumericalBreakdownError if I + B does not factorise."""
-    lower, info = torch.linalg.cholesky_ex(eye64(gram.shape[0]) + gram)
-    if int(info) != 0 or not bool(torch.isfinite(gram).all()):
-        raise NumericalBreakdownError("I + Fᵀ Ψ⁻¹ F is not positive definite (the VIFA parameters are no longer "
-                                      "finite: lower the learning rates or set clip_grad_norm)")
-    return spd_inverse(lower)
-
-
 def _non_finite() -> NumericalBreakdownError:
     return NumericalBreakdownError("the VIFA step made a parameter non-finite (or |log ψ| > 700): lower the learning "
                                    "rates or set clip_grad_norm; the model is as before the step")
 
 
 class VIFAEngine:
-    """The state of one VIFA model and its step, in torch tensors on ``device``."""
+    """The rows of one VIFA model (c, F, β and Adam's moments) in torch tensors on ``device``, driven by the
+    Rust K×K step ``kk_step`` (a ``_core.VIFAStep``)."""
 
-    def __init__(self, settings: VIFASettings, seed: int, dtype: torch.dtype, device: torch.device) -> None:
-        d, k = settings.n_features, settings.n_components
-        self.settings, self.seed, self.dtype, self.device = settings, seed, dtype, device
-        self.n_draws = self.n_steps = 0
-        self.row_offset = 0
+    def __init__(self, kk_step: Any, n_features: int, dtype: torch.dtype, device: torch.device) -> None:
+        d, k = n_features, int(kk_step.n_components)
+        self.kk_step, self.n_features, self.dtype, self.device = kk_step, d, dtype, device
         self.params = {"mean": torch.zeros(d, dtype=dtype, device=device),
                        "loadings": torch.zeros(d, k, dtype=dtype, device=device),
                        "log_noise": torch.zeros(d, dtype=dtype, device=device)}
         self.moments: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
-        if settings.optimizer == "adam":
+        if kk_step.optimizer == "adam":
             self.moments = ({g: torch.zeros_like(v) for g, v in self.params.items()},
                             {g: torch.zeros_like(v) for g, v in self.params.items()})
         #: The pending draws' noise: h (K, float64 on the CPU) and z (D, float64 on the device).
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.m_inv = eye64(k)
+
+    # -- the K×K step's copies (a Rust object neither deep-copies nor pickles) ---------------------------
+    def __deepcopy__(self, memo: dict[int, Any]) -> "VIFAEngine":
+        clone = type(self).__new__(type(self))
+        for name, value in self.__dict__.items():
+            clone.__dict__[name] = value.copy() if name == "kk_step" else copy.deepcopy(value, memo)
+        return clone
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["kk_step"] = (self.kk_step.get_state(), self.kk_step.m_inv())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        kk_state, m_inv = state.pop("kk_step")
+        self.__dict__.update(state)
+        self.kk_step = _core.VIFAStep.from_state(kk_state, self.n_features)
+        self.kk_step.set_m_inv(m_inv)
+
+    # -- what the K×K step holds ---------------------------------------------------------------------
+    @property
+    def settings(self) -> VIFASettings:
+        """The hyper-parameters (the checkpoint's configuration entries), read from the step."""
+        kk = self.kk_step
+        return VIFASettings(self.n_features, int(kk.n_components), float(kk.prior_precision), tuple(kk.lr),
+                            str(kk.optimizer), int(kk.n_grad_samples), kk.clip_grad_norm)
+
+    @property
+    def seed(self) -> int:
+        return int(self.kk_step.seed)
+
+    @property
+    def n_draws(self) -> int:
+        return int(self.kk_step.n_draws)
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.kk_step.n_steps)
+
+    @property
+    def row_offset(self) -> int:
+        return int(self.kk_step.row_offset)
+
+    @property
+    def m_inv(self) -> torch.Tensor:
+        """(I + B)⁻¹ (K×K float64 on the CPU); NumericalBreakdownError once the model diverged."""
+        return torch.from_numpy(self.kk_step.m_inv())
 
     @property
     def n_pending(self) -> int:
@@ -106,9 +146,10 @@ class VIFAEngine:
         _, f, _, psi = self.rows64()
         return cpu64((f / psi[:, None]).T @ f)
 
-    def refresh_m_inv(self) -> None:
-        """(I + B)⁻¹ from the stored parameters (a single-process model's rows are all of B)."""
-        self.m_inv = precision_inverse(self.gram())
+    def refresh_m_inv(self, gram: torch.Tensor | None = None) -> None:
+        """(I + B)⁻¹ from B of the whole model (default: this engine's rows, all of a single-process model's)."""
+        whole = self.gram() if gram is None else gram
+        self.kk_step.refresh(np.ascontiguousarray(whole.numpy(), dtype=np.float64))
 
     # -- draws -----------------------------------------------------------------------------------------
     def draw_noise(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,21 +163,18 @@ class VIFAEngine:
 
     def draw(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """θ = F h + c + ψ^{1/2} ⊙ z (4.50) at the current parameters, remembered for the next step (float64)."""
-        if self.n_pending >= self.settings.n_grad_samples:
-            raise RuntimeError(f"{self.n_pending} draw(s) already wait for step() (n_grad_samples = "
-                               f"{self.settings.n_grad_samples}); call step() first")
+        kk_step = self.kk_step.copy()
+        kk_step.begin_draw()  # RuntimeError while L draws wait for their step; nothing changes then
         c, f, sqrt_psi, _ = self.rows64()
         theta = f @ h.to(f.device) + c + sqrt_psi * z
         self.pending.append((h, z))
-        self.n_draws += 1
+        self.kk_step = kk_step
         return theta
 
     # -- one step --------------------------------------------------------------------------------------
     def check_grads(self, grads: torch.Tensor) -> None:
         """RuntimeError unless L draws are pending (the caller checked the shape and values)."""
-        if self.n_pending < self.settings.n_grad_samples:
-            raise RuntimeError(f"step() needs gradients at n_grad_samples = {self.settings.n_grad_samples} "
-                               f"draw(s) from sample(); {self.n_pending} pending — call sample() first")
+        self.kk_step.check_ready()
 
     def gradients(self, grads: torch.Tensor) -> dict[str, torch.Tensor]:
         """∇ of the negative ELBO w.r.t. c, F and β at the pending draws (``grads``: L×D on the device)."""
@@ -172,32 +210,25 @@ class VIFAEngine:
         """The step of this engine's rows with the whole model's clipping norms: the new state (not yet adopted)
         and its share of B; NumericalBreakdownError (nothing changes) if a new value is not finite."""
         self.check_grads(grads)
-        s, t = self.settings, self.n_steps + 1
-        scale = [1.0, 1.0, 1.0]
-        if s.clip_grad_norm is not None:
-            assert sq_norms is not None
-            scale = [s.clip_grad_norm / math.sqrt(sq) if math.sqrt(sq) > s.clip_grad_norm else 1.0
-                     for sq in sq_norms]
+        rule = self.kk_step.rule(sq_norms)
         if self._fused():
-            fused_state, gram, bad = fused_step(self, grads, scale)
+            fused_state, gram, bad = fused_step(self, grads, rule)
             if bad:
                 raise _non_finite()
             return fused_state, gram
         grad = self.gradients(grads)
+        lr, scale, adam_lr, inv_sqrt_bias2, (beta1, beta2, eps) = rule
         params, first, second = {}, {}, {}
         for i, name in enumerate(GROUPS):
             p = self.params[name].to(torch.float64)
             step = scale[i] * grad[name]
             if self.moments is None:
-                new = p - s.lr[i] * step
+                new = p - lr[i] * step
             else:
-                m = (ADAM_BETA1 * self.moments[0][name].to(torch.float64) + (1.0 - ADAM_BETA1) * step).to(self.dtype)
-                v = (ADAM_BETA2 * self.moments[1][name].to(torch.float64)
-                     + (1.0 - ADAM_BETA2) * step * step).to(self.dtype)
+                m = (beta1 * self.moments[0][name].to(torch.float64) + (1.0 - beta1) * step).to(self.dtype)
+                v = (beta2 * self.moments[1][name].to(torch.float64) + (1.0 - beta2) * step * step).to(self.dtype)
                 first[name], second[name] = m, v
-                adam_lr = s.lr[i] / (1.0 - ADAM_BETA1**t)
-                inv_sqrt_bias2 = 1.0 / math.sqrt(1.0 - ADAM_BETA2**t)
-                new = p - adam_lr * m.to(torch.float64) / (v.to(torch.float64).sqrt() * inv_sqrt_bias2 + ADAM_EPS)
+                new = p - adam_lr[i] * m.to(torch.float64) / (v.to(torch.float64).sqrt() * inv_sqrt_bias2 + eps)
             params[name] = new.to(self.dtype)
         beta = params["log_noise"].to(torch.float64)
         if not all(bool(torch.isfinite(v).all()) for v in params.values()) or bool((beta.abs() > LOG_NOISE_LIMIT).any()):
@@ -208,11 +239,15 @@ class VIFAEngine:
         return state, cpu64((f / psi[:, None]).T @ f)
 
     def finish_step(self, state: dict[str, Any], gram: torch.Tensor) -> None:
-        """Adopt the new state of :meth:`local_step` with (I + B)⁻¹ from B of the whole model."""
-        m_inv = precision_inverse(gram)
-        self.params, self.moments, self.m_inv = state["params"], state["moments"], m_inv
+        """Adopt the new state of :meth:`local_step` with (I + B)⁻¹ from B of the whole model (the Rust step counts
+        the step; NumericalBreakdownError and nothing changes if I + B does not factorise)."""
+        try:
+            self.kk_step.apply(np.ascontiguousarray(gram.numpy(), dtype=np.float64))
+        except NumericalBreakdownError:
+            raise NumericalBreakdownError("I + Fᵀ Ψ⁻¹ F is not positive definite (the VIFA parameters are no longer "
+                                          "finite: lower the learning rates or set clip_grad_norm)") from None
+        self.params, self.moments = state["params"], state["moments"]
         self.pending = []
-        self.n_steps += 1
 
     def step(self, grads: torch.Tensor) -> None:
         """One optimiser step (lines 9–20) from the L×D gradients at the pending draws (validated)."""
@@ -226,22 +261,10 @@ class VIFAEngine:
         if self.pending:
             raise ValueError(f"{self.n_pending} training draw(s) are pending: call step() before saving or "
                              "converting the model")
-        s = self.settings
-
         def host(tensor: torch.Tensor) -> np.ndarray:
             return np.ascontiguousarray(tensor.detach().cpu().numpy())
 
-        state: dict[str, Any] = {
-            "kind": "VIFA", "n_features": s.n_features, "n_components": s.n_components,
-            "prior_precision": s.prior_precision, "lr_mean": s.lr[0], "lr_loadings": s.lr[1],
-            "lr_log_noise": s.lr[2], "optimizer": s.optimizer, "n_grad_samples": s.n_grad_samples,
-            "seed": self.seed, "n_draws": self.n_draws, "n_pending": 0, "n_steps": self.n_steps,
-            "diverged": False,
-        }
-        if s.clip_grad_norm is not None:
-            state["clip_grad_norm"] = s.clip_grad_norm
-        if self.row_offset:
-            state["row_offset"] = self.row_offset
+        state: dict[str, Any] = {"n_features": self.n_features, **self.kk_step.get_state()}
         state.update({name: host(v) for name, v in self.params.items()})
         if self.moments is not None:
             for prefix, moment in zip(("adam_m_", "adam_v_"), self.moments):
@@ -254,15 +277,9 @@ class VIFAEngine:
         if int(state["n_pending"]):
             raise ValueError("the checkpoint holds pending training draws, whose noise only the model that drew "
                              "them has: call step() on it before saving")
-        clip = state.get("clip_grad_norm")
-        settings = VIFASettings(int(state["n_features"]), int(state["n_components"]), float(state["prior_precision"]),
-                                (float(state["lr_mean"]), float(state["lr_loadings"]), float(state["lr_log_noise"])),
-                                str(state["optimizer"]), int(state["n_grad_samples"]),
-                                None if clip is None else float(clip))
+        n_features = int(state["n_features"])
         dtype = torch.float32 if np.asarray(state["loadings"]).dtype == np.float32 else torch.float64
-        engine = cls(settings, int(state["seed"]), dtype, device)
-        engine.n_draws, engine.n_steps = int(state["n_draws"]), int(state["n_steps"])
-        engine.row_offset = int(state.get("row_offset", 0))
+        engine = cls(_core.VIFAStep.from_state(dict(state), n_features), n_features, dtype, device)
 
         def tensor(key: str) -> torch.Tensor:
             return torch.as_tensor(np.asarray(state[key])).to(dtype=dtype, device=device).clone()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from .. import _core
@@ -133,18 +132,13 @@ n_grad_samples, clip_grad_norm, init_mean, init_noise_variance
         """Change any of η_c, η_F, η_β (finite, >= 0) for the following steps."""
         new = [old if value is None else float(value) for old, value in
                zip(self._engine.settings.lr, (lr_mean, lr_loadings, lr_log_noise))]
-        if not all(np.isfinite(v) and v >= 0.0 for v in new):
-            raise ValueError(f"learning rates must be finite and >= 0, got {new}")
-        self._engine.settings.lr = (new[0], new[1], new[2])
+        self._engine.kk_step.set_learning_rates(*new)  # ValueError (nothing changed) unless finite and >= 0
         return self
 
     @locked
     def set_prior_precision(self, prior_precision: float) -> "VIFA":
         """Change α, the precision of the prior N(0, α⁻¹ I), for the following steps (finite, >= 0)."""
-        alpha = float(prior_precision)
-        if not (np.isfinite(alpha) and alpha >= 0.0):
-            raise ValueError(f"prior_precision must be finite and >= 0, got {prior_precision}")
-        self._engine.settings.prior_precision = alpha
+        self._engine.kk_step.set_prior_precision(float(prior_precision))  # ValueError unless finite and >= 0
         return self
 
     def optimal_prior_precision(self) -> float:

@@ -22,12 +22,10 @@ importable; tested on the CPU with ``TRITON_INTERPRET=1`` against the plain torc
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from ._kk_algebra import ADAM_BETA1, ADAM_BETA2, ADAM_EPS
 from ._triton_common import BLOCK_ROWS, available, padded_components, scalar_table, triton
 
 __all__ = ["available", "fused_norms", "fused_step"]
@@ -159,18 +157,17 @@ def fused_norms(engine: Any, grads: torch.Tensor) -> list[float]:
     return [float(v) for v in parts.to(torch.float64).sum(dim=0).cpu()]
 
 
-def fused_step(engine: Any, grads: torch.Tensor, scale: list[float]) -> tuple[dict[str, Any], torch.Tensor, bool]:
-    """The step of this engine's rows with the clipping factors ``scale``: the new state (not yet adopted), its
-    share of B (K×K float64 on the CPU), and whether a new value is not finite or |β| > 700."""
-    s, t = engine.settings, engine.n_steps + 1
+def fused_step(engine: Any, grads: torch.Tensor, rule: tuple[Any, ...]) -> tuple[dict[str, Any], torch.Tensor, bool]:
+    """The step of this engine's rows with the Rust step's ``rule`` (learning rates, clipping factors, Adam's
+    corrected rates and 1 / √(1 − β₂ᵗ), (β₁, β₂, ε)): the new state (not yet adopted), its share of B (K×K float64
+    on the CPU), and whether a new value is not finite or |β| > 700."""
+    s = engine.settings
+    lr, scale, adam_lr, inv_sqrt_bias2, (beta1, beta2, eps) = rule
     tensors, kp, n_blocks = _inputs(engine, grads)
     like = tensors[1]
     adam = engine.moments is not None
-    inv_sqrt_bias2 = 1.0 / math.sqrt(1.0 - ADAM_BETA2**t)
-    adam_lr = [lr / (1.0 - ADAM_BETA1**t) for lr in s.lr]
-    scalars = scalar_table([s.prior_precision, s.lr[0], scale[0], s.lr[1], scale[1], s.lr[2], scale[2],
-                            inv_sqrt_bias2, ADAM_BETA1, 1.0 - ADAM_BETA1, ADAM_BETA2, 1.0 - ADAM_BETA2, ADAM_EPS,
-                            *adam_lr], like)
+    scalars = scalar_table([s.prior_precision, lr[0], scale[0], lr[1], scale[1], lr[2], scale[2],
+                            inv_sqrt_bias2, beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, *adam_lr], like)
     names = ("mean", "loadings", "log_noise")
     params = {name: torch.empty_like(engine.params[name]) for name in names}
     if adam:
