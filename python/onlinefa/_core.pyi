@@ -20,6 +20,7 @@ __all__ = [
     "StateArray",
     "VBFACore",
     "VIFACore",
+    "VIFAStep",
     "fill_sample_noise",
     "gaussian_latent_mean",
     "gaussian_log_prob",
