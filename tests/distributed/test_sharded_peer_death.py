@@ -71,7 +71,8 @@ def _no_backup(module: Any) -> None:
     module._core = Core()
 
 
-def worker(rank: int, world: int, tmp: str, kind: str, culprit: int, call: int, backup: bool) -> None:
+def worker(rank: int, world: int, tmp: str, kind: str, culprit: int, call: int, backup: bool,
+           device: str | None = None) -> None:
     from onlinefa.distributed import ShardedOnlineEM, ShardedOnlineSGA, ShardedVIFA, _streaming, _vifa
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world,
@@ -94,7 +95,7 @@ def worker(rank: int, world: int, tmp: str, kind: str, culprit: int, call: int, 
         call_it = lambda: model.step(grads)  # noqa: E731
     else:
         cls = ShardedOnlineEM if kind == "em" else ShardedOnlineSGA
-        model = cls(hi - lo, K, seed=4, n_warmup=10).update(x[:40, lo:hi])
+        model = cls(hi - lo, K, seed=4, n_warmup=10, device=device).update(x[:40, lo:hi])
         before = engine_state(model.local_model)
         latent_before = None
         if rank == culprit:
@@ -127,25 +128,28 @@ def equal_states(a: dict[str, Any], b: dict[str, Any]) -> bool:
         for k in a)
 
 
-CASES = [  # (model, world size, rank that dies, at which of its exchange calls)
+CASES = [  # (model, world size, rank that dies, at which of its exchange calls, where the rows are)
     # The 4th per-sample collective: the survivors have applied samples 0-2 of 6 (EM takes no agreement first).
-    ("em", 3, 2, 4),
-    ("em", 2, 0, 2),
+    ("em", 3, 2, 4, None),
+    ("em", 2, 0, 2, None),
     # SGA: call 1 is the agreement on the batch; at call 4 the survivors have applied samples 0-1 and the
     # running mean of sample 2 (its pass changes the state before the collective).
-    ("sga", 3, 1, 4),
+    ("sga", 3, 1, 4, None),
+    # The same on torch rows (SGA there needs no agreement: its pass changes nothing before the collective).
+    ("em", 3, 2, 4, "cpu"),
+    ("sga", 3, 1, 4, "cpu"),
     # VIFA: call 2 is the collective of B after the local step (the survivors stepped c, F, β and Adam's moments).
-    ("vifa", 3, 1, 2),
-    ("vifa", 2, 0, 2),
+    ("vifa", 3, 1, 2, None),
+    ("vifa", 2, 0, 2, None),
 ]
 
 
-@pytest.mark.parametrize(("kind", "world", "culprit", "call"), CASES)
+@pytest.mark.parametrize(("kind", "world", "culprit", "call", "device"), CASES)
 @pytest.mark.slow
 def test_survivors_keep_their_state_when_a_peer_dies_mid_call(
-    kind: str, world: int, culprit: int, call: int, tmp_path: Path
+    kind: str, world: int, culprit: int, call: int, device: str | None, tmp_path: Path
 ) -> None:
-    run_bounded(worker, world, tmp_path, kind, culprit, call, True)
+    run_bounded(worker, world, tmp_path, kind, culprit, call, True, device)
     for rank in range(world):
         if rank == culprit:
             assert not (tmp_path / f"rank{rank}.pkl").exists()
