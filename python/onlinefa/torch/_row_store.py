@@ -15,6 +15,17 @@ import torch
 Store = TypeVar("Store", bound="KkStepRows")
 
 
+Copied = TypeVar("Copied")
+
+
+def copy_with_step(engine: Copied, memo: dict[int, Any]) -> Copied:
+    """A deep copy of a row store whose ``kk_step`` is a Rust step (copied by its own ``copy``)."""
+    clone = type(engine).__new__(type(engine))
+    for name, value in engine.__dict__.items():
+        clone.__dict__[name] = value.copy() if name == "kk_step" else copy.deepcopy(value, memo)
+    return clone
+
+
 class KkStepRows:
     """Base of ``EMEngine`` and ``SGAEngine``: a K×K step (``kk_step``) and rows of ``dtype`` on ``device``."""
 
@@ -26,10 +37,7 @@ class KkStepRows:
     settings: Any
 
     def __deepcopy__(self: Store, memo: dict[int, Any]) -> Store:
-        clone = type(self).__new__(type(self))
-        for name, value in self.__dict__.items():
-            clone.__dict__[name] = value.copy() if name == "kk_step" else copy.deepcopy(value, memo)
-        return clone
+        return copy_with_step(self, memo)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -23,7 +23,6 @@ importable (K ≤ 16) the step runs as fused kernels (``_vifa_triton``), the sam
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +32,7 @@ import torch
 from .. import _core
 from ..errors import NumericalBreakdownError
 from ._kk_algebra import cpu64
+from ._row_store import copy_with_step
 from ._vifa_triton import available as fused_available
 from ._vifa_triton import fused_norms, fused_step
 
@@ -84,10 +84,7 @@ class VIFAEngine:
 
     # -- the K×K step's copies (a Rust object neither deep-copies nor pickles) ---------------------------
     def __deepcopy__(self, memo: dict[int, Any]) -> "VIFAEngine":
-        clone = type(self).__new__(type(self))
-        for name, value in self.__dict__.items():
-            clone.__dict__[name] = value.copy() if name == "kk_step" else copy.deepcopy(value, memo)
-        return clone
+        return copy_with_step(self, memo)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
