@@ -4,7 +4,8 @@
 ``onlinefa.OnlineEM(D, K, device="cuda:0")`` (any torch device, ``"cpu"`` included) drives the same Rust K×K
 step with its rows in torch tensors on that device (torch tensors in and out). Both are ``onlinefa.OnlineEM``
 (``isinstance`` holds); the device model's type is a private class of :mod:`onlinefa.torch`, registered as a
-virtual subclass when that module is imported (which constructing one does). Importing this module does not
+virtual subclass when that module is imported (which constructing one does). The sharded models of
+:mod:`onlinefa.distributed` take ``device=`` for their rank's local model instead. Importing this module does not
 import torch.
 """
 
@@ -43,7 +44,6 @@ class DeviceDispatch(metaclass=ABCMeta):  # noqa: B024 - ABCMeta for register(),
             raise TypeError(f"{cls.__name__} does not take device= (only the library's own classes do)")
         # Not a subtype of cls, so Python does not run cls.__init__ on it: the device class built it whole.
         return device_class(cls._device_impl)(*args, device=device, **kwargs)
-
 
 
 class DeviceMovable(DeviceDispatch):
