@@ -13,6 +13,13 @@
 //! The floors run on the same rayon pool as the updates (chunks of the buffer in parallel), so on several
 //! threads each ratio compares like with like; `RAYON_NUM_THREADS=1` measures both on one thread.
 //!
+//! For online EM (the whitened default) a third floor, **arith**: its K² + K(K + 1)/2 multiply-adds per row
+//! (the pending step's K×K map of Ā and the upper triangle of S = Σ z zᵀ/ψ), 2·D·(K² + K(K + 1)/2) flops, at
+//! this machine's matrix-product rate measured in the same run on the same pool (a 256×256 product of the
+//! state's type per thread, `ndarray`'s `dot`); "× max" is the update over the larger of the memory and the
+//! arithmetic floor. "CPU ms" is the process's CPU time per update (all threads), which a loaded machine
+//! inflates less than the wall clock.
+//!
 //! A VIFA update is `sample()` (θ = F h + c + ψ^{1/2} ⊙ z) then `step(g)` with one draw (L = 1) and Adam.
 //! Each model is built, measured and dropped before the next, so D = 10⁷ with K = 50 fits in memory.
 //!
@@ -82,6 +89,41 @@ fn timed(f: impl FnOnce()) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
+/// CPU seconds used so far by this process, every thread (NaN where the clock is not available).
+fn process_cpu_seconds() -> f64 {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+        if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0 {
+            return ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+        }
+    }
+    f64::NAN
+}
+
+/// Side of the square products that measure the matrix-product rate.
+const GEMM_SIDE: usize = 256;
+
+/// Flops per second of this machine's matrix products in `T` (f32 or f64) on the rayon pool: one
+/// GEMM_SIDE² product per thread at once, the median of `repeats`.
+fn gemm_rate<T: ndarray::LinalgScalar + Send + Sync>(repeats: usize) -> f64 {
+    let threads = rayon::current_num_threads();
+    let a = Array2::<T>::from_elem((GEMM_SIDE, GEMM_SIDE), T::one());
+    let seconds = median(
+        (0..repeats.max(3))
+            .map(|_| {
+                timed(|| {
+                    (0..threads).into_par_iter().for_each(|_| {
+                        black_box(a.dot(black_box(&a)));
+                    })
+                })
+            })
+            .collect(),
+    );
+    2.0 * (GEMM_SIDE as f64).powi(3) * threads as f64 / seconds
+}
+
 /// One standard-normal D-vector per `seed` (a 1×D row).
 fn normal_row(d: usize, seed: u64) -> Array2<f64> {
     let mut x = Array2::zeros((1, d));
@@ -149,14 +191,17 @@ fn read_chunk(x: &[f64]) -> f64 {
     acc.iter().sum::<f64>() + chunks.remainder().iter().sum::<f64>()
 }
 
-/// Medians (seconds) of: floor, floor + x, one update. `update(i)` runs update i (after warm-up).
-fn interleaved<T: Real>(floor: &mut Floor<T>, x: &[f64], repeats: usize, mut update: impl FnMut(usize)) -> [f64; 3] {
-    let mut times: [Vec<f64>; 3] = Default::default();
+/// Medians (seconds) of: floor, floor + x, one update (wall clock), one update (process CPU time).
+/// `update(i)` runs update i (after warm-up).
+fn interleaved<T: Real>(floor: &mut Floor<T>, x: &[f64], repeats: usize, mut update: impl FnMut(usize)) -> [f64; 4] {
+    let mut times: [Vec<f64>; 4] = Default::default();
     for i in 0..repeats {
         let (f, fx) = floor.time(x);
         times[0].push(f);
         times[1].push(fx);
+        let cpu = process_cpu_seconds();
         times[2].push(timed(|| update(i)));
+        times[3].push(process_cpu_seconds() - cpu);
     }
     times.map(median)
 }
@@ -165,7 +210,7 @@ fn interleaved<T: Real>(floor: &mut Floor<T>, x: &[f64], repeats: usize, mut upd
 type UpdateFn = Box<dyn FnMut(&Array2<f64>)>;
 
 /// An OnlineEM or OnlineSGA after warm-up (K + 3 samples), one fresh sample per timed update.
-fn measure_stream<T: Real>(model: &str, d: usize, k: usize, repeats: usize) -> [f64; 3] {
+fn measure_stream<T: Real>(model: &str, d: usize, k: usize, repeats: usize) -> [f64; 4] {
     let f0 = orthonormal_loadings(d, k, 1).expect("init");
     let warm = k + 3;
     let mut update: UpdateFn = if model == "EM" {
@@ -194,7 +239,7 @@ fn measure_stream<T: Real>(model: &str, d: usize, k: usize, repeats: usize) -> [
 }
 
 /// VIFA with Adam and L = 1 after one iteration; a timed update is `sample()` then `step(g)`.
-fn measure_vifa<T: Real>(d: usize, k: usize, repeats: usize) -> [f64; 3] {
+fn measure_vifa<T: Real>(d: usize, k: usize, repeats: usize) -> [f64; 4] {
     let f0 = orthonormal_loadings(d, k, 1).expect("init");
     let init = VifaInit {
         loadings: f0.view(),
@@ -237,30 +282,52 @@ fn main() {
         "# one update vs the memory floor — {threads} hardware threads, load average at start: {}",
         load_average()
     );
+    let rates = (gemm_rate::<f64>(args.repeats), gemm_rate::<f32>(args.repeats));
+    println!(
+        "# matrix-product rate on {} rayon threads: float64 {:.1} GFLOP/s, float32 {:.1} GFLOP/s",
+        rayon::current_num_threads(),
+        rates.0 * 1e-9,
+        rates.1 * 1e-9
+    );
     println!();
-    println!("| model | D | K | state | ms/update | floor ms | × floor | floor + x ms | × (floor + x) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| model | D | K | state | ms/update | CPU ms | floor ms | × floor | floor + x ms | × (floor + x) | arith ms | \
+         × max |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &d in &args.sizes {
         for &k in args.components.iter().filter(|&&k| k < d) {
             for model in &args.models {
-                row::<f64>(model, d, k, args.repeats);
-                row::<f32>(model, d, k, args.repeats);
+                row::<f64>(model, d, k, args.repeats, rates.0);
+                row::<f32>(model, d, k, args.repeats, rates.1);
             }
         }
     }
     println!("\nload average at end: {}", load_average());
 }
 
-fn row<T: Real>(model: &str, d: usize, k: usize, repeats: usize) {
-    let [floor, floor_x, t] = match model {
+/// Seconds of online EM's per-row arithmetic at `rate` flops/s: 2·D·(K² + K(K + 1)/2) flops (None for the
+/// other models, whose arithmetic floor is not counted here).
+fn arithmetic_floor(model: &str, d: usize, k: usize, rate: f64) -> Option<f64> {
+    (model == "EM").then(|| 2.0 * d as f64 * (k * k + k * (k + 1) / 2) as f64 / rate)
+}
+
+fn row<T: Real>(model: &str, d: usize, k: usize, repeats: usize, rate: f64) {
+    let [floor, floor_x, t, cpu] = match model {
         "EM" | "SGA" => measure_stream::<T>(model, d, k, repeats),
         "VIFA" => measure_vifa::<T>(d, k, repeats),
         other => panic!("unknown model {other:?} (EM, SGA or VIFA)"),
     };
+    let arith = arithmetic_floor(model, d, k, rate);
+    let (arith_ms, over_max) = match arith {
+        Some(a) => (format!("{:.2}", a * 1e3), format!("{:.2}×", t / a.max(floor))),
+        None => ("–".into(), "–".into()),
+    };
     println!(
-        "| {model} | {d} | {k} | {} | {:.2} | {:.2} | {:.2}× | {:.2} | {:.2}× |",
+        "| {model} | {d} | {k} | {} | {:.2} | {:.2} | {:.2} | {:.2}× | {:.2} | {:.2}× | {arith_ms} | {over_max} |",
         T::NAME,
         t * 1e3,
+        cpu * 1e3,
         floor * 1e3,
         t / floor,
         floor_x * 1e3,
