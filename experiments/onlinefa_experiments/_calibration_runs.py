@@ -46,6 +46,8 @@ class Budget(NamedTuple):
     snapshots_per_epoch: int
     rank: int
     n_draws: int
+    #: SGD's learning rate over the collection epochs (SWAG's "SWA learning rate"); None: ``lr`` throughout.
+    collect_lr: float | None = None
 
 
 class Split(NamedTuple):
@@ -100,6 +102,9 @@ def train_sgd(split: Split, n_classes: int, budget: Budget, orders: list[torch.T
     for epoch, order in enumerate(orders):
         if collector is not None and epoch == budget.epochs - budget.collect_epochs:
             collector.attach(optimizer)
+            if budget.collect_lr is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] = budget.collect_lr
         for begin in range(0, order.numel(), budget.batch_size):
             index = order[begin : begin + budget.batch_size]
             optimizer.zero_grad(set_to_none=True)

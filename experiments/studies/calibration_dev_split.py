@@ -89,8 +89,8 @@ def null_deviations(module: torch.nn.Module, split: Split, n_draws: int, seed: i
     return draws
 
 
-def predictors(seed: int, split: Split) -> dict[str, Predictor]:
-    run = train_sgd(split, 10, BUDGET, batch_orders(split.x_train.shape[0], BUDGET, seed), init_seed=seed)
+def predictors(seed: int, split: Split, budget: Budget = BUDGET) -> dict[str, Predictor]:
+    run = train_sgd(split, 10, budget, batch_orders(split.x_train.shape[0], budget, seed), init_seed=seed)
     module, posterior = run.module, run.posterior
     found: dict[str, Predictor] = {}
     if importlib.util.find_spec("laplace") is not None:
@@ -158,10 +158,10 @@ def scale_average(module: torch.nn.Module, posterior: Any, validation: Any, seed
     return predict
 
 
-def evaluate(seed: int) -> dict[str, dict[str, float]]:
+def evaluate(seed: int, budget: Budget = BUDGET) -> dict[str, dict[str, float]]:
     split, sets = development_sets(seed)
     table: dict[str, dict[str, float]] = {}
-    for method, predict in predictors(seed, split).items():
+    for method, predict in predictors(seed, split, budget).items():
         row = {name: classification_nll(predict(inputs), labels) for name, (inputs, labels) in sets.items()}
         row["shifted"] = float(np.mean([value for name, value in row.items() if name != "clean"]))
         table[method] = row
@@ -171,9 +171,14 @@ def evaluate(seed: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rank", type=int, default=BUDGET.rank, help="K of the OnlineEM posterior")
+    parser.add_argument("--collect-epochs", type=int, default=BUDGET.collect_epochs)
+    parser.add_argument("--collect-lr", type=float, default=None,
+                        help="SGD learning rate over the collection epochs (default: the training rate)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    tables = [evaluate(seed) for seed in range(args.seeds)]
+    budget = BUDGET._replace(rank=args.rank, collect_epochs=args.collect_epochs, collect_lr=args.collect_lr)
+    tables = [evaluate(seed, budget) for seed in range(args.seeds)]
     reference = "one_se"
     print("| method | clean NLL | shifted NLL | Δ clean vs one_se | Δ shifted vs one_se |")
     print("|---|---|---|---|---|")
