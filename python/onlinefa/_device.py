@@ -28,6 +28,12 @@ def device_class(path: str) -> Any:
     return getattr(module, name)
 
 
+def check_device_form(cls: type, device: Any) -> None:
+    """TypeError when ``device`` is given for a class whose models have no device form (no ``to``)."""
+    if device is not None and not callable(getattr(cls, "to", None)):
+        raise TypeError(f"{cls.__name__} has no device form; load it without device=")
+
+
 class DeviceDispatch(metaclass=ABCMeta):  # noqa: B024 - ABCMeta for register(), no abstract methods
     """Base of the public classes that take ``device=``: with a device, construction builds the device model.
 

@@ -31,6 +31,7 @@ def load(path: str | os.PathLike[str], *, device: Any = None) -> Any:
     TypeError
         ``device`` given for a model that has no device form (nothing is read).
     """
+    from ._device import check_device_form
     from ._registry import kind_named
     from .checkpoint import stored_class
 
@@ -41,6 +42,5 @@ def load(path: str | os.PathLike[str], *, device: Any = None) -> Any:
     model_class = model_kind.model_class()
     if device is None:
         return model_class.load(path)
-    if not callable(getattr(model_class, "to", None)):
-        raise TypeError(f"{model_class.__name__} has no device form; load it without device=")
+    check_device_form(model_class, device)  # before anything is read (not every model's load takes a device)
     return model_class.load(path, device=device)

@@ -94,10 +94,10 @@ class CheckpointMixin:
         TypeError
             ``device`` given to a model that has no device form (nothing is read).
         """
+        from ._device import check_device_form
         from .checkpoint import load_state
 
-        if device is not None and not callable(getattr(cls, "to", None)):
-            raise TypeError(f"{cls.__name__} has no device form; load it without device=")
+        check_device_form(cls, device)
 
         state = load_state(path, cls.__name__, adopt=True)  # arrays move into the engine, not copied
         model = cls.__new__(cls)
