@@ -15,6 +15,13 @@ of the fit rows' input covariance below 10⁻³ of its largest eigenvalue, x̄ t
 scale s (the term then widens with the rest of the covariance). On inputs like the fit rows x − x̄ has no
 component in those directions, so the term changes nothing there; off them it adds output variance.
 
+``subspace_laplace`` replaces the fitted covariance's shape by the curvature's: with P an orthonormal basis of
+the span of F, the Laplace posterior restricted to θ = c + P z, z ~ N(0, (G + α I)⁻¹), G = Σ_n (J_n P)ᵀ
+(diag p_n − p_n p_nᵀ) (J_n P) the generalised Gauss-Newton matrix of the fit rows in that subspace (K
+Jacobian-vector products per batch), α the prior precision of z by MacKay's evidence fixed point
+α = γ / ‖Pᵀ c‖², γ = Σ_k g_k / (g_k + α) (g_k the eigenvalues of G), predicted linearised at scale 1 (no
+validation row used), and ``subspace_laplace_one_se`` the same at the default rule's scale.
+
     python experiments/studies/calibration_dev_split.py --seeds 3
 """
 
@@ -128,8 +135,51 @@ def predictors(seed: int, split: Split, budget: Budget = BUDGET) -> dict[str, Pr
     for rule, scale in scales.items():
         found[rule] = linearized(scale, 0.0)
         found[f"{rule}+null"] = linearized(scale, scale)
+    subspace = subspace_laplace(linearization, posterior, split.x_train)
+    found["subspace_laplace"] = linearized_with(module, subspace, seed, 1.0)
+    subspace_validation = linearized_predictions(module, subspace, [(split.x_val, split.y_val)], n_samples=N_DRAWS,
+                                                 seed=seed)
+    found["subspace_laplace_one_se"] = linearized_with(module, subspace, seed, select_scale(subspace_validation).scale)
     found["scale_average"] = scale_average(module, posterior, validation, seed)
     return found
+
+
+class _Gaussian:
+    """A fixed (c, F, ψ) for the library's predictive functions."""
+
+    def __init__(self, mean: np.ndarray, loadings: np.ndarray, noise_variance: np.ndarray) -> None:
+        self._parts = (mean, loadings, noise_variance)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._parts
+
+
+def subspace_laplace(linearization: _Linearization, posterior: Any, inputs: torch.Tensor) -> _Gaussian:
+    """N(c, P (G + α I)⁻¹ Pᵀ): the Laplace posterior of the fit rows restricted to the span of F (see above)."""
+    c, f, psi = (np.asarray(part, dtype=np.float64) for part in posterior.snapshot())
+    basis, _ = np.linalg.qr(f)
+    tangents = torch.tensor(basis, dtype=torch.float32)
+    with torch.no_grad():
+        logits, _ = linearization.push_forward((inputs,), tangents[:, 0])
+        pushed = torch.stack([linearization.push_forward((inputs,), tangents[:, k])[1].double()
+                              for k in range(basis.shape[1])], dim=-1)  # (N, C, K)
+    probabilities = torch.softmax(logits.double(), dim=-1)
+    weighted = torch.einsum("nck,nc->nk", pushed, probabilities)
+    ggn = (torch.einsum("nck,nc,ncl->kl", pushed, probabilities, pushed) - weighted.T @ weighted).numpy()
+    eigenvalues = np.linalg.eigvalsh(ggn)
+    centre = basis.T @ c
+    alpha = 1.0
+    for _ in range(100):
+        alpha = float(np.sum(eigenvalues / (eigenvalues + alpha)) / (centre @ centre))
+    factor = np.linalg.cholesky(np.linalg.inv(ggn + alpha * np.eye(len(ggn))))
+    return _Gaussian(c, basis @ factor, np.zeros_like(psi))
+
+
+def linearized_with(module: torch.nn.Module, gaussian: Any, seed: int, scale: float) -> Predictor:
+    def predict(inputs: torch.Tensor) -> np.ndarray:
+        outputs = linearized_predictions(module, gaussian, [(inputs,)], n_samples=N_DRAWS, seed=seed).outputs(scale)
+        return torch.softmax(outputs.double(), dim=-1).mean(dim=0).numpy()
+    return predict
 
 
 #: The grid of covariance scales the scale-averaged predictive integrates over (8 points per decade).
