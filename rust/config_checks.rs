@@ -3,7 +3,7 @@
 
 use ndarray::ArrayView2;
 
-use crate::error::{invalid, FaError, Result};
+use crate::error::{checked_size, invalid, FaError, Result};
 use crate::scalar::Real;
 
 /// Check 1 <= K < D: the rank of a factor model of D features fitted by online EM, SGA or mini-batch EM.
@@ -68,4 +68,20 @@ pub(crate) fn checked_init<T: Real>(init: ArrayView2<f64>, d: usize, k: usize) -
         return Err(invalid("init", "must contain only finite values"));
     }
     Ok(init.iter().map(|&v| T::from_f64(v)).collect())
+}
+
+/// `init` (D·K values of F₀ in the storage type, row-major) when it has that length and only finite values
+/// within `T::MAX_INPUT`; the same checks as [`checked_init`] without a copy.
+pub(crate) fn checked_rows<T: Real>(init: Vec<T>, d: usize, k: usize) -> Result<Vec<T>> {
+    if init.len() != checked_size(d, k)? {
+        return Err(FaError::Shape {
+            what: "init",
+            expected: format!("{} values for ({d}, {k})", d * k),
+            got: vec![init.len()],
+        });
+    }
+    if init.iter().any(|v| !(v.to_f64().abs() <= T::MAX_INPUT)) {
+        return Err(invalid("init", "must contain only finite values"));
+    }
+    Ok(init)
 }

@@ -10,7 +10,7 @@
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
-use crate::config_checks::checked_init;
+use crate::config_checks::{checked_init, checked_rows};
 use crate::engine::block::{accumulate_estep, block_times, load_rows, rank_one_update, row_dots};
 use crate::engine::driver::{self, Driven};
 use crate::engine::em_kernel::{row_kernel_max, to_loadings_space, EmBlockIo, EmConsts, EmRowKernel, Isa};
@@ -102,8 +102,16 @@ pub(crate) type FittedRowsVisitor<'a> = dyn FnMut(usize, &[f64], &[f64], &[f64])
 impl<T: Real> OnlineEm<T> {
     /// New model. `init` is F₀ (D×K); ψ starts at 1, θ̄ at 0.
     pub fn new(n_features: usize, n_components: usize, init: ArrayView2<f64>, config: EmConfig) -> Result<Self> {
-        let step = EmStep::checked::<T>(n_features, n_components, config)?;
+        EmStep::checked::<T>(n_features, n_components, config.clone())?;
         let init = checked_init::<T>(init, n_features, n_components)?;
+        Self::from_rows(n_features, n_components, init, config)
+    }
+
+    /// New model from F₀ already in the storage type (D·K values, row-major, finite and within
+    /// `T::MAX_INPUT`), such as [`crate::init::orthonormal_rows`]: no f64 copy of it is made.
+    pub fn from_rows(n_features: usize, n_components: usize, init: Vec<T>, config: EmConfig) -> Result<Self> {
+        let step = EmStep::checked::<T>(n_features, n_components, config)?;
+        let init = checked_rows(init, n_features, n_components)?;
         let k = n_components;
         Ok(OnlineEm {
             n_features,

@@ -6,7 +6,7 @@
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
-use crate::config_checks::checked_init;
+use crate::config_checks::{checked_init, checked_rows};
 use crate::engine::block::load_rows;
 use crate::engine::driver::{self, Driven};
 use crate::engine::em_kernel::to_loadings_space;
@@ -141,8 +141,16 @@ impl<T> PartialEq for Reused<T> {
 impl<T: Real> OnlineSga<T> {
     /// New model with initial loadings `init` (D×K); ψ = 1, θ̄ = 0.
     pub fn new(n_features: usize, n_components: usize, init: ArrayView2<f64>, config: SgaConfig) -> Result<Self> {
-        let step = SgaKkStep::checked::<T>(n_features, n_components, config)?;
+        SgaKkStep::checked::<T>(n_features, n_components, config.clone())?;
         let f = checked_init::<T>(init, n_features, n_components)?;
+        Self::from_rows(n_features, n_components, f, config)
+    }
+
+    /// New model from F₀ already in the storage type (D·K values, row-major, finite and within
+    /// `T::MAX_INPUT`), such as [`crate::init::orthonormal_rows`]: no f64 copy of it is made.
+    pub fn from_rows(n_features: usize, n_components: usize, init: Vec<T>, config: SgaConfig) -> Result<Self> {
+        let step = SgaKkStep::checked::<T>(n_features, n_components, config)?;
+        let f = checked_rows(init, n_features, n_components)?;
         Ok(OnlineSga {
             n_features,
             n_components,

@@ -12,7 +12,7 @@ use super::state_arrays::{dict_to_state, state_to_dict};
 use crate::engine::StreamingModel;
 use crate::error::FaError;
 use crate::fork::Mutex;
-use crate::init::orthonormal_loadings;
+use crate::init::{orthonormal_loadings, orthonormal_rows};
 use crate::online_em::{EmConfig, OnlineEm};
 use crate::online_sga::{OnlineSga, SgaConfig, SgaRule};
 use crate::scalar::Real;
@@ -237,12 +237,22 @@ macro_rules! model_methods {
     };
 }
 
-/// A streaming model's constructor: (D, K, initial loadings F₀, hyper-parameters).
+/// A streaming model's constructors: from (D, K, initial loadings F₀ as f64, hyper-parameters), and from
+/// (D, K, F₀ in the storage type, hyper-parameters).
 type NewModel<C, M> = fn(usize, usize, ArrayView2<'_, f64>, C) -> crate::error::Result<M>;
+type FromRows<C, T, M> = fn(usize, usize, Vec<T>, C) -> crate::error::Result<M>;
+
+/// The constructors of one model family in both storage types.
+pub(crate) struct Constructors<C, M32, M64> {
+    pub(crate) new32: NewModel<C, M32>,
+    pub(crate) new64: NewModel<C, M64>,
+    pub(crate) rows32: FromRows<C, f32, M32>,
+    pub(crate) rows64: FromRows<C, f64, M64>,
+}
 
 /// A model of (D, K) = `shape` in the storage type `dtype` ("float32"/"float64"), from the given initial loadings
-/// (or an orthonormal draw from `seed`), built with the GIL released.
-#[allow(clippy::too_many_arguments)]
+/// or, without them, an orthonormal draw from `seed` computed directly in the storage type (no f64 D×K copy
+/// for a float32 model), built with the GIL released.
 fn typed_model<C: Send, M32: Send, M64: Send>(
     py: Python<'_>,
     shape: (usize, usize),
@@ -250,19 +260,33 @@ fn typed_model<C: Send, M32: Send, M64: Send>(
     seed: Option<u64>,
     dtype: &str,
     config: C,
-    new32: NewModel<C, M32>,
-    new64: NewModel<C, M64>,
+    build: Constructors<C, M32, M64>,
 ) -> PyResult<Mutex<Typed<M32, M64>>> {
     let (d, k) = shape;
-    let init = initial_loadings(init, d, k, seed)?;
-    let inner = py.detach(|| match dtype {
-        "float32" => new32(d, k, init.view(), config).map(Typed::F32),
-        "float64" => new64(d, k, init.view(), config).map(Typed::F64),
-        other => Err(crate::error::invalid(
-            "dtype",
-            format!("must be 'float32' or 'float64', got {other:?}"),
-        )),
-    });
+    if !matches!(dtype, "float32" | "float64") {
+        return Err(crate::error::invalid("dtype", format!("must be 'float32' or 'float64', got {dtype:?}")).into());
+    }
+    let inner = match init {
+        Some(given) => {
+            let init = initial_loadings(Some(given), d, k, seed)?;
+            py.detach(|| match dtype {
+                "float32" => (build.new32)(d, k, init.view(), config).map(Typed::F32),
+                _ => (build.new64)(d, k, init.view(), config).map(Typed::F64),
+            })
+        }
+        None => {
+            crate::config_checks::check_components(d, k)?;
+            let seed = seed.unwrap_or_else(crate::init::entropy_seed);
+            py.detach(|| match dtype {
+                "float32" => orthonormal_rows::<f32>(d, k, seed)
+                    .and_then(|rows| (build.rows32)(d, k, rows, config))
+                    .map(Typed::F32),
+                _ => orthonormal_rows::<f64>(d, k, seed)
+                    .and_then(|rows| (build.rows64)(d, k, rows, config))
+                    .map(Typed::F64),
+            })
+        }
+    };
     Ok(Mutex::new(inner?))
 }
 
@@ -344,7 +368,13 @@ model_methods!(OnlineEMCore, {
             shrink,
         )?;
         let shape = (n_features, n_components);
-        let inner = typed_model(py, shape, init, seed, dtype, config, OnlineEm::new, OnlineEm::new)?;
+        let build = Constructors {
+            new32: OnlineEm::new,
+            new64: OnlineEm::new,
+            rows32: OnlineEm::from_rows,
+            rows64: OnlineEm::from_rows,
+        };
+        let inner = typed_model(py, shape, init, seed, dtype, config, build)?;
         Ok(OnlineEMCore { inner })
     }
 
@@ -406,7 +436,13 @@ model_methods!(OnlineSGACore, {
     ) -> PyResult<Self> {
         let config = sga_config(lr, rule, n_warmup, noise_floor, (schedule, tau0, kappa, rho), scaling)?;
         let shape = (n_features, n_components);
-        let inner = typed_model(py, shape, init, seed, dtype, config, OnlineSga::new, OnlineSga::new)?;
+        let build = Constructors {
+            new32: OnlineSga::new,
+            new64: OnlineSga::new,
+            rows32: OnlineSga::from_rows,
+            rows64: OnlineSga::from_rows,
+        };
+        let inner = typed_model(py, shape, init, seed, dtype, config, build)?;
         Ok(OnlineSGACore { inner })
     }
 });

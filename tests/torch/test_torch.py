@@ -673,35 +673,64 @@ def test_docstring_examples(module: str) -> None:
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_float32_draws_of_a_float32_model_read_its_float32_loadings_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No float64 D×K copy of F is made for float32 draws of a float32 model (its own float32 rows are used),
-    and the draws are those from the model's float64 snapshot within float32 rounding (the same normals)."""
+def _rust_model(name: str) -> object:
     x = np.random.default_rng(4).standard_normal((60, 40))
-    em = onlinefa.OnlineEM(40, 3, seed=0, dtype="float32").update(x)
-
-    class Float64Gaussian:  # the model's float64 snapshot: what float32 draws were made from before
-        def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            return em.snapshot()
-
-    reference = torch.cat(list(sample_parameters(Float64Gaussian(), 9, seed=2))).double()
-    calls: list[object] = []
-    snapshot = em.snapshot
-    monkeypatch.setattr(em, "snapshot", lambda dtype=None: calls.append(dtype) or snapshot(dtype))
-    draws = torch.cat(list(sample_parameters(em, 9, seed=2)))
-    assert calls == ["float32"] and draws.dtype == torch.float32
-    assert float((draws.double() - reference).abs().max() / reference.abs().max()) < 1e-5
+    if name == "vifa":
+        return onlinefa.VIFA(40, 3, prior_precision=1.0, lr_mean=1e-3, lr_loadings=1e-3, lr_log_noise=1e-3, seed=0)
+    if name == "sga":
+        return onlinefa.OnlineSGA(40, 3, seed=0).update(x)
+    return onlinefa.OnlineEM(40, 3, seed=0, dtype="float32" if name == "em32" else "float64").update(x)
 
 
-def test_float32_draws_of_a_float64_model_equal_the_rounded_float64_gaussian() -> None:
-    """The float32 path rounds the float64 snapshot once (c, F, ψ^½ as before): the same bits as drawing from
-    float32 copies of the snapshot made by hand."""
-    x = np.random.default_rng(5).standard_normal((60, 40))
-    em = onlinefa.OnlineEM(40, 3, seed=0).update(x)
+def _drawn_by_hand(model: object, n_samples: int, seed: int, dtype: torch.dtype) -> np.ndarray:
+    """c + F h + ψ^½ z in float64 from the model's snapshot, with the normals of ``sample_parameters``: one block
+    of K + D of ``torch.randn`` per draw, in the draws' dtype, from ``torch.Generator().manual_seed(seed)``."""
+    c, f, psi = (np.asarray(part, dtype=np.float64) for part in getattr(model, "snapshot")())
+    generator = torch.Generator().manual_seed(seed)
+    k = f.shape[1]
+    rows = []
+    for _ in range(n_samples):
+        noise = torch.randn(k + c.shape[0], generator=generator, dtype=dtype).double().numpy()
+        rows.append(c + f @ noise[:k] + np.sqrt(psi) * noise[k:])
+    return np.array(rows)
 
-    class Copies:  # the same Gaussian, as writable float64 copies (the old path's input)
-        def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            return tuple(np.array(a) for a in em.snapshot())  # type: ignore[return-value]
 
-    ours = torch.cat(list(sample_parameters(em, 9, seed=3)))
-    by_hand = torch.cat(list(sample_parameters(Copies(), 9, seed=3)))
-    assert torch.equal(ours, by_hand)
+@pytest.mark.parametrize("name", ["em32", "em64", "sga", "vifa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_draws_of_a_rust_model_are_written_by_its_engine_without_a_copy_of_f(name: str, dtype: torch.dtype,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model with a Rust engine writes the draws in place over their normals (no snapshot, so no D×K copy of
+    F): c + F h + ψ^½ z of the same normals as before, computed in float64 and rounded once, whatever the
+    chunk size."""
+    model = _rust_model(name)
+    reference = _drawn_by_hand(model, 19, 3, dtype)
+    monkeypatch.setattr(model, "snapshot", lambda *args, **kwargs: pytest.fail("snapshot() was called"))
+    # float64: the same sums in another order; float32: the float64 value rounded once (within one ulp)
+    tolerance = 1e-12 if dtype == torch.float64 else 2.0**-23
+    first = None
+    for chunk_size in (1, 5, 19):
+        draws = torch.cat(list(sample_parameters(model, 19, seed=3, dtype=dtype, chunk_size=chunk_size)))
+        assert draws.dtype == dtype
+        np.testing.assert_allclose(draws.double().numpy(), reference, rtol=tolerance, atol=0)
+        first = draws if first is None else first
+        assert torch.equal(draws, first)
+
+
+def test_scaled_draws_of_a_rust_model_widen_around_its_mean() -> None:
+    """θ = c + √scale · (θ₁ − c) with θ₁ the scale-1 draw, computed in float64 (then rounded once)."""
+    em = onlinefa.OnlineEM(40, 3, seed=0).update(np.random.default_rng(6).standard_normal((60, 40)))
+    for dtype, scale, tolerance in ((torch.float64, 4.0, 1e-12), (torch.float32, 0.25, 2.0**-23)):
+        unit = _drawn_by_hand(em, 10, 1, dtype)
+        wide = torch.cat(list(sample_parameters(em, 10, seed=1, dtype=dtype, scale=scale))).double().numpy()
+        np.testing.assert_allclose(wide, em.mean + scale**0.5 * (unit - em.mean), rtol=tolerance, atol=0)
+
+
+def test_draws_refuse_a_model_updated_between_their_blocks() -> None:
+    """The blocks of draws read the model one after the other: an update in between would mix two Gaussians."""
+    x = np.random.default_rng(7).standard_normal((61, 40))
+    em = onlinefa.OnlineEM(40, 3, seed=0).update(x[:60])
+    draws = sample_parameters(em, 16, seed=1)
+    next(draws)
+    em.update(x[60])
+    with pytest.raises(RuntimeError, match="changed while its draws were read"):
+        next(draws)

@@ -173,6 +173,7 @@ def test_the_collector_feeds_the_device_model_as_the_rust_one() -> None:
     ours = trained_by_collector(TorchOnlineSGA(d, 3, seed=0))
     assert ours.n_seen == rust.n_seen == 40
     assert relative(gaussian(ours)[1], gaussian(rust)[1]) < 1e-10
-    draws_ours = torch.stack(list(sample_parameters(ours, 5, seed=3)))
-    draws_rust = torch.stack(list(sample_parameters(rust, 5, seed=3)))
+    # the same normals: the torch rows' F h + ψ^½ z against the Rust engine's, both in float64
+    draws_ours = torch.stack(list(sample_parameters(ours, 5, seed=3, dtype=torch.float64)))
+    draws_rust = torch.stack(list(sample_parameters(rust, 5, seed=3, dtype=torch.float64)))
     assert torch.allclose(draws_ours, draws_rust, rtol=1e-9, atol=1e-12)

@@ -18,8 +18,10 @@ from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from .._gaussian import FactorGaussianMixin
 from .._validation import SeedLike, check_int, check_seed
 from ._bma import LABEL_KEYS, output_logits, no_batches_error, refuse_one_shot, moved_to
 from ._params import ParameterVector
@@ -114,6 +116,13 @@ class _Linearization:
         return result[0], result[1]
 
 
+def _posterior_mean(posterior: object) -> np.ndarray:
+    """c of a posterior: the model's own mean where it has one (no copy of F is made), else its Gaussian's."""
+    if isinstance(posterior, FactorGaussianMixin):
+        return np.asarray(posterior.mean, dtype=np.float64)
+    return gaussian_parameters(posterior).mean
+
+
 def _components(posterior: object, n_samples: int, seed: int | None) -> list[tuple[object, int, int | None]]:
     """(Gaussian, draws, seed) per mixture component, exactly as :func:`sample_parameters` splits them."""
     if isinstance(posterior, MultiSWAG):
@@ -175,7 +184,7 @@ def linearized_predictions(
     try:
         with torch.no_grad():
             for component, count, component_seed in _components(posterior, n, check_seed(seed)):
-                mean = torch.as_tensor(gaussian_parameters(component).mean, dtype=dtype, device=vector.device)
+                mean = torch.as_tensor(_posterior_mean(component), dtype=dtype, device=vector.device)
                 if mean.shape[0] != len(vector):
                     raise ValueError(f"the posterior has {mean.shape[0]} features but the parameters {len(vector)}")
                 linear = _Linearization(module, vector, mean)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from .._gaussian import FactorGaussianMixin
 from .._validation import SeedLike, check_int, check_seed
 from ._params import check_float_dtype
 from ._posterior import MultiSWAG, gaussian_for_draws
@@ -37,17 +38,36 @@ def component_seeds(seed: int | None, n_components: int) -> list[int | None]:
     return [int(child.generate_state(1, np.uint64)[0]) for child in children]
 
 
+def _draw_engine(posterior: object) -> Any:
+    """The Rust engine that draws from ``posterior`` in place while streaming over its state (so no copy of F
+    is made), or None for models without one (those are drawn from their (c, F, ψ) arrays)."""
+    if not isinstance(posterior, FactorGaussianMixin):
+        return None
+    return posterior._query_engine()  # raises NotFittedError for a model that cannot answer yet
+
+
+def _state_version(posterior: object) -> int | None:
+    """A counter that changes whenever the model's Gaussian does (samples seen, or optimiser steps)."""
+    for name in ("n_seen", "n_steps"):
+        value = getattr(posterior, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
 class _Plan:
     """What to draw: (posterior, number of draws, seed) per mixture component, Gaussians read lazily."""
 
-    def __init__(self, posterior: object, n_samples: int, seed: int | None, loadings_dtype: Any) -> None:
+    def __init__(self, posterior: object, n_samples: int, seed: int | None, loadings_dtype: Any,
+                 on_host: bool) -> None:
         self.loadings_dtype = loadings_dtype  #: np.float32 or np.float64: F is read in the draws' compute dtype
+        self.first: Gaussian | None = None
         if isinstance(posterior, MultiSWAG):
             counts = posterior.split(n_samples)
             self.parts = list(zip(posterior.components, counts, component_seeds(seed, len(posterior))))
-            self.first: Gaussian | None = None
         else:
-            self.first = gaussian_for_draws(posterior, loadings_dtype)  # fail now, not at the first next()
+            if not on_host or _draw_engine(posterior) is None:  # fail now, not at the first next()
+                self.first = gaussian_for_draws(posterior, loadings_dtype)
             self.parts = [(posterior, n_samples, seed)]
 
 
@@ -63,11 +83,17 @@ def sample_parameters(
 ) -> Iterator[torch.Tensor]:
     """Draw parameter vectors θ = c + √scale · (F h + ψ^{1/2} ⊙ z), h ~ N(0, I_K), z ~ N(0, I_D), in chunks.
 
-    Memory is O((chunk_size + 8)·D + D·K): no D×D matrix and never all draws at once. Draw i uses the
-    i-th block of K + D standard normals of one ``torch.Generator``, and its product with F is always
-    computed in a product of the same shape (eight draws at a time), so for a given seed the draws are
-    bit-identical whatever ``chunk_size`` (on every BLAS: a matrix product's rounding of a row can depend
-    on how many rows it has, which is why the shape is fixed).
+    No D×D matrix and never all draws at once. Draw i uses the i-th block of K + D standard normals of one
+    ``torch.Generator``, and the draws are made eight at a time, so for a given seed they are bit-identical
+    whatever ``chunk_size``.
+
+    - A model with a Rust engine (``OnlineEM``, ``OnlineSGA``, ``VIFA`` without ``device``) drawn onto the
+      CPU writes each block of eight draws in place over its normals, streaming over its own state
+      (θ = c + F h + ψ^{1/2} ⊙ z in float64, rounded once to ``dtype``): memory O((chunk_size + 8)·D), no copy
+      of F. Its state must not change while the draws are read (flush a ``SnapshotCollector`` first).
+    - Other posteriors and other devices read (c, F, ψ) once and draw by a
+      matrix product of a fixed shape (eight rows, so a row's rounding never depends on the chunking):
+      memory O((chunk_size + 8)·D + D·K).
 
     Parameters
     ----------
@@ -100,6 +126,8 @@ def sample_parameters(
     TypeError, ValueError
         Invalid arguments or a posterior without a usable Gaussian (raised by this call, not by the
         iteration).
+    RuntimeError
+        From the iteration: a model drawn by its engine was updated between two blocks of draws.
 
     Examples
     --------
@@ -113,12 +141,14 @@ def sample_parameters(
     """
     n = check_int(n_samples, "n_samples", 0)
     draw_dtype = check_float_dtype(dtype)
-    plan = _Plan(posterior, n, check_seed(seed), np.float64 if draw_dtype == torch.float64 else np.float32)
+    target = torch.device(device)
+    plan = _Plan(posterior, n, check_seed(seed), np.float64 if draw_dtype == torch.float64 else np.float32,
+                 target.type == "cpu")
     return _draw_plan(
         plan,
         scale=check_scale(scale),
         dtype=draw_dtype,
-        device=torch.device(device),
+        device=target,
         chunk_size=check_int(chunk_size, "chunk_size", 1),
     )
 
@@ -129,6 +159,10 @@ def _draw_plan(
     for posterior, count, seed in plan.parts:
         if count == 0:
             continue
+        engine = _draw_engine(posterior) if plan.first is None and device.type == "cpu" else None
+        if engine is not None:
+            yield from _rechunk(_engine_blocks(posterior, engine, count, seed, scale, dtype), count, chunk_size, dtype)
+            continue
         gaussian = plan.first if plan.first is not None else gaussian_for_draws(posterior, plan.loadings_dtype)
         plan.first = None  # release the arrays once they are on the device
         yield from _draw_gaussian(gaussian, count, seed, scale, dtype, device, chunk_size)
@@ -138,6 +172,46 @@ def _draw_plan(
 #: so a draw's rounding never depends on how many draws share its product. A BLAS rounds a row of
 #: ``addmm`` differently for different row counts, so chunks of varying size would differ in the last bit.
 _PRODUCT_ROWS = 8
+
+
+def _engine_blocks(posterior: object, engine: Any, n_samples: int, seed: int | None, scale: float,
+                   dtype: torch.dtype) -> Iterator[torch.Tensor]:
+    """The draws of :func:`_draw_blocks` (the same normals of the same generator), each block of
+    ``_PRODUCT_ROWS`` written in place over its noise by the model's engine in one pass over its state
+    (θ = c + F h + ψ^{1/2} ⊙ z in float64, rounded once), so no copy of F is made; then
+    θ ← c + √scale · (θ − c) in float64 when scale ≠ 1."""
+    n_features, n_components = int(getattr(posterior, "n_features")), int(getattr(posterior, "n_components"))
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    written = compute if scale == 1.0 else torch.float64
+    mean = None if scale == 1.0 else torch.as_tensor(np.asarray(getattr(posterior, "mean"), dtype=np.float64))
+    generator = _generator(seed, torch.device("cpu"))
+    version = _state_version(posterior)
+    noise = torch.empty(n_components + n_features, dtype=compute)
+    for start in range(0, n_samples, _PRODUCT_ROWS):
+        rows = min(_PRODUCT_ROWS, n_samples - start)
+        if _state_version(posterior) != version:
+            raise RuntimeError(f"the {type(posterior).__name__} changed while its draws were read (an update ran "
+                               "between two blocks of draws): flush the collector before drawing")
+        latent = np.empty((rows, n_components))
+        draws = torch.empty((rows, n_features), dtype=written)
+        for row in range(rows):  # one block of K + D normals per draw, as _draw_blocks draws them
+            torch.randn(n_components + n_features, generator=generator, out=noise)
+            latent[row] = noise[:n_components].numpy()
+            draws[row] = noise[n_components:]
+        engine.draw_into(latent, draws.numpy())
+        if mean is not None:
+            draws.sub_(mean).mul_(math.sqrt(scale)).add_(mean)
+        yield draws
+        del draws  # the consumer may keep it; this frame no longer needs it while the next block is made
+
+
+def _generator(seed: int | None, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
 
 
 def _draw_gaussian(
@@ -177,11 +251,7 @@ def _draw_blocks(
     loadings_t = _tensor(f, compute, device).T  # (K, D)
     noise_sd = _tensor(np.sqrt(psi), compute, device)
     n_components, n_features = loadings_t.shape
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
+    generator = _generator(seed, device)
     root_scale = math.sqrt(scale)
     noise = torch.zeros((_PRODUCT_ROWS, n_components + n_features), dtype=compute, device=device)
     for start in range(0, n_samples, _PRODUCT_ROWS):
@@ -204,7 +274,10 @@ def _rechunk(
     for block in blocks:
         if out is None and block.shape[0] == min(chunk_size, remaining):  # the block is the chunk: no copy
             remaining -= block.shape[0]
-            yield block.to(dtype)
+            chunk = block.to(dtype)
+            del block  # not held while the next block is made
+            yield chunk
+            del chunk
             continue
         taken = 0
         while taken < block.shape[0]:
