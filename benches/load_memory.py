@@ -19,10 +19,13 @@ import subprocess
 import sys
 import tempfile
 
+from peak_rss import PRELUDE
+
 BUILD = r"""
 import sys
 import numpy as np
 import onlinefa
+
 cls, dtype, d, k, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 rng = np.random.default_rng(0)
 if cls == "OnlineFactorAnalysis":
@@ -34,25 +37,19 @@ else:
 model.save(path)
 """
 
-CHILD = r"""
+
+CHILD = PRELUDE + r"""
 import json, pickle, sys
 import numpy as np
 import onlinefa
 from onlinefa.checkpoint import load_state
 
-def rss(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
 
 cls_name, call, path = sys.argv[1], sys.argv[2], sys.argv[3]
 cls = getattr(onlinefa, cls_name)
 state = load_state(path, cls_name) if call == "from_state(dict)" else None
 model = cls.load(path) if call in ("save", "get_state") else None
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
+reset_peak()
 before = rss("VmRSS:")
 if call == "load":
     result = cls.load(path)

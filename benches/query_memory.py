@@ -16,17 +16,14 @@ import json
 import subprocess
 import sys
 
-CHILD = r"""
+from peak_rss import PRELUDE
+
+
+CHILD = PRELUDE + r"""
 import json, sys
 import numpy as np
 import onlinefa
 
-def rss(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
 
 model_name, query, d, k = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 rng = np.random.default_rng(0)
@@ -47,8 +44,7 @@ calls = {
     "previous log_prob": lambda: onlinefa._gaussian.log_prob(x, *model.snapshot()),
     "previous sample(1)": lambda: onlinefa._gaussian.draw(1, *model.snapshot(), 0),
 }
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
+reset_peak()
 before = rss("VmRSS:")
 result = calls[query]()
 peak = rss("VmHWM:")

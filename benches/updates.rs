@@ -17,7 +17,9 @@
 //! (the pending step's K×K map of Ā and the upper triangle of S = Σ z zᵀ/ψ), 2·D·(K² + K(K + 1)/2) flops, at
 //! this machine's matrix-product rate measured in the same run on the same pool (a 256×256 product of the
 //! state's type per thread, `ndarray`'s `dot`); "× max" is the update over the larger of the memory and the
-//! arithmetic floor. "CPU ms" is the process's CPU time per update (all threads), which a loaded machine
+//! arithmetic floor. **peak-arith** counts the same flops at this CPU's multiply-add peak (every thread running
+//! register-resident FMA chains, AVX-512 or AVX2), which no kernel can beat, so "× max (peak)" cannot
+//! flatter where a library's matrix product runs below the peak. "CPU ms" is the process's CPU time per update (all threads), which a loaded machine
 //! inflates less than the wall clock.
 //!
 //! A VIFA update is `sample()` (θ = F h + c + ψ^{1/2} ⊙ z) then `step(g)` with one draw (L = 1) and Adam.
@@ -122,6 +124,127 @@ fn gemm_rate<T: ndarray::LinalgScalar + Send + Sync>(repeats: usize) -> f64 {
             .collect(),
     );
     2.0 * (GEMM_SIDE as f64).powi(3) * threads as f64 / seconds
+}
+
+/// Independent multiply-add chains per thread: 12 vector registers, enough to keep two FMA ports busy through
+/// the instruction's latency.
+const FMA_CHAINS: usize = 12;
+
+/// `iterations` rounds of acc ← acc·x + y on FMA_CHAINS independent vector registers of one instruction set
+/// (`$vec` of `$lanes` lanes): no memory traffic, only multiply-adds. Returns the lanes' sum (kept observable).
+macro_rules! fma_loop {
+    ($name:ident, $features:literal, $t:ty, $vec:ty, $set1:ident, $fmadd:ident, $store:ident, $lanes:expr) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        fn $name(iterations: usize, x: $t, y: $t) -> $t {
+            use std::arch::x86_64::*;
+            let (xv, yv) = ($set1(x), $set1(y));
+            let mut acc: [$vec; FMA_CHAINS] = [$set1(0.0); FMA_CHAINS];
+            for _ in 0..iterations {
+                for a in acc.iter_mut() {
+                    *a = $fmadd(*a, xv, yv);
+                }
+            }
+            let mut lanes = [0.0 as $t; $lanes];
+            let mut total = 0.0;
+            for a in acc {
+                // SAFETY: `lanes` holds exactly one vector of this type.
+                unsafe { $store(lanes.as_mut_ptr(), a) };
+                total += lanes.iter().sum::<$t>();
+            }
+            total
+        }
+    };
+}
+fma_loop!(
+    fma_f64_avx512,
+    "avx512f",
+    f64,
+    __m512d,
+    _mm512_set1_pd,
+    _mm512_fmadd_pd,
+    _mm512_storeu_pd,
+    8
+);
+fma_loop!(
+    fma_f32_avx512,
+    "avx512f",
+    f32,
+    __m512,
+    _mm512_set1_ps,
+    _mm512_fmadd_ps,
+    _mm512_storeu_ps,
+    16
+);
+fma_loop!(
+    fma_f64_avx2,
+    "avx2,fma",
+    f64,
+    __m256d,
+    _mm256_set1_pd,
+    _mm256_fmadd_pd,
+    _mm256_storeu_pd,
+    4
+);
+fma_loop!(
+    fma_f32_avx2,
+    "avx2,fma",
+    f32,
+    __m256,
+    _mm256_set1_ps,
+    _mm256_fmadd_ps,
+    _mm256_storeu_ps,
+    8
+);
+
+/// Multiply-add rounds of one rate measurement (FMA_CHAINS vectors · lanes · 2 flops each round).
+const FMA_ROUNDS: usize = 4_000_000;
+
+/// Flops per second of this CPU's fused multiply-adds in float64 and float32 on the rayon pool (every thread at
+/// once, the median of `repeats`): the arithmetic ceiling no kernel can pass, so an arithmetic floor at this
+/// rate cannot flatter. NaN where neither AVX-512 nor AVX2 with FMA is available.
+fn fma_peak(repeats: usize) -> (f64, f64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma");
+        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        if !(avx512 || avx2) {
+            return (f64::NAN, f64::NAN);
+        }
+        let threads = rayon::current_num_threads();
+        let rate = |run: &(dyn Fn() + Sync), lanes: usize| {
+            let seconds = median(
+                (0..repeats.max(3))
+                    .map(|_| timed(|| (0..threads).into_par_iter().for_each(|_| run())))
+                    .collect(),
+            );
+            2.0 * (FMA_ROUNDS * FMA_CHAINS * lanes * threads) as f64 / seconds
+        };
+        // SAFETY: each function is called only where the CPU has the features it was compiled for.
+        let f64_run = move || {
+            let out = if avx512 {
+                unsafe { fma_f64_avx512(FMA_ROUNDS, black_box(0.999), black_box(1e-3)) }
+            } else {
+                unsafe { fma_f64_avx2(FMA_ROUNDS, black_box(0.999), black_box(1e-3)) }
+            };
+            black_box(out);
+        };
+        let f32_run = move || {
+            let out = if avx512 {
+                unsafe { fma_f32_avx512(FMA_ROUNDS, black_box(0.999), black_box(1e-3)) }
+            } else {
+                unsafe { fma_f32_avx2(FMA_ROUNDS, black_box(0.999), black_box(1e-3)) }
+            };
+            black_box(out);
+        };
+        let (lanes64, lanes32) = if avx512 { (8, 16) } else { (4, 8) };
+        (rate(&f64_run, lanes64), rate(&f32_run, lanes32))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = repeats;
+        (f64::NAN, f64::NAN)
+    }
 }
 
 /// One standard-normal D-vector per `seed` (a 1×D row).
@@ -283,23 +406,27 @@ fn main() {
         load_average()
     );
     let rates = (gemm_rate::<f64>(args.repeats), gemm_rate::<f32>(args.repeats));
+    let peaks = fma_peak(args.repeats);
     println!(
-        "# matrix-product rate on {} rayon threads: float64 {:.1} GFLOP/s, float32 {:.1} GFLOP/s",
+        "# on {} rayon threads: matrix-product rate float64 {:.1} GFLOP/s, float32 {:.1} GFLOP/s; \
+         multiply-add peak float64 {:.1} GFLOP/s, float32 {:.1} GFLOP/s",
         rayon::current_num_threads(),
         rates.0 * 1e-9,
-        rates.1 * 1e-9
+        rates.1 * 1e-9,
+        peaks.0 * 1e-9,
+        peaks.1 * 1e-9
     );
     println!();
     println!(
         "| model | D | K | state | ms/update | CPU ms | floor ms | × floor | floor + x ms | × (floor + x) | arith ms | \
-         × max |"
+         × max | peak-arith ms | × max (peak) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &d in &args.sizes {
         for &k in args.components.iter().filter(|&&k| k < d) {
             for model in &args.models {
-                row::<f64>(model, d, k, args.repeats, rates.0);
-                row::<f32>(model, d, k, args.repeats, rates.1);
+                row::<f64>(model, d, k, args.repeats, (rates.0, peaks.0));
+                row::<f32>(model, d, k, args.repeats, (rates.1, peaks.1));
             }
         }
     }
@@ -312,19 +439,20 @@ fn arithmetic_floor(model: &str, d: usize, k: usize, rate: f64) -> Option<f64> {
     (model == "EM").then(|| 2.0 * d as f64 * (k * k + k * (k + 1) / 2) as f64 / rate)
 }
 
-fn row<T: Real>(model: &str, d: usize, k: usize, repeats: usize, rate: f64) {
+fn row<T: Real>(model: &str, d: usize, k: usize, repeats: usize, (rate, peak): (f64, f64)) {
     let [floor, floor_x, t, cpu] = match model {
         "EM" | "SGA" => measure_stream::<T>(model, d, k, repeats),
         "VIFA" => measure_vifa::<T>(d, k, repeats),
         other => panic!("unknown model {other:?} (EM, SGA or VIFA)"),
     };
-    let arith = arithmetic_floor(model, d, k, rate);
-    let (arith_ms, over_max) = match arith {
+    let against = |rate: f64| match arithmetic_floor(model, d, k, rate).filter(|a| a.is_finite()) {
         Some(a) => (format!("{:.2}", a * 1e3), format!("{:.2}×", t / a.max(floor))),
         None => ("–".into(), "–".into()),
     };
+    let ((arith_ms, over_max), (peak_ms, over_peak)) = (against(rate), against(peak));
     println!(
-        "| {model} | {d} | {k} | {} | {:.2} | {:.2} | {:.2} | {:.2}× | {:.2} | {:.2}× | {arith_ms} | {over_max} |",
+        "| {model} | {d} | {k} | {} | {:.2} | {:.2} | {:.2} | {:.2}× | {:.2} | {:.2}× | {arith_ms} | {over_max} | \
+         {peak_ms} | {over_peak} |",
         T::NAME,
         t * 1e3,
         cpu * 1e3,

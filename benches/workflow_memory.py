@@ -25,22 +25,15 @@ import subprocess
 import sys
 from typing import Any
 
-CHILD = r"""
+from peak_rss import PRELUDE
+
+
+CHILD = PRELUDE + r"""
 import json, sys
 import torch
 import onlinefa
 from onlinefa.torch import SnapshotCollector, bayesian_model_average
 
-def rss(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
-
-def reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 dtype, k, snapshots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(1)

@@ -24,25 +24,18 @@ from pathlib import Path
 
 import pytest
 
+from peak_rss import PRELUDE
+
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak-RSS counter"
 )
 
-CHILD = r"""
+
+CHILD = PRELUDE + r"""
 import json, sys
 import numpy as np
 import onlinefa
 
-def rss(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
-
-def reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 name, dtype, d, k, call = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 if call == "draw":

@@ -21,6 +21,8 @@ import pytest
 import onlinefa
 from onlinefa import OnlineFactorAnalysis
 
+from peak_rss import PRELUDE
+
 D, K = 40, 3
 
 
@@ -52,24 +54,17 @@ def test_float64_exports_stay_float64() -> None:
     np.testing.assert_array_equal(fa.components_, onlinefa.canonical_loadings(fa._model.loadings).T)
 
 
-CHILD = r"""
+CHILD = PRELUDE + r"""
 import json, sys
 import numpy as np
 from onlinefa import OnlineFactorAnalysis
 
-def rss(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
 
 d, k = int(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(0)
 fa = OnlineFactorAnalysis(k, dtype="float32", n_warmup=2, random_state=0)
 fa.partial_fit(rng.standard_normal((k + 4, d), dtype=np.float32))
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
+reset_peak()
 before = rss("VmRSS:")
 components = fa.components_
 print(json.dumps({"extra": rss("VmHWM:") - before, "dtype": str(components.dtype)}))

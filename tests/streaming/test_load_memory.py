@@ -26,6 +26,8 @@ import pytest
 import onlinefa
 from onlinefa.checkpoint import _CHUNK_BYTES
 
+from peak_rss import PRELUDE
+
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak-RSS counter"
 )
@@ -33,24 +35,18 @@ pytestmark = pytest.mark.skipif(
 # ~22 MB of state: large enough that arrays dominate, small enough to build and load in well under a second.
 SIZES = {"float64": (200_000, 10), "float32": (400_000, 10)}
 
-CHILD = r"""
+
+CHILD = PRELUDE + r"""
 import json, sys
 import onlinefa
 from onlinefa.checkpoint import load_state
 
-def rss(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
 
 cls_name, call, path = sys.argv[1], sys.argv[2], sys.argv[3]
 cls = getattr(onlinefa, cls_name)
 state = load_state(path, cls_name) if call == "from_state" else None
 model = cls.load(path) if call in ("save", "get_state") else None  # built before the counter is reset
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
+reset_peak()
 before = rss("VmRSS:")
 if call == "load":
     result = cls.load(path)
