@@ -20,7 +20,8 @@ the span of F, the Laplace posterior restricted to θ = c + P z, z ~ N(0, (G + �
 (diag p_n − p_n p_nᵀ) (J_n P) the generalised Gauss-Newton matrix of the fit rows in that subspace (K
 Jacobian-vector products per batch), α the prior precision of z by MacKay's evidence fixed point
 α = γ / ‖Pᵀ c‖², γ = Σ_k g_k / (g_k + α) (g_k the eigenvalues of G), predicted linearised at scale 1 (no
-validation row used), and ``subspace_laplace_one_se`` the same at the default rule's scale.
+validation row used), and ``subspace_laplace_one_se`` the same at the default rule's scale. ``mixture`` is the
+equal mixture of the ``max`` and ``one_se`` predictives (a two-point prior on the scale).
 
     python experiments/studies/calibration_dev_split.py --seeds 3
 """
@@ -135,6 +136,8 @@ def predictors(seed: int, split: Split, budget: Budget = BUDGET) -> dict[str, Pr
     for rule, scale in scales.items():
         found[rule] = linearized(scale, 0.0)
         found[f"{rule}+null"] = linearized(scale, scale)
+    narrow, wide = linearized(scales["max"], 0.0), linearized(scales["one_se"], 0.0)
+    found["mixture"] = lambda inputs: 0.5 * narrow(inputs) + 0.5 * wide(inputs)
     subspace = subspace_laplace(linearization, posterior, split.x_train)
     found["subspace_laplace"] = linearized_with(module, subspace, seed, 1.0)
     subspace_validation = linearized_predictions(module, subspace, [(split.x_val, split.y_val)], n_samples=N_DRAWS,
