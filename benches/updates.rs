@@ -14,7 +14,8 @@
 //! threads each ratio compares like with like; `RAYON_NUM_THREADS=1` measures both on one thread.
 //!
 //! For online EM (the whitened default) a third floor, **arith**: its K² + K(K + 1)/2 multiply-adds per row
-//! (the pending step's K×K map of Ā and the upper triangle of S = Σ z zᵀ/ψ), 2·D·(K² + K(K + 1)/2) flops, at
+//! (the pending step's K×K map of Ā and the upper triangle of S = Σ z zᵀ/ψ), 2·D·(K² + K(K + 1)/2) flops
+//! (the same count for online SGA's gradient rule: g = f P and S), at
 //! this machine's matrix-product rate measured in the same run on the same pool (a 256×256 product of the
 //! state's type per thread, `ndarray`'s `dot`); "× max" is the update over the larger of the memory and the
 //! arithmetic floor. **peak-arith** counts the same flops at this CPU's multiply-add peak (every thread running
@@ -433,10 +434,12 @@ fn main() {
     println!("\nload average at end: {}", load_average());
 }
 
-/// Seconds of online EM's per-row arithmetic at `rate` flops/s: 2·D·(K² + K(K + 1)/2) flops (None for the
-/// other models, whose arithmetic floor is not counted here).
+/// Seconds of a model's per-row K-sized arithmetic at `rate` flops/s, 2·D·(K² + K(K + 1)/2): online EM's
+/// pending-step map of Ā and the upper triangle of S; online SGA's g = f P and the upper triangle of S (the
+/// gradient rule this bench runs; the whitened rule adds f ← f L). None for VIFA, whose arithmetic floor is
+/// not counted here.
 fn arithmetic_floor(model: &str, d: usize, k: usize, rate: f64) -> Option<f64> {
-    (model == "EM").then(|| 2.0 * d as f64 * (k * k + k * (k + 1) / 2) as f64 / rate)
+    matches!(model, "EM" | "SGA").then(|| 2.0 * d as f64 * (k * k + k * (k + 1) / 2) as f64 / rate)
 }
 
 fn row<T: Real>(model: &str, d: usize, k: usize, repeats: usize, (rate, peak): (f64, f64)) {
