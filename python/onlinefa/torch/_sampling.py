@@ -189,16 +189,16 @@ def _engine_blocks(posterior: object, engine: Any, n_samples: int, seed: int | N
     noise = torch.empty(n_components + n_features, dtype=compute)
     for start in range(0, n_samples, _PRODUCT_ROWS):
         rows = min(_PRODUCT_ROWS, n_samples - start)
-        if _state_version(posterior) != version:
-            raise RuntimeError(f"the {type(posterior).__name__} changed while its draws were read (an update ran "
-                               "between two blocks of draws): flush the collector before drawing")
         latent = np.empty((rows, n_components))
         draws = torch.empty((rows, n_features), dtype=written)
         for row in range(rows):  # one block of K + D normals per draw, as _draw_blocks draws them
             torch.randn(n_components + n_features, generator=generator, out=noise)
             latent[row] = noise[:n_components].numpy()
             draws[row] = noise[n_components:]
-        engine.draw_into(latent, draws.numpy())
+        engine.draw_into(latent, draws.numpy())  # one consistent state, read under the model's lock
+        if _state_version(posterior) != version:
+            raise RuntimeError(f"the {type(posterior).__name__} changed while its draws were read (an update ran "
+                               "between two blocks of draws): flush the collector before drawing")
         if mean is not None:
             draws.sub_(mean).mul_(math.sqrt(scale)).add_(mean)
         yield draws
