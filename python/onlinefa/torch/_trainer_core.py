@@ -33,6 +33,11 @@ def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def network_dtype(parameters: Iterable[torch.Tensor]) -> str:
+    """The state dtype that follows a network's: "float64" for float64 parameters, else "float32"."""
+    return "float64" if any(p.dtype == torch.float64 for p in parameters) else "float32"
+
+
 class TrainerPosterior:
     """The posterior a trainer callback fits, and when it collects.
 
@@ -41,7 +46,7 @@ class TrainerPosterior:
     posterior : object or None
         Anything :class:`~onlinefa.torch.SnapshotCollector` feeds (``OnlineEM``, ``OnlineSGA``, ``SWAG``, ...);
         None: ``OnlineEM(D, n_components, seed=seed, dtype=dtype)`` built when training starts (D is the
-        number of trainable parameters then).
+        number of trainable parameters then; ``dtype`` None: :func:`network_dtype` of those parameters).
     n_components, seed, dtype
         Of the default posterior.
     every_n_steps : int or None
@@ -61,7 +66,7 @@ class TrainerPosterior:
         a new one.
     """
 
-    def __init__(self, posterior: object | None, *, n_components: int, seed: int, dtype: str,
+    def __init__(self, posterior: object | None, *, n_components: int, seed: int, dtype: str | None,
                  every_n_steps: int | None, start_epoch: int, swa_lr: float | None, asynchronous: bool,
                  on_missing: str = "raise", on_mismatch: str = "raise",
                  parameters: Callable[[torch.nn.Module], Iterable[torch.Tensor]] | None = None,
@@ -79,7 +84,7 @@ class TrainerPosterior:
         self._given_class = None if posterior is None else type(posterior)
         self.n_components = check_int(n_components, "n_components", 1)
         self.seed = seed
-        self.dtype = _check_choice(dtype, "dtype", _DTYPES)
+        self.dtype = None if dtype is None else _check_choice(dtype, "dtype", _DTYPES)
         self.on_missing = _check_choice(on_missing, "on_missing", _ON_MISSING)
         self.on_mismatch = _check_choice(on_mismatch, "on_mismatch", _ON_MISMATCH)
         self._last_step: int | None = None
@@ -113,13 +118,27 @@ class TrainerPosterior:
         ``global_step``: the optimiser steps taken before (a resumed run's), none of which is collected."""
         self._last_step = global_step
         parameters = self.parameters_of(module)
+        dtype = self.dtype or network_dtype(parameters)
+        if self._posterior is not None and self._given_class is None and self.dtype is None:
+            self._check_restored_dtype(dtype)
         if self._posterior is None:
             n_features = sum(p.numel() for p in parameters)
-            self._posterior = OnlineEM(n_features, self.n_components, seed=self.seed, dtype=self.dtype)
+            self._posterior = OnlineEM(n_features, self.n_components, seed=self.seed, dtype=dtype)
         if self._collector is None:
-            dtype = torch.float64 if self.dtype == "float64" else torch.float32
-            self._collector = SnapshotCollector(self._posterior, parameters, dtype=dtype,
+            snapshot_dtype = torch.float64 if dtype == "float64" else torch.float32
+            self._collector = SnapshotCollector(self._posterior, parameters, dtype=snapshot_dtype,
                                                 asynchronous=self.asynchronous)
+
+    def _check_restored_dtype(self, dtype: str) -> None:
+        """A restored default posterior whose dtype is not the network's (``dtype=None``): ``on_mismatch``."""
+        restored = getattr(self._posterior, "dtype", dtype)
+        if restored == dtype:
+            return
+        if self.on_mismatch == "raise":
+            raise PosteriorResumeError(
+                f"the checkpoint's posterior has dtype={restored!r}, but the network's parameters ask for {dtype!r}: "
+                f"pass dtype={restored!r} to resume it, or on_mismatch='reset' to start a new posterior")
+        self._posterior = None
 
     def parameters_of(self, module: torch.nn.Module) -> list[torch.Tensor]:
         """The tensors the posterior covers: those of ``parameters(module)``, or every trainable one."""
@@ -233,7 +252,7 @@ class TrainerPosterior:
             return f"a {type(restored).__name__}, not the default OnlineEM"
         if restored.n_components != self.n_components:
             return f"n_components={restored.n_components}, not {self.n_components}"
-        if restored.dtype != self.dtype:
+        if self.dtype is not None and restored.dtype != self.dtype:  # None: checked against the network at start
             return f"dtype={restored.dtype!r}, not {self.dtype!r}"
         return None
 
@@ -275,8 +294,10 @@ CALLBACK_PARAMETERS = """
     swa_lr : float, optional
         From ``start_epoch`` on, set every parameter group's learning rate to this constant before each step
         (SWAG's constant-rate phase; it overrides learning-rate schedulers there).
-    dtype : {"float32", "float64"}, default="float32"
-        State dtype of the default posterior and precision of the snapshots.
+    dtype : {"float32", "float64"}, optional
+        State dtype of the default posterior and precision of the snapshots. Default: the network's, i.e.
+        "float64" when the covered parameters are float64 and "float32" otherwise (float32, bfloat16 and
+        float16 weights); a resumed posterior of the other dtype is then a mismatch (``on_mismatch``).
     seed : int, default=0
         Seed of the default posterior's initial loadings.
     asynchronous : bool, default=False
@@ -306,7 +327,7 @@ class PosteriorCallbackBase:
     """The front both trainer callbacks share: construction, the posterior, the BMA."""
 
     def __init__(self, posterior: object | None = None, *, n_components: int = 20, every_n_steps: int | None = None,
-                 start_epoch: int = 0, swa_lr: float | None = None, dtype: str = "float32", seed: int = 0,
+                 start_epoch: int = 0, swa_lr: float | None = None, dtype: str | None = None, seed: int = 0,
                  asynchronous: bool = False, on_missing: str = "raise", on_mismatch: str = "raise",
                  parameters: Callable[[torch.nn.Module], Iterable[torch.Tensor]] | None = None,
                  anneal_epochs: int = 0, swa_weights: bool = False) -> None:
