@@ -674,7 +674,9 @@ def test_docstring_examples(module: str) -> None:
 
 
 def _rust_model(name: str) -> object:
-    x = np.random.default_rng(4).standard_normal((60, 40))
+    # three strong factors, so that the reported F (shrunk to what the samples support) is far from zero
+    rng = np.random.default_rng(4)
+    x = 3.0 * rng.standard_normal((60, 3)) @ rng.standard_normal((3, 40)) + rng.standard_normal((60, 40))
     if name == "vifa":
         return onlinefa.VIFA(40, 3, prior_precision=1.0, lr_mean=1e-3, lr_loadings=1e-3, lr_log_noise=1e-3, seed=0)
     if name == "sga":

@@ -61,6 +61,7 @@ class _Plan:
     def __init__(self, posterior: object, n_samples: int, seed: int | None, loadings_dtype: Any,
                  on_host: bool) -> None:
         self.loadings_dtype = loadings_dtype  #: np.float32 or np.float64: F is read in the draws' compute dtype
+        self.on_host = on_host  #: draws onto the CPU, where a model's engine can write them
         self.first: Gaussian | None = None
         if isinstance(posterior, MultiSWAG):
             counts = posterior.split(n_samples)
@@ -159,7 +160,7 @@ def _draw_plan(
     for posterior, count, seed in plan.parts:
         if count == 0:
             continue
-        engine = _draw_engine(posterior) if plan.first is None and device.type == "cpu" else None
+        engine = _draw_engine(posterior) if plan.first is None and plan.on_host else None
         if engine is not None:
             yield from _rechunk(_engine_blocks(posterior, engine, count, seed, scale, dtype), count, chunk_size, dtype)
             continue
