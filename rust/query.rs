@@ -12,9 +12,10 @@
 
 use std::ops::Range;
 
-use ndarray::linalg::general_mat_mul;
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
+use crate::engine::isa::Isa;
+use crate::engine::tiled::{padded_width, syrk_upper_add, TILE_ROWS};
 use crate::engine::{run_tasks, task_ranges, use_parallel};
 use crate::error::{FaError, Result};
 use crate::linalg::SpdFactor;
@@ -257,18 +258,17 @@ pub fn query_sums<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Re
     };
     let parts = per_task(d, k, |rows| {
         let mut sums = zero();
-        let mut scaled = Vec::new();
-        let mut residual = Vec::new();
+        let (isa, mut bufs) = (Isa::detect(), BlockBufs::default());
         model.visit_range(rows, &mut |lo, mean, f, psi| {
             check_block(lo, f, psi, k)?;
             add_block_sums(
+                isa,
                 &mut sums,
                 x.slice(ndarray::s![.., lo..lo + psi.len()]),
                 mean,
                 f,
                 psi,
-                &mut scaled,
-                &mut residual,
+                &mut bufs,
             );
             Ok(())
         })?;
@@ -285,25 +285,38 @@ pub fn query_sums<G: GaussianRows + ?Sized>(model: &G, x: ArrayView2<f64>) -> Re
     Ok(total)
 }
 
-/// Add one block's Σ_d F_d F_dᵀ/ψ_d to `gram` (K×K) as one product Fᵀ (Ψ⁻¹F); `f` is the block's nb×K loadings
-/// (row-major), `psi` its nb noise variances, and `scaled` a reused buffer left holding Ψ⁻¹F.
-pub(crate) fn add_block_gram(gram: &mut Array2<f64>, f: &[f64], psi: &[f64], scaled: &mut Vec<f64>) {
+/// Reused buffers of a query task: one block's F and Ψ⁻¹F (nbp×kp, rows padded with zeros to the layout of
+/// the engine's tiled products, nbp = nb rounded up to whole tiles) and the K sums of one sample's projection.
+#[derive(Default)]
+pub(crate) struct BlockBufs {
+    loadings: Vec<f64>,
+    scaled: Vec<f64>,
+    proj: Vec<f64>,
+}
+
+/// Add one block's Σ_d F_d F_dᵀ/ψ_d (F: nb×K row-major, ψ: nb) to the upper triangle of `gram` (K×K) by the
+/// engine's register-tiled rank-nb update on code path `isa` (the caller mirrors it), and leave Ψ⁻¹F in
+/// `bufs.scaled`. The sum runs over the block's rows in order, so the result does not depend on the threads.
+pub(crate) fn add_block_gram(isa: Isa, gram: &mut Array2<f64>, f: &[f64], psi: &[f64], bufs: &mut BlockBufs) {
     let (nb, k) = (psi.len(), gram.nrows());
-    scaled.clear();
-    scaled.resize(nb * k, 0.0);
     if k == 0 {
         return;
     }
-    for ((out, row), &p) in scaled.chunks_exact_mut(k).zip(f.chunks_exact(k)).zip(psi) {
+    let kp = padded_width(k);
+    let nbp = nb.div_ceil(TILE_ROWS) * TILE_ROWS;
+    for buf in [&mut bufs.loadings, &mut bufs.scaled] {
+        buf.clear();
+        buf.resize(nbp * kp, 0.0);
+    }
+    for (r, (row, &p)) in f.chunks_exact(k).zip(psi).enumerate() {
         let inv = 1.0 / p;
-        for (o, &v) in out.iter_mut().zip(row) {
-            *o = v * inv; // Ψ⁻¹ F, nb×K
+        bufs.loadings[r * kp..r * kp + k].copy_from_slice(row);
+        for (out, &v) in bufs.scaled[r * kp..r * kp + k].iter_mut().zip(row) {
+            *out = v * inv; // Ψ⁻¹ F
         }
     }
-    // (K×nb)(nb×K)
-    let f_block = ArrayView2::from_shape((nb, k), f).expect("nb·K loadings");
-    let s_block = ArrayView2::from_shape((nb, k), &scaled[..]).expect("nb·K scaled loadings");
-    general_mat_mul(1.0, &f_block.t(), &s_block, 1.0, gram);
+    let sums = gram.as_slice_mut().expect("the Gram is allocated contiguous");
+    syrk_upper_add(isa, &bufs.scaled, &bufs.loadings, nbp, k, sums);
 }
 
 /// `gram` made exactly symmetric from its upper triangle (a product's two triangles may differ in the last bit).
@@ -315,39 +328,38 @@ pub(crate) fn mirror_upper(gram: &mut Array2<f64>) {
     }
 }
 
-/// Add one block's rows to `sums`: Σ F_d F_dᵀ/ψ_d as the product Fᵀ (Ψ⁻¹F) ([`query_sums`] mirrors its upper
-/// triangle), Σ log ψ_d, and for each sample r = x − c on these rows Σ r_d²/ψ_d and R (Ψ⁻¹F) (one matrix
-/// product). `x` holds the samples' entries of the block's rows (n×nb); `scaled` and `residual` are reused
-/// buffers.
+/// Add one block's rows to `sums`: Σ F_d F_dᵀ/ψ_d (upper triangle; [`query_sums`] mirrors it), Σ log ψ_d, and
+/// for each sample r = x − c on these rows Σ r_d²/ψ_d and Σ_d r_d (Ψ⁻¹F)_d, the rows in order. `x` holds the
+/// samples' entries of the block's rows (n×nb); `bufs` are reused buffers.
 fn add_block_sums(
+    isa: Isa,
     sums: &mut QuerySums,
     x: ArrayView2<f64>,
     mean: &[f64],
     f: &[f64],
     psi: &[f64],
-    scaled: &mut Vec<f64>,
-    residual: &mut Vec<f64>,
+    bufs: &mut BlockBufs,
 ) {
-    let (nb, k, n) = (psi.len(), sums.gram.nrows(), x.nrows());
-    add_block_gram(&mut sums.gram, f, psi, scaled);
+    let k = sums.gram.nrows();
+    add_block_gram(isa, &mut sums.gram, f, psi, bufs);
     sums.log_det_psi += psi.iter().map(|p| p.ln()).sum::<f64>();
-    if n == 0 {
-        return;
-    }
-    residual.clear();
-    residual.resize(n * nb, 0.0);
+    let kp = padded_width(k);
     for (j, sample) in x.axis_iter(Axis(0)).enumerate() {
-        let r = &mut residual[j * nb..(j + 1) * nb];
+        bufs.proj.clear();
+        bufs.proj.resize(k, 0.0);
         let mut quad = 0.0;
-        for (((r, &xv), &c), &p) in r.iter_mut().zip(sample.iter()).zip(mean).zip(psi) {
-            *r = xv - c;
-            quad += *r * *r / p;
+        for (r, ((&xv, &c), &p)) in sample.iter().zip(mean).zip(psi).enumerate() {
+            let res = xv - c;
+            quad += res * res / p;
+            for (acc, &y) in bufs.proj.iter_mut().zip(&bufs.scaled[r * kp..r * kp + k]) {
+                *acc += res * y;
+            }
         }
         sums.quad[j] += quad;
+        for (out, &acc) in sums.proj.row_mut(j).iter_mut().zip(&bufs.proj) {
+            *out += acc;
+        }
     }
-    let r = ArrayView2::from_shape((n, nb), &residual[..]).expect("n·nb residuals");
-    let s = ArrayView2::from_shape((nb, k), &scaled[..]).expect("nb·K scaled loadings");
-    general_mat_mul(1.0, &r, &s, 1.0, &mut sums.proj);
 }
 
 fn precision_factor(gram: &Array2<f64>) -> Result<SpdFactor> {

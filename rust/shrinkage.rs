@@ -20,9 +20,10 @@ use std::ops::Range;
 use ndarray::{Array1, Array2, ArrayView2};
 
 use crate::engine::block::{block_times, row_dots};
+use crate::engine::isa::Isa;
 use crate::error::{invalid, Result};
 use crate::linalg::symmetric_eigen_desc;
-use crate::query::{add_block_gram, mirror_upper, per_task, GaussianRows, RowVisitor};
+use crate::query::{add_block_gram, mirror_upper, per_task, BlockBufs, GaussianRows, RowVisitor};
 use crate::schedule::StepSize;
 
 /// Iterations of the fixed point for σ² (it converges in a few; the bound only guards pathological input).
@@ -150,15 +151,15 @@ impl std::fmt::Debug for ReportCache {
     }
 }
 
-/// Fᵀ Ψ⁻¹ F (K×K) of a model's rows: per block of rows one product (the query sums' own), summed task by task
-/// in row order (the same bits on any thread count), exactly symmetric.
+/// Fᵀ Ψ⁻¹ F (K×K) of a model's rows: per block of rows one tiled rank-nb update (the query sums' own), summed
+/// task by task in row order (the same bits on any thread count), exactly symmetric.
 pub fn gram<G: GaussianRows + ?Sized>(model: &G) -> Result<Array2<f64>> {
     let (d, k) = model.dims();
     let parts = per_task(d, k, |rows| {
         let mut sum = Array2::<f64>::zeros((k, k));
-        let mut scaled = Vec::new();
+        let (isa, mut bufs) = (Isa::detect(), BlockBufs::default());
         model.visit_range(rows, &mut |_, _, f, psi| {
-            add_block_gram(&mut sum, f, psi, &mut scaled);
+            add_block_gram(isa, &mut sum, f, psi, &mut bufs);
             Ok(())
         })?;
         Ok(sum)

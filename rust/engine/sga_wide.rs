@@ -25,7 +25,7 @@
 //! multiply-adds on the FMA path, so the two code paths agree to rounding, not bit for bit.
 
 use super::isa::Isa;
-use super::sga_kernel::{bounded_lane, residual_form, SgaBlockIo, SgaConsts, SgaStep, Start};
+use super::sga_kernel::{bounded_lane, exp_lanes, residual_form, SgaBlockIo, SgaConsts, SgaStep, Start};
 use super::tiled::{padded_width, TileElem, Tiled, TILE_ROWS};
 use crate::engine::sga_bounds::{bounded, loading_bound, log_psi_step, MAX_PSI_OVERSHOOT};
 use crate::scalar::{stored, Real};
@@ -98,7 +98,6 @@ impl SgaWide {
             g: E::scratch(sc.g),
             y: E::scratch(sc.y),
         };
-        let n = io.mean.len();
         let len = bufs.f.len().min(bufs.g.len()).min(bufs.y.len());
         let step = (len / padded_width(self.k)).min(MAX_SUB_ROWS) / TILE_ROWS * TILE_ROWS;
         assert!(step > 0, "wide-kernel scratch too small");
@@ -107,12 +106,49 @@ impl SgaWide {
             .step
             .as_ref()
             .map_or_else(Vec::new, |st| st.m.iter().map(|&v| E::from_f64(v)).collect());
-        for b0 in (0..n).step_by(step) {
-            let nb = (n - b0).min(step);
-            self.sub_block(c, io, &mut bufs, &m, b0, nb);
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` and `Isa::Avx512` are constructed only after `is_x86_feature_detected!("avx2")`
+            // (`Isa::available`). AVX-512 CPUs run the AVX2 build here too: enabling avx512f measured slower.
+            Isa::Avx2 | Isa::Avx512 => unsafe { self.sub_blocks_avx2(c, io, &mut bufs, &m, step) },
+            _ => self.sub_blocks(c, io, &mut bufs, &m, step),
         }
     }
 
+    /// [`Self::sub_blocks`] compiled with AVX2 enabled: the row-local loops (over K within a row) run 256-bit
+    /// vectors. No multiply-add is fused (Rust never contracts a·b + c), so the bits are those of the portable
+    /// build.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sub_blocks_avx2<T: Real, E: TileElem>(
+        &self,
+        c: &SgaConsts<'_>,
+        io: &mut SgaBlockIo<'_, T>,
+        sc: &mut Bufs<'_, E>,
+        m: &[E],
+        step: usize,
+    ) {
+        self.sub_blocks(c, io, sc, m, step)
+    }
+
+    /// The pass over the rows of `io` in sub-blocks of `step` rows.
+    #[inline(always)]
+    fn sub_blocks<T: Real, E: TileElem>(
+        &self,
+        c: &SgaConsts<'_>,
+        io: &mut SgaBlockIo<'_, T>,
+        sc: &mut Bufs<'_, E>,
+        m: &[E],
+        step: usize,
+    ) {
+        let n = io.mean.len();
+        for b0 in (0..n).step_by(step) {
+            let nb = (n - b0).min(step);
+            self.sub_block(c, io, sc, m, b0, nb);
+        }
+    }
+
+    #[inline(always)]
     fn sub_block<T: Real, E: TileElem>(
         &self,
         c: &SgaConsts<'_>,
@@ -147,11 +183,12 @@ impl SgaWide {
                 m,
                 residual: residual_form::<T>(),
             };
+            let rows = StepRows { kp, k };
             let mut overshoot = 0usize;
-            for r in 0..nb {
-                let f = &mut sc.f[r * kp..r * kp + k];
-                let g = &sc.g[r * kp..r * kp + k];
-                overshoot += row_step.apply::<T>(f, g, &mut psi[r], d_prev[r], c);
+            for r0 in (0..nb).step_by(LANES) {
+                let n = (nb - r0).min(LANES);
+                let (f, g) = (&mut sc.f[r0 * kp..], &sc.g[r0 * kp..]);
+                overshoot += row_step.apply::<T>(rows, f, g, &mut psi[r0..r0 + n], &d_prev[r0..r0 + n], c);
             }
             *io.overshoot += overshoot as f64;
             if let Some(l) = &self.l {
@@ -195,6 +232,7 @@ impl SgaWide {
 
 /// F ← clip(F L) on the sub-block's rows (the whitened rule): G = F L by one tiled product, copied back
 /// bounded (padding columns stay zero: L's padding is zero).
+#[inline(always)]
 fn whiten_rows<T: Real, E: TileElem>(
     isa: Isa,
     sc: &mut Bufs<'_, E>,
@@ -215,6 +253,7 @@ fn whiten_rows<T: Real, E: TileElem>(
 
 /// f ← clip(f, ±√(MAX_LOADING_RATIO · ψ)) on each row (kp wide, k used) with its new ψ: Fᵀ Ψ⁻¹ F stays
 /// finite (see `sga_bounds`). The bound is rounded to T, as the narrow kernel's.
+#[inline(always)]
 fn bound_loadings<T: Real, E: Real>(f: &mut [E], psi: &[f64], kp: usize, k: usize) {
     for (row, &p) in f.chunks_mut(kp).zip(psi) {
         let bound = loading_bound::<T>(p);
@@ -229,6 +268,7 @@ fn bound_loadings<T: Real, E: Real>(f: &mut [E], psi: &[f64], kp: usize, k: usiz
 }
 
 /// The data-scaled start on rows of F (padded rows, kp wide) and their ψ, rounded to T.
+#[inline(always)]
 fn start_rows<T: Real, E: Real>(f: &mut [E], psi: &mut [f64], start: Start, floor: f64) {
     if start.degenerate {
         psi.fill(1.0);
@@ -242,6 +282,18 @@ fn start_rows<T: Real, E: Real>(f: &mut [E], psi: &mut [f64], start: Start, floo
     }
 }
 
+/// Rows stepped together: their scalar work (the dots f·m and g·f, 1/ψ, the exp of the ψ step) runs as
+/// LANES independent chains, each row's sums in the row's own order, so the results are those of one row at a
+/// time while the chains overlap instead of waiting on each other's latency.
+const LANES: usize = 8;
+
+/// Row layout of a sub-block buffer: kp values per row, the first k used.
+#[derive(Clone, Copy)]
+struct StepRows {
+    kp: usize,
+    k: usize,
+}
+
 /// The pending step's m (f64 and in the arithmetic type E) and its form (residual for f32 arithmetic).
 struct RowStep<'a, E> {
     m64: &'a [f64],
@@ -250,46 +302,84 @@ struct RowStep<'a, E> {
 }
 
 impl<E: Real> RowStep<'_, E> {
-    /// Lines 10–14 of Algorithm 1 on one row (f, g = f P or f Σ: K each), rounded to T; 1 if its ψ step
-    /// diverged. f64 form: q = d'² − 2 d' f·m + g·f, F step d' m − g. Residual form (g = f Σ, see the module
-    /// documentation): r = d' − f·m in f64, q = r² + g·f, F step r m − g.
+    /// Per row of a group (n ≤ LANES rows of f and g = f P or f Σ, laid out as `rows`; d' each): q and the
+    /// coefficient of m in the F step. f64 form: q = d'² − 2 d' f·m + g·f, coefficient d'. Residual form (g =
+    /// f Σ, see the module documentation): r = d' − f·m in f64, q = r² + g·f, coefficient r. Each row's dots
+    /// are summed over j ascending, as one row alone would be.
     #[inline(always)]
-    fn apply<T: Real>(&self, f: &mut [E], g: &[E], psi: &mut f64, d: f64, c: &SgaConsts<'_>) -> usize {
-        let (q, coef) = if self.residual {
-            let mut f_m = 0.0f64;
-            let mut g_f = E::default();
-            for ((&fv, &gv), &mj) in f.iter().zip(g).zip(self.m64) {
-                f_m += fv.to_f64() * mj;
-                g_f = g_f + gv * fv;
+    fn lane_terms(&self, rows: StepRows, f: &[E], g: &[E], d: &[f64]) -> ([f64; LANES], [f64; LANES]) {
+        let n = d.len();
+        let mut f_m = [0.0f64; LANES];
+        let mut g_f = [0.0f64; LANES];
+        let mut g_f_e = [E::default(); LANES];
+        for (j, &mj) in self.m64.iter().enumerate().take(rows.k) {
+            for l in 0..n {
+                let (fv, gv) = (f[l * rows.kp + j], g[l * rows.kp + j]);
+                f_m[l] += fv.to_f64() * mj;
+                if self.residual {
+                    g_f_e[l] = g_f_e[l] + gv * fv;
+                } else {
+                    g_f[l] += gv.to_f64() * fv.to_f64();
+                }
             }
-            let r = d - f_m;
-            (r * r + g_f.to_f64(), r)
-        } else {
-            let mut f_m = 0.0;
-            let mut g_f = 0.0;
-            for ((&fv, &gv), &mj) in f.iter().zip(g).zip(self.m64) {
-                f_m += fv.to_f64() * mj;
-                g_f += gv.to_f64() * fv.to_f64();
-            }
-            (d * d - 2.0 * d * f_m + g_f, d)
-        };
-        let inv_psi = 1.0 / *psi;
-        let grad_beta = 0.5 * inv_psi * q - 0.5;
-        let scale = E::from_f64(if c.precondition { 1.0 } else { inv_psi });
-        let (lr, coef) = (E::from_f64(c.lr), E::from_f64(coef));
-        let (lo, hi) = (E::from_f64(-T::MAX_STATE), E::from_f64(T::MAX_STATE));
-        for ((fv, &gv), &mj) in f.iter_mut().zip(g).zip(self.m) {
-            let grad_f = scale * (coef * mj - gv);
-            *fv = E::from_f64(stored::<T>(bounded_lane(*fv + lr * grad_f, lo, hi).to_f64()).1);
         }
-        let old = *psi;
-        let stepped = match c.psi_rate {
-            Some(a) => old + a * (q - old),
-            None => old * log_psi_step(c.lr * grad_beta, c.precondition).exp(),
+        let (mut q, mut coef) = ([0.0f64; LANES], [0.0f64; LANES]);
+        for l in 0..n {
+            if self.residual {
+                let r = d[l] - f_m[l];
+                (q[l], coef[l]) = (r * r + g_f_e[l].to_f64(), r);
+            } else {
+                (q[l], coef[l]) = (d[l] * d[l] - 2.0 * d[l] * f_m[l] + g_f[l], d[l]);
+            }
+        }
+        (q, coef)
+    }
+
+    /// Lines 10–14 of Algorithm 1 on a group of n = `psi.len()` ≤ LANES rows (f, g from the group's first row,
+    /// laid out as `rows`; ψ and d' per row), rounded to T; returns how many rows' ψ step diverged. The exp
+    /// of the log-ψ step runs on all lanes at once (`exp_lanes`, within a few ulp of libm's).
+    #[inline(always)]
+    fn apply<T: Real>(
+        &self,
+        rows: StepRows,
+        f: &mut [E],
+        g: &[E],
+        psi: &mut [f64],
+        d: &[f64],
+        c: &SgaConsts<'_>,
+    ) -> usize {
+        let n = psi.len();
+        let (q, coef) = self.lane_terms(rows, f, g, d);
+        let mut inv_psi = [0.0f64; LANES];
+        let mut log_step = [0.0f64; LANES];
+        for l in 0..n {
+            inv_psi[l] = 1.0 / psi[l];
+            log_step[l] = log_psi_step(c.lr * (0.5 * inv_psi[l] * q[l] - 0.5), c.precondition);
+        }
+        let growth = match c.psi_rate {
+            Some(_) => [1.0; LANES],
+            None => exp_lanes(log_step),
         };
-        let new = bounded(stepped, c.floor, T::MAX_STATE);
-        *psi = stored::<T>(new).1;
-        // The natural step cannot diverge (it lies between ψ and q ≥ 0), so only the log step is checked.
-        usize::from(c.psi_rate.is_none() && *psi > MAX_PSI_OVERSHOOT * old.max(d * d))
+        let lr = E::from_f64(c.lr);
+        let (lo, hi) = (E::from_f64(-T::MAX_STATE), E::from_f64(T::MAX_STATE));
+        let mut overshoot = 0;
+        for l in 0..n {
+            let scale = E::from_f64(if c.precondition { 1.0 } else { inv_psi[l] });
+            let coef = E::from_f64(coef[l]);
+            let row = l * rows.kp..l * rows.kp + rows.k;
+            for ((fv, &gv), &mj) in f[row.clone()].iter_mut().zip(&g[row]).zip(self.m) {
+                let grad_f = scale * (coef * mj - gv);
+                *fv = E::from_f64(stored::<T>(bounded_lane(*fv + lr * grad_f, lo, hi).to_f64()).1);
+            }
+            let old = psi[l];
+            let stepped = match c.psi_rate {
+                Some(a) => old + a * (q[l] - old),
+                None => old * growth[l],
+            };
+            psi[l] = stored::<T>(bounded(stepped, c.floor, T::MAX_STATE)).1;
+            // The natural step cannot diverge (it lies between ψ and q ≥ 0), so only the log step is checked.
+            overshoot += usize::from(c.psi_rate.is_none() && psi[l] > MAX_PSI_OVERSHOOT * old.max(d[l] * d[l]));
+        }
+        overshoot
     }
 }
