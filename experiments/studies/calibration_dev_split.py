@@ -14,6 +14,9 @@ default rule (``one_se``) and of its plain maximiser (``max``); and each of thes
 of the fit rows' input covariance below 10⁻³ of its largest eigenvalue, x̄ their mean, and w the covariance
 scale s (the term then widens with the rest of the covariance). On inputs like the fit rows x − x̄ has no
 component in those directions, so the term changes nothing there; off them it adds output variance.
+``+null_all_<w>`` puts the same prior on every ``Linear`` at once, each on the null directions of the inputs it
+receives from the layer below on the fit rows (the ``Linear`` inputs at θ_SWA), with a fixed weight w
+(``NULL_ALL_WEIGHTS``), and ``+null_all_s`` with w = s.
 
 ``subspace_laplace`` replaces the fitted covariance's shape by the curvature's: with P an orthonormal basis of
 the span of F, the Laplace posterior restricted to θ = c + P z, z ~ N(0, (G + α I)⁻¹), G = Σ_n (J_n P)ᵀ
@@ -49,6 +52,8 @@ BUDGET = Budget(hidden=(200, 200), epochs=150, collect_epochs=50, lr=0.05, batch
                 rank=20, n_draws=N_DRAWS)
 #: Eigenvalues of the input covariance below this fraction of the largest span the "null" directions.
 NULL_FRACTION = 1e-3
+#: Fixed weights w of the every-layer null-space prior (``+null_all_<w>``), besides w = s (``+null_all_s``).
+NULL_ALL_WEIGHTS = (1.0, 10.0, 30.0, 300.0, 1000.0, 3000.0)
 Predictor = Callable[[torch.Tensor], np.ndarray]
 
 
@@ -97,6 +102,45 @@ def null_deviations(module: torch.nn.Module, split: Split, n_draws: int, seed: i
     return draws
 
 
+def layer_inputs(module: torch.nn.Module, inputs: torch.Tensor) -> dict[torch.nn.Linear, np.ndarray]:
+    """The inputs each ``Linear`` of ``module`` receives on ``inputs`` (float64, one row per input row)."""
+    seen: dict[torch.nn.Linear, np.ndarray] = {}
+    hooks = [layer.register_forward_hook(lambda layer, args, _: seen.__setitem__(layer, args[0].double().numpy()))
+             for layer in module.modules() if isinstance(layer, torch.nn.Linear)]
+    try:
+        with torch.no_grad():
+            module(inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+def null_deviations_all(module: torch.nn.Module, split: Split, n_draws: int, seed: int) -> torch.Tensor:
+    """As :func:`null_deviations`, on every ``Linear`` at once: for each layer, δW = σ₀ Z P and δb = −δW ā, with P
+    the projector onto the directions its inputs on the fit rows do not vary in (eigenvalues of their covariance
+    below ``NULL_FRACTION`` of the largest), ā their mean and σ₀² = 1/(3·fan_in)."""
+    vector = ParameterVector(module)
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.zeros(n_draws, len(vector))
+    offsets, start = {}, 0
+    for tensor in vector.parameters:
+        offsets[id(tensor)] = start
+        start += tensor.numel()
+    for layer, seen in layer_inputs(module, split.x_train).items():
+        eigenvalues, eigenvectors = np.linalg.eigh(np.cov(seen.T))
+        null = eigenvectors[:, eigenvalues < NULL_FRACTION * eigenvalues.max()]
+        projector = torch.tensor(null @ null.T, dtype=torch.float32)
+        a_bar = torch.tensor(seen.mean(axis=0), dtype=torch.float32)
+        prior_sd = (1.0 / (3.0 * layer.in_features)) ** 0.5
+        w0, b0 = offsets[id(layer.weight)], offsets[id(layer.bias)]
+        for draw in draws:
+            d_w = prior_sd * torch.randn(layer.out_features, layer.in_features, generator=generator) @ projector
+            draw[w0:w0 + d_w.numel()] = d_w.reshape(-1)
+            draw[b0:b0 + layer.out_features] = -d_w @ a_bar
+    return draws
+
+
 def predictors(seed: int, split: Split, budget: Budget = BUDGET) -> dict[str, Predictor]:
     run = train_sgd(split, 10, budget, batch_orders(split.x_train.shape[0], budget, seed), init_seed=seed)
     module, posterior = run.module, run.posterior
@@ -123,12 +167,15 @@ def predictors(seed: int, split: Split, budget: Budget = BUDGET) -> dict[str, Pr
     linearization = _Linearization(module, vector, mean)
     null_draws = null_deviations(module, split, N_DRAWS, seed)
 
-    def linearized(scale: float, null_weight: float) -> Predictor:
+    null_all_draws = null_deviations_all(module, split, N_DRAWS, seed)
+
+    def linearized(scale: float, null_weight: float, every_layer: bool = False) -> Predictor:
         def predict(inputs: torch.Tensor) -> np.ndarray:
             outputs = linearized_predictions(module, posterior, [(inputs,)], n_samples=N_DRAWS,
                                              seed=seed).outputs(scale)
             if null_weight:
-                extra = torch.stack([linearization.push_forward((inputs,), d)[1] for d in null_draws])
+                extra = torch.stack([linearization.push_forward((inputs,), d)[1]
+                                     for d in (null_all_draws if every_layer else null_draws)])
                 outputs = outputs + null_weight ** 0.5 * extra.to(outputs.dtype)
             return torch.softmax(outputs.double(), dim=-1).mean(dim=0).numpy()
         return predict
@@ -136,6 +183,9 @@ def predictors(seed: int, split: Split, budget: Budget = BUDGET) -> dict[str, Pr
     for rule, scale in scales.items():
         found[rule] = linearized(scale, 0.0)
         found[f"{rule}+null"] = linearized(scale, scale)
+        found[f"{rule}+null_all_s"] = linearized(scale, scale, every_layer=True)
+        for weight in NULL_ALL_WEIGHTS:
+            found[f"{rule}+null_all_{weight:g}"] = linearized(scale, weight, every_layer=True)
     narrow, wide = linearized(scales["max"], 0.0), linearized(scales["one_se"], 0.0)
     found["mixture"] = lambda inputs: 0.5 * narrow(inputs) + 0.5 * wide(inputs)
     subspace = subspace_laplace(linearization, posterior, split.x_train)
