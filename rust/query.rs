@@ -528,8 +528,9 @@ mod tests {
     }
 
     /// A random Gaussian spanning several query tasks (D not a multiple of the task or block size).
+    /// Four tasks, the last of a full block and a shorter one (whose padded tail follows a longer block's).
     fn large(k: usize) -> (Array1<f64>, Array2<f64>, Array1<f64>, Array2<f64>) {
-        let d = 3 * QUERY_TASK_ROWS + 1001;
+        let d = 3 * QUERY_TASK_ROWS + QUERY_BLOCK_ROWS + 1001;
         let mut f = Array2::zeros((d, k));
         crate::init::fill_standard_normal(f.view_mut(), 3);
         let mut c = Array2::zeros((1, d));
