@@ -25,6 +25,7 @@
 use super::advance;
 pub(crate) use super::isa::Isa;
 use super::lane_syrk::LaneSyrk;
+use super::prefetch::{Ahead, PREFETCH_GROUPS};
 use crate::scalar::{stored, Real};
 
 /// Inputs and outputs of one block (nb rows). State slices are the block's rows of the stored state.
@@ -127,7 +128,7 @@ fn em_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(io: &mu
     let c = io.consts;
     let mut acc = Acc::<T, K, W>::new();
     let full = nb / W * W;
-    let ahead = Ahead::new(io, W * PREFETCH_GROUPS, full);
+    let ahead = Ahead::new(io.a, [io.mean, io.dsq, io.d_last], io.x, W * PREFETCH_GROUPS, full);
     let groups = io.a[..full * K]
         .chunks_exact_mut(W * K)
         .zip(io.mean[..full].chunks_exact_mut(W))
@@ -135,7 +136,7 @@ fn em_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(io: &mu
         .zip(io.d_last[..full].chunks_exact_mut(W))
         .zip(io.x[..full].chunks_exact(W));
     for (g, ((((a, mean), dsq), d_last), x)) in groups.enumerate() {
-        ahead.prefetch::<K>(g * W, W);
+        ahead.prefetch(g * W, W, K);
         em_group::<T, K, W, GATHER>(
             c,
             GroupRows {
@@ -181,65 +182,6 @@ fn em_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(io: &mu
         }
     }
     *io.dsq_sum += acc.dsq.iter().sum::<f64>();
-}
-
-/// Groups ahead of the current one whose rows are prefetched.
-const PREFETCH_GROUPS: usize = 4;
-
-/// Software prefetch of the rows a few groups ahead (the state is streamed once per update, so each row's
-/// lines are requested while earlier groups compute). Only addresses inside the block are requested.
-struct Ahead<T> {
-    a: *const T,
-    mean: *const T,
-    dsq: *const T,
-    d_last: *const T,
-    x: *const f64,
-    distance: usize,
-    end: usize,
-}
-
-impl<T> Ahead<T> {
-    fn new(io: &EmBlockIo<'_, T>, distance: usize, end: usize) -> Self {
-        Ahead {
-            a: io.a.as_ptr(),
-            mean: io.mean.as_ptr(),
-            dsq: io.dsq.as_ptr(),
-            d_last: io.d_last.as_ptr(),
-            x: io.x.as_ptr(),
-            distance,
-            end,
-        }
-    }
-
-    /// Request rows `row + distance .. + n` (K values each in Ā), when they are inside the block.
-    #[inline(always)]
-    fn prefetch<const K: usize>(&self, row: usize, n: usize) {
-        let first = row + self.distance;
-        if first + n > self.end {
-            return;
-        }
-        let line = 64 / std::mem::size_of::<T>();
-        for v in (first * K..(first + n) * K).step_by(line) {
-            prefetch(self.a.wrapping_add(v));
-        }
-        prefetch(self.mean.wrapping_add(first));
-        prefetch(self.dsq.wrapping_add(first));
-        prefetch(self.d_last.wrapping_add(first));
-        prefetch(self.x.wrapping_add(first));
-    }
-}
-
-/// A hint to load the cache line holding `p` (no effect on results; never faults).
-#[inline(always)]
-fn prefetch<V>(p: *const V) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint: it reads nothing architecturally and cannot fault, whatever the address;
-    // SSE (which provides it) is part of the x86-64 baseline.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// One group of W rows: the previous sample's pending moments and line 12, then this sample's z, ψ and sums.

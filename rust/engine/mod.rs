@@ -17,6 +17,7 @@ pub(crate) mod lane_gather;
 pub(crate) mod lane_syrk;
 pub(crate) mod model;
 pub(crate) mod partition;
+pub(crate) mod prefetch;
 pub(crate) mod sga;
 pub(crate) mod sga_bounds;
 pub(crate) mod sga_kernel;

@@ -45,6 +45,7 @@ use crate::scalar::{stored, Real};
 
 use super::isa::Isa;
 use super::lane_syrk::LaneSyrk;
+use super::prefetch::{Ahead, PREFETCH_GROUPS};
 
 use super::k_dispatch::for_k;
 pub(crate) use super::k_dispatch::MAX_K;
@@ -540,8 +541,11 @@ fn sga_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(
         syrk: LaneSyrk::new(),
     };
     let mut overshoot = 0usize;
+    let full = nb / W * W;
+    let ahead = Ahead::new(io.f, [io.psi, io.mean, io.d_last], io.x, W * PREFETCH_GROUPS, full);
     let mut r0 = 0;
     while r0 < nb {
+        ahead.prefetch(r0, W, K);
         if nb - r0 >= W {
             overshoot += sga_group::<T, K, W, GATHER>(c, st.as_ref(), io, r0, W, &mut acc);
         } else {
