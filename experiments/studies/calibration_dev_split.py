@@ -272,13 +272,17 @@ def evaluate(seed: int, budget: Budget = BUDGET) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
+    global NULL_FRACTION
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rank", type=int, default=BUDGET.rank, help="K of the OnlineEM posterior")
     parser.add_argument("--collect-epochs", type=int, default=BUDGET.collect_epochs)
     parser.add_argument("--collect-lr", type=float, default=None,
                         help="SGD learning rate over the collection epochs (default: the training rate)")
+    parser.add_argument("--null-fraction", type=float, default=NULL_FRACTION,
+                        help="eigenvalue fraction below which an input direction counts as null")
     args = parser.parse_args()
+    NULL_FRACTION = args.null_fraction
     torch.set_num_threads(1)
     budget = BUDGET._replace(rank=args.rank, collect_epochs=args.collect_epochs, collect_lr=args.collect_lr)
     tables = [evaluate(seed, budget) for seed in range(args.seeds)]
