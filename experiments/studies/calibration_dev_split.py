@@ -78,30 +78,6 @@ def development_sets(seed: int) -> tuple[Split, dict[str, tuple[torch.Tensor, np
     return split, sets
 
 
-def null_deviations(module: torch.nn.Module, split: Split, n_draws: int, seed: int) -> torch.Tensor:
-    """``n_draws`` flat parameter deviations, zero except on the first ``Linear``: δW = σ₀ Z P, δb = −δW x̄."""
-    first = next(m for m in module.modules() if isinstance(m, torch.nn.Linear))
-    inputs = split.x_train.double().numpy()
-    eigenvalues, eigenvectors = np.linalg.eigh(np.cov(inputs.T))
-    null = eigenvectors[:, eigenvalues < NULL_FRACTION * eigenvalues.max()]
-    projector = torch.tensor(null @ null.T, dtype=torch.float32)
-    x_bar = torch.tensor(inputs.mean(axis=0), dtype=torch.float32)
-    prior_sd = (1.0 / (3.0 * first.in_features)) ** 0.5
-    vector = ParameterVector(module)
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.zeros(n_draws, len(vector))
-    for draw in draws:
-        d_w = prior_sd * torch.randn(first.out_features, first.in_features, generator=generator) @ projector
-        start = 0
-        for tensor in vector.parameters:
-            if tensor is first.weight:
-                draw[start:start + tensor.numel()] = d_w.reshape(-1)
-            elif tensor is first.bias:
-                draw[start:start + tensor.numel()] = -d_w @ x_bar
-            start += tensor.numel()
-    return draws
-
-
 def layer_inputs(module: torch.nn.Module, inputs: torch.Tensor) -> dict[torch.nn.Linear, np.ndarray]:
     """The inputs each ``Linear`` of ``module`` receives on ``inputs`` (float64, one row per input row)."""
     seen: dict[torch.nn.Linear, np.ndarray] = {}
@@ -116,10 +92,12 @@ def layer_inputs(module: torch.nn.Module, inputs: torch.Tensor) -> dict[torch.nn
     return seen
 
 
-def null_deviations_all(module: torch.nn.Module, split: Split, n_draws: int, seed: int) -> torch.Tensor:
-    """As :func:`null_deviations`, on every ``Linear`` at once: for each layer, δW = σ₀ Z P and δb = −δW ā, with P
-    the projector onto the directions its inputs on the fit rows do not vary in (eigenvalues of their covariance
-    below ``NULL_FRACTION`` of the largest), ā their mean and σ₀² = 1/(3·fan_in)."""
+def null_deviations(module: torch.nn.Module, split: Split, n_draws: int, seed: int, fraction: float,
+                    every_layer: bool) -> torch.Tensor:
+    """``n_draws`` flat parameter deviations of the input-null-space prior, on the first ``Linear`` or on every
+    one: for each such layer δW = σ₀ Z P and δb = −δW ā, with P the projector onto the directions its inputs on
+    the fit rows do not vary in (eigenvalues of their covariance below ``fraction`` of the largest), ā their
+    mean and σ₀² = 1/(3·fan_in); zero elsewhere."""
     vector = ParameterVector(module)
     generator = torch.Generator().manual_seed(seed)
     draws = torch.zeros(n_draws, len(vector))
@@ -127,9 +105,10 @@ def null_deviations_all(module: torch.nn.Module, split: Split, n_draws: int, see
     for tensor in vector.parameters:
         offsets[id(tensor)] = start
         start += tensor.numel()
-    for layer, seen in layer_inputs(module, split.x_train).items():
+    layers = list(layer_inputs(module, split.x_train).items())
+    for layer, seen in layers if every_layer else layers[:1]:
         eigenvalues, eigenvectors = np.linalg.eigh(np.cov(seen.T))
-        null = eigenvectors[:, eigenvalues < NULL_FRACTION * eigenvalues.max()]
+        null = eigenvectors[:, eigenvalues < fraction * eigenvalues.max()]
         projector = torch.tensor(null @ null.T, dtype=torch.float32)
         a_bar = torch.tensor(seen.mean(axis=0), dtype=torch.float32)
         prior_sd = (1.0 / (3.0 * layer.in_features)) ** 0.5
@@ -141,7 +120,8 @@ def null_deviations_all(module: torch.nn.Module, split: Split, n_draws: int, see
     return draws
 
 
-def predictors(seed: int, split: Split, budget: Budget = BUDGET) -> dict[str, Predictor]:
+def predictors(seed: int, split: Split, budget: Budget = BUDGET,
+               null_fraction: float = NULL_FRACTION) -> dict[str, Predictor]:
     run = train_sgd(split, 10, budget, batch_orders(split.x_train.shape[0], budget, seed), init_seed=seed)
     module, posterior = run.module, run.posterior
     found: dict[str, Predictor] = {}
@@ -165,9 +145,9 @@ def predictors(seed: int, split: Split, budget: Budget = BUDGET) -> dict[str, Pr
     scales = {"one_se": select_scale(validation).scale,
               "max": select_scale(validation, within_standard_error=False).scale}
     linearization = _Linearization(module, vector, mean)
-    null_draws = null_deviations(module, split, N_DRAWS, seed)
+    null_draws = null_deviations(module, split, N_DRAWS, seed, null_fraction, every_layer=False)
 
-    null_all_draws = null_deviations_all(module, split, N_DRAWS, seed)
+    null_all_draws = null_deviations(module, split, N_DRAWS, seed, null_fraction, every_layer=True)
 
     def linearized(scale: float, null_weight: float, every_layer: bool = False) -> Predictor:
         def predict(inputs: torch.Tensor) -> np.ndarray:
@@ -261,10 +241,10 @@ def scale_average(module: torch.nn.Module, posterior: Any, validation: Any, seed
     return predict
 
 
-def evaluate(seed: int, budget: Budget = BUDGET) -> dict[str, dict[str, float]]:
+def evaluate(seed: int, budget: Budget = BUDGET, null_fraction: float = NULL_FRACTION) -> dict[str, dict[str, float]]:
     split, sets = development_sets(seed)
     table: dict[str, dict[str, float]] = {}
-    for method, predict in predictors(seed, split, budget).items():
+    for method, predict in predictors(seed, split, budget, null_fraction).items():
         row = {name: classification_nll(predict(inputs), labels) for name, (inputs, labels) in sets.items()}
         row["shifted"] = float(np.mean([value for name, value in row.items() if name != "clean"]))
         table[method] = row
@@ -272,7 +252,6 @@ def evaluate(seed: int, budget: Budget = BUDGET) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    global NULL_FRACTION
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rank", type=int, default=BUDGET.rank, help="K of the OnlineEM posterior")
@@ -282,10 +261,9 @@ def main() -> None:
     parser.add_argument("--null-fraction", type=float, default=NULL_FRACTION,
                         help="eigenvalue fraction below which an input direction counts as null")
     args = parser.parse_args()
-    NULL_FRACTION = args.null_fraction
     torch.set_num_threads(1)
     budget = BUDGET._replace(rank=args.rank, collect_epochs=args.collect_epochs, collect_lr=args.collect_lr)
-    tables = [evaluate(seed, budget) for seed in range(args.seeds)]
+    tables = [evaluate(seed, budget, args.null_fraction) for seed in range(args.seeds)]
     reference = "one_se"
     print("| method | clean NLL | shifted NLL | Δ clean vs one_se | Δ shifted vs one_se |")
     print("|---|---|---|---|---|")
