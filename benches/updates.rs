@@ -13,9 +13,11 @@
 //! The floors run on the same rayon pool as the updates (chunks of the buffer in parallel), so on several
 //! threads each ratio compares like with like; `RAYON_NUM_THREADS=1` measures both on one thread.
 //!
-//! For online EM (the whitened default) a third floor, **arith**: its K² + K(K + 1)/2 multiply-adds per row
-//! (the pending step's K×K map of Ā and the upper triangle of S = Σ z zᵀ/ψ), 2·D·(K² + K(K + 1)/2) flops
-//! (the same count for online SGA's gradient rule: g = f P and S), at
+//! `EM` is online EM as `onlinefa.OnlineEM` builds it by default (whitened, data scaling); `EM-PLAIN` the same
+//! without whitening (`whiten=False`). For online EM a third floor, **arith**: its multiply-adds per row,
+//! K² + K(K + 1)/2 whitened (the pending step's K×K map of Ā and the upper triangle of S = Σ z zᵀ/ψ) and
+//! K(K + 1) without (z = U a, U triangular, and S), 2·D times as many flops (the whitened count for online SGA's
+//! gradient rule: g = f P and S), at
 //! this machine's matrix-product rate measured in the same run on the same pool (a 256×256 product of the
 //! state's type per thread, `ndarray`'s `dot`); "× max" is the update over the larger of the memory and the
 //! arithmetic floor. **peak-arith** counts the same flops at this CPU's multiply-add peak (every thread running
@@ -26,7 +28,7 @@
 //! A VIFA update is `sample()` (θ = F h + c + ψ^{1/2} ⊙ z) then `step(g)` with one draw (L = 1) and Adam.
 //! Each model is built, measured and dropped before the next, so D = 10⁷ with K = 50 fits in memory.
 //!
-//! Options (after `--`): `--d 1000000 10000000`, `--k 10`, `--models EM VIFA`, `--repeats 9`.
+//! Options (after `--`): `--d 1000000 10000000`, `--k 10`, `--models EM EM-PLAIN SGA VIFA`, `--repeats 9`.
 //! NumPy ratios for the same grid: `python benches/engine.py`.
 
 use std::hint::black_box;
@@ -35,7 +37,7 @@ use std::time::Instant;
 use ndarray::{Array1, Array2};
 use onlinefa::init::{fill_standard_normal, orthonormal_loadings};
 use onlinefa::vifa::{LearningRates, Optimizer, Vifa, VifaConfig, VifaInit};
-use onlinefa::{EmConfig, OnlineEm, OnlineSga, Real, SgaConfig};
+use onlinefa::{EmConfig, OnlineEm, OnlineSga, Real, Scaling, SgaConfig};
 use rayon::prelude::*;
 
 struct Args {
@@ -337,9 +339,13 @@ type UpdateFn = Box<dyn FnMut(&Array2<f64>)>;
 fn measure_stream<T: Real>(model: &str, d: usize, k: usize, repeats: usize) -> [f64; 4] {
     let f0 = orthonormal_loadings(d, k, 1).expect("init");
     let warm = k + 3;
-    let mut update: UpdateFn = if model == "EM" {
+    let mut update: UpdateFn = if model.starts_with("EM") {
+        // The Python class's defaults (whitened, data scaling); `EM-PLAIN` without whitening.
         let config = EmConfig {
             n_warmup: k as u64 + 2,
+            whiten: model == "EM",
+            scaling: Scaling::Data,
+            shrink: true,
             ..EmConfig::default()
         };
         let mut em = OnlineEm::<T>::new(d, k, f0.view(), config).expect("em");
@@ -434,19 +440,24 @@ fn main() {
     println!("\nload average at end: {}", load_average());
 }
 
-/// Seconds of a model's per-row K-sized arithmetic at `rate` flops/s, 2·D·(K² + K(K + 1)/2): online EM's
-/// pending-step map of Ā and the upper triangle of S; online SGA's g = f P and the upper triangle of S (the
-/// gradient rule this bench runs; the whitened rule adds f ← f L). None for VIFA, whose arithmetic floor is
-/// not counted here.
+/// Seconds of a model's per-row K-sized arithmetic at `rate` flops/s, 2·D·(K² + K(K + 1)/2): whitened online
+/// EM's pending-step map of Ā and the upper triangle of S; online SGA's g = f P and the upper triangle of S (the
+/// gradient rule this bench runs; the whitened rule adds f ← f L). Unwhitened online EM: 2·D·K(K + 1), z = U a
+/// (U upper triangular) and S. None for VIFA, whose arithmetic floor is not counted here.
 fn arithmetic_floor(model: &str, d: usize, k: usize, rate: f64) -> Option<f64> {
-    matches!(model, "EM" | "SGA").then(|| 2.0 * d as f64 * (k * k + k * (k + 1) / 2) as f64 / rate)
+    let per_row = match model {
+        "EM" | "SGA" => k * k + k * (k + 1) / 2,
+        "EM-PLAIN" => k * (k + 1),
+        _ => return None,
+    };
+    Some(2.0 * d as f64 * per_row as f64 / rate)
 }
 
 fn row<T: Real>(model: &str, d: usize, k: usize, repeats: usize, (rate, peak): (f64, f64)) {
     let [floor, floor_x, t, cpu] = match model {
-        "EM" | "SGA" => measure_stream::<T>(model, d, k, repeats),
+        "EM" | "EM-PLAIN" | "SGA" => measure_stream::<T>(model, d, k, repeats),
         "VIFA" => measure_vifa::<T>(d, k, repeats),
-        other => panic!("unknown model {other:?} (EM, SGA or VIFA)"),
+        other => panic!("unknown model {other:?} (EM, EM-PLAIN, SGA or VIFA)"),
     };
     let against = |rate: f64| match arithmetic_floor(model, d, k, rate).filter(|a| a.is_finite()) {
         Some(a) => (format!("{:.2}", a * 1e3), format!("{:.2}×", t / a.max(floor))),
