@@ -13,11 +13,12 @@
 //! The floors run on the same rayon pool as the updates (chunks of the buffer in parallel), so on several
 //! threads each ratio compares like with like; `RAYON_NUM_THREADS=1` measures both on one thread.
 //!
-//! `EM` is online EM as `onlinefa.OnlineEM` builds it by default (whitened, data scaling); `EM-PLAIN` the same
-//! without whitening (`whiten=False`). For online EM a third floor, **arith**: its multiply-adds per row,
-//! K² + K(K + 1)/2 whitened (the pending step's K×K map of Ā and the upper triangle of S = Σ z zᵀ/ψ) and
-//! K(K + 1) without (z = U a, U triangular, and S), 2·D times as many flops (the whitened count for online SGA's
-//! gradient rule: g = f P and S), at
+//! `EM` and `SGA` are the models as `onlinefa.OnlineEM` and `onlinefa.OnlineSGA` build them by default
+//! (whitened, data scaling; SGA's `lr="auto"`); `EM-PLAIN` is online EM without whitening (`whiten=False`) and
+//! `SGA-GRADIENT` online SGA's constant-step gradient rule (Algorithm 1). A third floor, **arith**, counts their
+//! multiply-adds per row: K² + K(K + 1)/2 for whitened EM (the pending step's K×K map of Ā and the upper
+//! triangle of S = Σ z zᵀ/ψ), K(K + 1) without whitening (z = U a, U triangular, and S), K² + K(K + 1)/2 for
+//! SGA's gradient rule (g = f P and S) and K(K + 1)/2 more for its whitened rule (f ← f L), 2·D flops each, at
 //! this machine's matrix-product rate measured in the same run on the same pool (a 256×256 product of the
 //! state's type per thread, `ndarray`'s `dot`); "× max" is the update over the larger of the memory and the
 //! arithmetic floor. **peak-arith** counts the same flops at this CPU's multiply-add peak (every thread running
@@ -28,7 +29,7 @@
 //! A VIFA update is `sample()` (θ = F h + c + ψ^{1/2} ⊙ z) then `step(g)` with one draw (L = 1) and Adam.
 //! Each model is built, measured and dropped before the next, so D = 10⁷ with K = 50 fits in memory.
 //!
-//! Options (after `--`): `--d 1000000 10000000`, `--k 10`, `--models EM EM-PLAIN SGA VIFA`, `--repeats 9`.
+//! Options (after `--`): `--d 1000000 10000000`, `--k 10`, `--models EM EM-PLAIN SGA SGA-GRADIENT VIFA`, `--repeats 9`.
 //! NumPy ratios for the same grid: `python benches/engine.py`.
 
 use std::hint::black_box;
@@ -37,7 +38,7 @@ use std::time::Instant;
 use ndarray::{Array1, Array2};
 use onlinefa::init::{fill_standard_normal, orthonormal_loadings};
 use onlinefa::vifa::{LearningRates, Optimizer, Vifa, VifaConfig, VifaInit};
-use onlinefa::{EmConfig, OnlineEm, OnlineSga, Real, Scaling, SgaConfig};
+use onlinefa::{EmConfig, OnlineEm, OnlineSga, Real, Scaling, SgaConfig, SgaRule};
 use rayon::prelude::*;
 
 struct Args {
@@ -351,8 +352,12 @@ fn measure_stream<T: Real>(model: &str, d: usize, k: usize, repeats: usize) -> [
         let mut em = OnlineEm::<T>::new(d, k, f0.view(), config).expect("em");
         Box::new(move |x| em.update(x.view()).expect("em update"))
     } else {
+        // The Python class's default step (`lr="auto"`: the whitened rule, data scaling); `SGA-GRADIENT` the
+        // constant-step gradient rule of Algorithm 1.
         let config = SgaConfig {
             n_warmup: k as u64 + 2,
+            rule: if model == "SGA" { SgaRule::Whitened } else { SgaRule::Gradient },
+            scaling: if model == "SGA" { Scaling::Data } else { Scaling::Unit },
             ..SgaConfig::default()
         };
         let mut sga = OnlineSga::<T>::new(d, k, f0.view(), config).expect("sga");
@@ -440,14 +445,13 @@ fn main() {
     println!("\nload average at end: {}", load_average());
 }
 
-/// Seconds of a model's per-row K-sized arithmetic at `rate` flops/s, 2·D·(K² + K(K + 1)/2): whitened online
-/// EM's pending-step map of Ā and the upper triangle of S; online SGA's g = f P and the upper triangle of S (the
-/// gradient rule this bench runs; the whitened rule adds f ← f L). Unwhitened online EM: 2·D·K(K + 1), z = U a
-/// (U upper triangular) and S. None for VIFA, whose arithmetic floor is not counted here.
+/// Seconds of a model's per-row K-sized arithmetic at `rate` flops/s, 2·D times the multiply-adds per row of the
+/// module documentation. None for VIFA, whose arithmetic floor is not counted here.
 fn arithmetic_floor(model: &str, d: usize, k: usize, rate: f64) -> Option<f64> {
     let per_row = match model {
-        "EM" | "SGA" => k * k + k * (k + 1) / 2,
+        "EM" | "SGA-GRADIENT" => k * k + k * (k + 1) / 2,
         "EM-PLAIN" => k * (k + 1),
+        "SGA" => k * k + k * (k + 1),
         _ => return None,
     };
     Some(2.0 * d as f64 * per_row as f64 / rate)
@@ -455,9 +459,9 @@ fn arithmetic_floor(model: &str, d: usize, k: usize, rate: f64) -> Option<f64> {
 
 fn row<T: Real>(model: &str, d: usize, k: usize, repeats: usize, (rate, peak): (f64, f64)) {
     let [floor, floor_x, t, cpu] = match model {
-        "EM" | "EM-PLAIN" | "SGA" => measure_stream::<T>(model, d, k, repeats),
+        "EM" | "EM-PLAIN" | "SGA" | "SGA-GRADIENT" => measure_stream::<T>(model, d, k, repeats),
         "VIFA" => measure_vifa::<T>(d, k, repeats),
-        other => panic!("unknown model {other:?} (EM, EM-PLAIN, SGA or VIFA)"),
+        other => panic!("unknown model {other:?} (EM, EM-PLAIN, SGA, SGA-GRADIENT or VIFA)"),
     };
     let against = |rate: f64| match arithmetic_floor(model, d, k, rate).filter(|a| a.is_finite()) {
         Some(a) => (format!("{:.2}", a * 1e3), format!("{:.2}×", t / a.max(floor))),

@@ -2,7 +2,7 @@
 //! fused kernel runs (online EM during warm-up, where F = F₀ σ; VIFA's passes) and for the explicit-F reference
 //! the kernels are tested against. Products go through matrixmultiply's GEMM (its SIMD kernel is picked for
 //! this CPU at run time), except [`block_times`]: a fully unrolled const-K loop where the online-EM row kernel
-//! runs (f64 state: K ≤ 15, or K ≤ 24 on AVX-512), and otherwise the wide kernels' tiled product on the engine's
+//! runs (f64 state: K ≤ 17, or K ≤ 24 on AVX-512), and otherwise the wide kernels' tiled product on the engine's
 //! code path, so that the block path rounds as the pass that runs.
 
 use ndarray::linalg::general_mat_mul;

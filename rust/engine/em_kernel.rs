@@ -356,20 +356,23 @@ fn em_block_avx512_entry<T: Real, const K: usize, const W: usize>(io: &mut EmBlo
 type BlockFn<T> = for<'a, 'b> fn(&'a mut EmBlockIo<'b, T>, usize);
 
 use super::k_dispatch::for_k;
-pub(crate) use super::k_dispatch::{MAX_K, MAX_K_EXTENDED};
+pub(crate) use super::k_dispatch::MAX_K_EXTENDED;
 
 /// Largest K the row kernel (this module) runs for online-EM state of type T on code path `isa`; larger K run the
-/// wide kernel (engine/em_wide.rs). The row kernel holds K(K+1)/2 per-lane sums in vector registers: with the
-/// 32 registers of AVX-512, or with float32 state, it beats the wide kernel up to [`MAX_K_EXTENDED`]; float64
-/// on a path with 16 registers spills them from K = 16 on and keeps the wide kernel there (the measurements
-/// behind this choice: docs/performance.md, "Why the kernels are chosen as they are").
+/// wide kernel (engine/em_wide.rs). With the 32 registers of AVX-512, or with float32 state, the row kernel beats
+/// the wide kernel up to [`MAX_K_EXTENDED`]; float64 on a path with 16 registers up to [`ROW_MAX_F64_16_REGISTERS`]
+/// (the measurements behind this choice: docs/performance.md, "Why the kernels are chosen as they are").
 pub(crate) fn row_kernel_max<T: Real>(isa: Isa) -> usize {
     if T::SINGLE || isa.vector_bytes() >= 64 {
         MAX_K_EXTENDED
     } else {
-        MAX_K - 1
+        ROW_MAX_F64_16_REGISTERS
     }
 }
+
+/// Largest K of the float64 row kernel on a path with 16 vector registers: level with the wide kernel at K = 18,
+/// behind it from there on.
+const ROW_MAX_F64_16_REGISTERS: usize = 17;
 
 /// The kernel for one K, one storage type and one code path, resolved to a plain function. The choice depends
 /// only on (K, T, CPU), so a model runs the same kernel for its whole life.
