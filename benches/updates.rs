@@ -356,7 +356,11 @@ fn measure_stream<T: Real>(model: &str, d: usize, k: usize, repeats: usize) -> [
         // constant-step gradient rule of Algorithm 1.
         let config = SgaConfig {
             n_warmup: k as u64 + 2,
-            rule: if model == "SGA" { SgaRule::Whitened } else { SgaRule::Gradient },
+            rule: if model == "SGA" {
+                SgaRule::Whitened
+            } else {
+                SgaRule::Gradient
+            },
             scaling: if model == "SGA" { Scaling::Data } else { Scaling::Unit },
             ..SgaConfig::default()
         };

@@ -200,15 +200,18 @@ pub(super) fn gradient<T: Real, const K: usize, const W: usize>(
             a[j][l] = x.f[j][l] * inv_psi[l];
         }
     }
-    // Line 12: cr_j = Σ_i a_i M[i][j], i ascending.
+    // Line 12: cr_j = Σ_i a_i M[i][j], i ascending, one output column at a time in one register (with i outer,
+    // LLVM vectorised the product across the output columns, with a gather and a scatter per multiply-add).
     let mut cr = [[T::default(); W]; K];
-    for i in 0..K {
-        for j in 0..K {
-            let mij = m_inv[i][j];
+    for (j, cr_j) in cr.iter_mut().enumerate() {
+        let mut acc = [T::default(); W];
+        for (a_i, m_row) in a.iter().zip(m_inv) {
+            let mij = m_row[j];
             for l in 0..W {
-                cr[j][l] = cr[j][l] + a[i][l] * mij;
+                acc[l] = acc[l] + a_i[l] * mij;
             }
         }
+        *cr_j = acc;
     }
     // The reparameterised likelihood terms averaged over the draws: ḡ, mean g ⊙ z (f64, per row) and
     // mean g hᵀ (in T, K per row).
