@@ -115,9 +115,10 @@ fn max_rel(a: &[f64], b: &[f64]) -> f64 {
 #[test]
 fn abar_space_sums_equal_explicit_loadings_sums() {
     // Fᵀ Ψ⁻¹ F = Uᵀ S_z U and Fᵀ Ψ⁻¹ d = Uᵀ u_z is an identity: both paths agree to rounding, for every K the
-    // kernel handles (K = 17 to 24: the row kernel on AVX-512, the wide kernel for f64 state elsewhere), plain
-    // and whitened, with the pending update (and whitening transform) applied in the pass.
-    for k in [1usize, 2, 3, 7, 10, 16, 17, 20, 21, 24] {
+    // kernel handles (each K its own monomorphised kernel; K = 18 to 24: the row kernel on AVX-512, the wide
+    // kernel for f64 state elsewhere), plain and whitened, with the pending update (and whitening transform)
+    // applied in the pass.
+    for k in 1..=crate::engine::k_dispatch::MAX_K_EXTENDED {
         for whiten in [false, true] {
             let d = 3 * k + 1001; // not a multiple of the lane width or the block size
             let f0 = orthonormal_loadings(d, k, k as u64).expect("init");
@@ -155,7 +156,7 @@ fn wide_kernel_sums_equal_explicit_loadings_sums() {
     // K > MAX_K_EXTENDED (the row kernel's largest K on every path): the register-tiled Ā-space pass against
     // the explicit-F block path, plain and whitened, with the pending update (and whitening transform) applied
     // in the pass; both tiled code paths.
-    for k in [25usize, 28, 50] {
+    for k in [25usize, 28, 32, 50, 64] {
         for whiten in [false, true] {
             let (em, x, d) = wide_model::<f64>(k, whiten);
             let n = x.nrows();
@@ -338,14 +339,16 @@ fn every_code_path_equals_the_portable_path() {
     // f64 state at K = 16–24 is compared only on paths where both it and the portable path run the row kernel:
     // elsewhere one of them runs the wide kernel (`row_kernel_max`), whose paths agree to rounding
     // (`wide_kernel_sums_equal_explicit_loadings_sums`).
+    // Every K the row kernel is compiled for (each is its own monomorphised kernel), whitened and not.
     let paths = Isa::available();
-    for k in [1usize, 4, 10, 15, 16, 17, 20, 21, 24] {
+    let cases = (1..=crate::engine::k_dispatch::MAX_K_EXTENDED).flat_map(|k| [(k, false), (k, true)]);
+    for (k, whiten) in cases {
         let d = 517;
         let f0 = orthonormal_loadings(d, k, 11).expect("init");
         let x = stream(40, d, 12);
         let cfg = EmConfig {
             n_warmup: 20,
-            whiten: k % 2 == 0,
+            whiten,
             ..EmConfig::default()
         };
         let mut em64 = OnlineEm::<f64>::new(d, k, f0.view(), cfg.clone()).expect("new");
@@ -370,10 +373,10 @@ fn every_code_path_equals_the_portable_path() {
                 .all(|&p| k <= super::row_kernel_max::<f64>(p));
             let [(path64, s64), _] = both_paths(&em64, x.row(39), isa);
             if row_kernel_f64 {
-                assert_eq!(path64, portable64, "{isa:?}, K = {k}");
+                assert_eq!(path64, portable64, "{isa:?}, K = {k}, whiten = {whiten}");
             }
             let [(path32, s32), _] = both_paths(&em32, x.row(39), isa);
-            assert_eq!(path32, portable32, "{isa:?}, K = {k}");
+            assert_eq!(path32, portable32, "{isa:?}, K = {k}, whiten = {whiten}");
             let cases = [(false, &s64, &ps64, 1e-12), (true, &s32, &ps32, 1e-5)];
             for (f32_state, got, want, bound) in cases.into_iter().filter(|c| c.0 || row_kernel_f64) {
                 if lanes(isa, f32_state) == lanes(Isa::Portable, f32_state) {
