@@ -25,6 +25,7 @@
 use super::advance;
 pub(crate) use super::isa::Isa;
 use super::lane_syrk::LaneSyrk;
+use super::lane_times::lanes_times;
 use super::prefetch::{Ahead, PREFETCH_GROUPS};
 use crate::scalar::{stored, Real};
 
@@ -233,7 +234,7 @@ fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
             }
         }
         if let Some(w) = &c.transform {
-            a = times::<T, K, W>(&a, w);
+            a = lanes_times::<T, K, W>(&a, w);
         }
         for l in 0..W {
             for j in 0..K {
@@ -283,28 +284,6 @@ fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
         }
     }
     acc.syrk.kept += 1;
-}
-
-/// out = a · M per lane (M K×K row-major): out_j = Σ_i a_i M[i][j], summed over i in order.
-///
-/// One output column at a time, its W lanes in one register across the sum. Written with i outer (every
-/// output column updated per input column), LLVM vectorised it across j at K ≥ 16 with a gather and a scatter
-/// of the output per multiply-add, 4–5× the time of the whole rest of the pass; the sums are the same either way.
-#[inline(always)]
-fn times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], m: &[T]) -> [[T; W]; K] {
-    assert!(m.len() >= K * K);
-    let mut out = [[T::default(); W]; K];
-    for (j, out_j) in out.iter_mut().enumerate() {
-        let mut acc = [T::default(); W];
-        for (i, a_i) in a.iter().enumerate() {
-            let mij = m[i * K + j];
-            for l in 0..W {
-                acc[l] = acc[l] + a_i[l] * mij;
-            }
-        }
-        *out_j = acc;
-    }
-    out
 }
 
 /// z = U a per lane, written to `z` (U upper triangular, row-major): z_i = Σ_{j ≥ i} U[i][j] a_j.

@@ -15,6 +15,7 @@ pub(crate) mod isa;
 pub(crate) mod k_dispatch;
 pub(crate) mod lane_gather;
 pub(crate) mod lane_syrk;
+pub(crate) mod lane_times;
 pub(crate) mod model;
 pub(crate) mod partition;
 pub(crate) mod prefetch;

@@ -27,6 +27,7 @@
 //! is reported as divergence).
 
 use super::config::{ADAM_BETA1, ADAM_BETA2, ADAM_EPS};
+use crate::engine::lane_times::lanes_times;
 use crate::scalar::{stored, Real};
 
 /// −x in T (exact; written through f64 because `Real` has no negation: LLVM folds it to one sign flip).
@@ -200,19 +201,8 @@ pub(super) fn gradient<T: Real, const K: usize, const W: usize>(
             a[j][l] = x.f[j][l] * inv_psi[l];
         }
     }
-    // Line 12: cr_j = Σ_i a_i M[i][j], i ascending, one output column at a time in one register (with i outer,
-    // LLVM vectorised the product across the output columns, with a gather and a scatter per multiply-add).
-    let mut cr = [[T::default(); W]; K];
-    for (j, cr_j) in cr.iter_mut().enumerate() {
-        let mut acc = [T::default(); W];
-        for (a_i, m_row) in a.iter().zip(m_inv) {
-            let mij = m_row[j];
-            for l in 0..W {
-                acc[l] = acc[l] + a_i[l] * mij;
-            }
-        }
-        *cr_j = acc;
-    }
+    // Line 12: cr_j = Σ_i a_i M[i][j], i ascending.
+    let cr = lanes_times::<T, K, W>(&a, m_inv.as_flattened());
     // The reparameterised likelihood terms averaged over the draws: ḡ, mean g ⊙ z (f64, per row) and
     // mean g hᵀ (in T, K per row).
     let mut g_mean = [0.0; W];
