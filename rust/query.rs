@@ -15,6 +15,7 @@ use std::ops::Range;
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
 use crate::engine::isa::Isa;
+use crate::engine::k_dispatch::for_k;
 use crate::engine::tiled::{padded_width, syrk_upper_add, TILE_ROWS};
 use crate::engine::{run_tasks, task_ranges, use_parallel};
 use crate::error::{FaError, Result};
@@ -347,17 +348,51 @@ fn add_block_sums(
     for (j, sample) in x.axis_iter(Axis(0)).enumerate() {
         bufs.proj.clear();
         bufs.proj.resize(k, 0.0);
-        let mut quad = 0.0;
-        for (r, ((&xv, &c), &p)) in sample.iter().zip(mean).zip(psi).enumerate() {
-            let res = xv - c;
-            quad += res * res / p;
-            for (acc, &y) in bufs.proj.iter_mut().zip(&bufs.scaled[r * kp..r * kp + k]) {
-                *acc += res * y;
-            }
+        let scaled = &bufs.scaled[..psi.len() * kp];
+        if k > 0 {
+            for_k!(extended k, K => sample_proj::<K>(sample, mean, scaled, kp, &mut bufs.proj),
+                _ => sample_proj_any(sample, mean, scaled, kp, &mut bufs.proj));
         }
+        let quad = sample_quad(sample, mean, psi);
         sums.quad[j] += quad;
         for (out, &acc) in sums.proj.row_mut(j).iter_mut().zip(&bufs.proj) {
             *out += acc;
+        }
+    }
+}
+
+/// One sample's Σ_r res_r²/ψ_r over a block's rows, res = x − c, the rows in order.
+fn sample_quad(sample: ArrayView1<f64>, mean: &[f64], psi: &[f64]) -> f64 {
+    let mut quad = 0.0;
+    for ((&xv, &c), &p) in sample.iter().zip(mean).zip(psi) {
+        let res = xv - c;
+        quad += res * res / p;
+    }
+    quad
+}
+
+/// One sample's Σ_r res_r (Ψ⁻¹F)_r over a block's rows (into `proj`, K, zero on entry), res = x − c, the rows
+/// in order; `scaled` holds Ψ⁻¹F with rows `kp` apart. The sums of [`sample_proj_any`], in registers for a K
+/// known at compile time.
+#[inline(always)]
+fn sample_proj<const K: usize>(sample: ArrayView1<f64>, mean: &[f64], scaled: &[f64], kp: usize, proj: &mut [f64]) {
+    let mut acc = [0.0; K];
+    for ((&xv, &c), y) in sample.iter().zip(mean).zip(scaled.chunks_exact(kp)) {
+        let res = xv - c;
+        for (a, &y) in acc.iter_mut().zip(&y[..K]) {
+            *a += res * y;
+        }
+    }
+    proj[..K].copy_from_slice(&acc);
+}
+
+/// [`sample_proj`] for any K ≥ 1.
+fn sample_proj_any(sample: ArrayView1<f64>, mean: &[f64], scaled: &[f64], kp: usize, proj: &mut [f64]) {
+    let k = proj.len();
+    for ((&xv, &c), y) in sample.iter().zip(mean).zip(scaled.chunks_exact(kp)) {
+        let res = xv - c;
+        for (acc, &y) in proj.iter_mut().zip(&y[..k]) {
+            *acc += res * y;
         }
     }
 }
@@ -572,7 +607,7 @@ mod tests {
 
     #[test]
     fn task_sums_equal_the_row_by_row_definition_on_any_thread_count() {
-        for k in [0usize, 1, 7, 20] {
+        for k in [0usize, 1, 7, 20, 30] {
             let (c, f, psi, x) = large(k);
             let g = DenseGaussian::new(c.view(), f.view(), psi.view()).expect("gaussian");
             let naive = naive_sums(&c, &f, &psi, &x);
@@ -594,6 +629,28 @@ mod tests {
             let rows3 = three.install(|| rows_as::<f32, _>(&g).expect("rows"));
             assert_eq!(rows1, (c.to_vec(), f.iter().copied().collect(), psi.to_vec()));
             assert_eq!(rows3.1, f.iter().map(|&v| v as f32).collect::<Vec<f32>>());
+        }
+    }
+
+    #[test]
+    fn projections_of_every_compiled_k_equal_the_loop_for_any_k_bit_for_bit() {
+        // The register accumulators of a K known at compile time run the same additions in the same order.
+        for k in 1..=crate::engine::k_dispatch::MAX_K_EXTENDED {
+            let (nb, kp) = (37, padded_width(k));
+            let mut values = Array2::zeros((3, nb * kp));
+            crate::init::fill_standard_normal(values.view_mut(), k as u64);
+            let (sample, mean, scaled) = (
+                values.slice(ndarray::s![0, ..nb]),
+                values.row(1).to_vec(),
+                values.row(2).to_vec(),
+            );
+            let (mut fixed, mut any) = (vec![0.0; k], vec![0.0; k]);
+            for_k!(extended k, K => sample_proj::<K>(sample, &mean, &scaled, kp, &mut fixed),
+                _ => unreachable!("K is in the extended range"));
+            sample_proj_any(sample, &mean, &scaled, kp, &mut any);
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>();
+            assert_eq!(bits(&fixed), bits(&any), "K = {k}");
+            assert!(fixed.iter().all(|v| *v != 0.0));
         }
     }
 

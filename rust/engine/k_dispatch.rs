@@ -1,13 +1,15 @@
 //! The one dispatch on K of every kernel specialised for K ≤ [`MAX_K`] (the EM and SGA row kernels, the block
-//! products, VIFA's fused kernels; the EM row kernel up to [`MAX_K_EXTENDED`]): a run-time K becomes a
-//! compile-time constant once, when a model picks its kernel, so no kernel branches on K per row.
+//! products, VIFA's fused kernels; the EM row kernel and the queries' projections up to [`MAX_K_EXTENDED`]): a
+//! run-time K becomes a compile-time constant once, when a model picks its kernel (or once per block of a
+//! query), so no kernel branches on K per row.
 
 /// Largest K with kernels specialised on K; larger K run the register-tiled wide paths.
 pub(crate) const MAX_K: usize = 16;
 
-/// Largest K of the extended dispatch (`for_k!(extended ...)`), used by the online-EM row kernel alone: at
-/// K = 17–24 (SWAG's rank 20 among them) it beats the wide path. The other kernels stop at
-/// [`MAX_K`], so the extra expansions cost compile time only where they pay.
+/// Largest K of the extended dispatch (`for_k!(extended ...)`), used by the online-EM row kernel (at K = 17–24,
+/// SWAG's rank 20 among them, it beats the wide path) and by the queries' per-sample projections (K
+/// accumulators in registers). The other kernels stop at [`MAX_K`], so the extra expansions cost compile time
+/// only where they pay.
 pub(crate) const MAX_K_EXTENDED: usize = 24;
 
 /// Expand `$body` once per K = 1 … [`MAX_K`] with the const `$k` bound to the value of `$n`, and evaluate
