@@ -186,7 +186,13 @@ fn not_finite(row: usize) -> FaError {
     ))
 }
 
+/// Every ψ of the block finite and positive and every loading finite, else the error naming the first row that
+/// is not: one branch-free (vectorised) pass over the block, and the row looked for only when it fails.
 fn check_block(lo: usize, f: &[f64], psi: &[f64], k: usize) -> Result<()> {
+    let psi_ok = psi.iter().fold(true, |ok, p| ok & p.is_finite() & (*p > 0.0));
+    if psi_ok && f.iter().fold(true, |ok, v| ok & v.is_finite()) {
+        return Ok(());
+    }
     for (i, p) in psi.iter().enumerate() {
         if !(p.is_finite() && *p > 0.0) || f[i * k..(i + 1) * k].iter().any(|v| !v.is_finite()) {
             return Err(not_finite(lo + i));
@@ -305,9 +311,13 @@ pub(crate) fn add_block_gram(isa: Isa, gram: &mut Array2<f64>, f: &[f64], psi: &
     }
     let kp = padded_width(k);
     let nbp = nb.div_ceil(TILE_ROWS) * TILE_ROWS;
+    // Rows nb..nbp and columns k..kp are the padding, zero; every other entry is written below.
     for buf in [&mut bufs.loadings, &mut bufs.scaled] {
-        buf.clear();
-        buf.resize(nbp * kp, 0.0);
+        if buf.len() != nbp * kp {
+            buf.clear();
+            buf.resize(nbp * kp, 0.0);
+        }
+        buf[nb * kp..].fill(0.0);
     }
     for (r, (row, &p)) in f.chunks_exact(k).zip(psi).enumerate() {
         let inv = 1.0 / p;
@@ -546,6 +556,20 @@ mod tests {
         for (f, psi) in [([1.0, f64::INFINITY], 0.5), ([1.0, 2.0], 0.0), ([1.0, 2.0], f64::NAN)] {
             let err = check_block(10, &f, &[psi], 2).expect_err("refused");
             assert!(err.to_string().contains("feature 10"));
+        }
+        // In a longer block the first bad row is named, whichever value is bad.
+        let good = || (vec![1.0; 10], vec![0.5; 5]);
+        for bad in [f64::NAN, f64::NEG_INFINITY, -1.0] {
+            let (mut f, mut psi) = good();
+            assert!(check_block(10, &f, &psi, 2).is_ok());
+            psi[3] = bad;
+            f[9] = bad / 0.0;
+            let err = check_block(10, &f, &psi, 2).expect_err("refused");
+            assert!(err.to_string().contains("feature 13"), "{err}");
+            let (mut f, psi) = good();
+            f[5] = bad / 0.0;
+            let err = check_block(10, &f, &psi, 2).expect_err("refused");
+            assert!(err.to_string().contains("feature 12"), "{err}");
         }
     }
 

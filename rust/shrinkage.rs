@@ -213,18 +213,18 @@ impl<G: GaussianRows + ?Sized> GaussianRows for Reported<'_, G> {
         let k = map.nrows();
         let (mut f_new, mut before, mut psi_new) = (Vec::new(), Vec::new(), Vec::new());
         self.inner.visit_range(rows, &mut |lo, mean, f, psi| {
+            // The buffers only grow (no zeroing per block): every value a block reads is written first.
             let nb = psi.len();
-            f_new.clear();
-            f_new.resize(nb * k, 0.0);
+            f_new.resize(f_new.len().max(nb * k), 0.0);
             block_times(f, map.view(), &mut f_new, nb);
-            before.resize(nb, 0.0);
+            before.resize(before.len().max(nb), 0.0);
             row_dots(f, f, k, nb, &mut before); // ‖F_d‖²
-            psi_new.resize(nb, 0.0);
+            psi_new.resize(psi_new.len().max(nb), 0.0);
             row_dots(&f_new, &f_new, k, nb, &mut psi_new); // ‖F'_d‖², then ψ'
-            for ((out, &norm), &p) in psi_new.iter_mut().zip(&before).zip(psi) {
+            for ((out, &norm), &p) in psi_new[..nb].iter_mut().zip(&before).zip(psi) {
                 *out = p + (norm - *out).max(0.0);
             }
-            visit(lo, mean, &f_new, &psi_new)
+            visit(lo, mean, &f_new[..nb * k], &psi_new[..nb])
         })
     }
 }
