@@ -361,7 +361,7 @@ fn add_block_sums(
         let scaled = &bufs.scaled[..psi.len() * kp];
         if k > 0 {
             for_k!(extended k, K => sample_proj::<K>(sample, mean, scaled, kp, &mut bufs.proj),
-                _ => sample_proj_any(sample, mean, scaled, kp, &mut bufs.proj));
+                _ => add_projection(sample, mean, scaled, kp, &mut bufs.proj));
         }
         let quad = sample_quad(sample, mean, psi);
         sums.quad[j] += quad;
@@ -381,30 +381,26 @@ fn sample_quad(sample: ArrayView1<f64>, mean: &[f64], psi: &[f64]) -> f64 {
     quad
 }
 
-/// One sample's Σ_r res_r (Ψ⁻¹F)_r over a block's rows (into `proj`, K, zero on entry), res = x − c, the rows
-/// in order; `scaled` holds Ψ⁻¹F with rows `kp` apart. The sums of [`sample_proj_any`], in registers for a K
-/// known at compile time.
+/// One sample's Σ_r res_r (Ψ⁻¹F)_r over a block's rows added to `acc` (K = its length), res = x − c, the rows in
+/// order; `scaled` holds Ψ⁻¹F with rows `kp` apart.
 #[inline(always)]
-fn sample_proj<const K: usize>(sample: ArrayView1<f64>, mean: &[f64], scaled: &[f64], kp: usize, proj: &mut [f64]) {
-    let mut acc = [0.0; K];
+fn add_projection(sample: ArrayView1<f64>, mean: &[f64], scaled: &[f64], kp: usize, acc: &mut [f64]) {
+    let k = acc.len();
     for ((&xv, &c), y) in sample.iter().zip(mean).zip(scaled.chunks_exact(kp)) {
         let res = xv - c;
-        for (a, &y) in acc.iter_mut().zip(&y[..K]) {
+        for (a, &y) in acc.iter_mut().zip(&y[..k]) {
             *a += res * y;
         }
     }
-    proj[..K].copy_from_slice(&acc);
 }
 
-/// [`sample_proj`] for any K ≥ 1.
-fn sample_proj_any(sample: ArrayView1<f64>, mean: &[f64], scaled: &[f64], kp: usize, proj: &mut [f64]) {
-    let k = proj.len();
-    for ((&xv, &c), y) in sample.iter().zip(mean).zip(scaled.chunks_exact(kp)) {
-        let res = xv - c;
-        for (acc, &y) in proj.iter_mut().zip(&y[..k]) {
-            *acc += res * y;
-        }
-    }
+/// [`add_projection`] into `proj` (K, zero on entry) through a local array of a K known at compile time, which
+/// stays in registers; the same additions in the same order.
+#[inline(always)]
+fn sample_proj<const K: usize>(sample: ArrayView1<f64>, mean: &[f64], scaled: &[f64], kp: usize, proj: &mut [f64]) {
+    let mut acc = [0.0; K];
+    add_projection(sample, mean, scaled, kp, &mut acc);
+    proj[..K].copy_from_slice(&acc);
 }
 
 fn precision_factor(gram: &Array2<f64>) -> Result<SpdFactor> {
@@ -671,7 +667,7 @@ mod tests {
             let (mut fixed, mut any) = (vec![0.0; k], vec![0.0; k]);
             for_k!(extended k, K => sample_proj::<K>(sample, &mean, &scaled, kp, &mut fixed),
                 _ => unreachable!("K is in the extended range"));
-            sample_proj_any(sample, &mean, &scaled, kp, &mut any);
+            add_projection(sample, &mean, &scaled, kp, &mut any);
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>();
             assert_eq!(bits(&fixed), bits(&any), "K = {k}");
             assert!(fixed.iter().all(|v| *v != 0.0));
