@@ -4,9 +4,10 @@ Every network is the same ReLU MLP trained by plain SGD on the same mini-batch o
 snapshots of the last ``collect_epochs`` epochs stream into ``OnlineEM`` (its defaults) at
 ``snapshots_per_epoch`` per epoch. From one run: ``map`` (the last iterate), ``swa`` (the running mean),
 ``swag_fa`` (Bayesian model average over draws of OnlineEM's Gaussian) and ``onlinefa``, the recommended
-recipe: the linearised predictive of the same Gaussian with its covariance scale chosen on the held-out
-validation rows (:func:`onlinefa.torch.select_scale`). Several runs give ``deep_ensemble`` (their last
-iterates) and ``multiswag_fa`` (the recipe over the mixture of their Gaussians).
+recipe: the linearised predictive of the same Gaussian with its covariance scale and softmax temperature
+chosen on the held-out validation rows (:func:`onlinefa.torch.select_scale` with ``temperature=True``).
+Several runs give ``deep_ensemble`` (their last iterates) and ``multiswag_fa`` (the recipe over the mixture
+of their Gaussians).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import onlinefa
 from onlinefa.torch import (
     MultiSWAG,
     ParameterVector,
+    ScaleSelection,
     SnapshotCollector,
     bayesian_model_average,
     linearized_predictions,
@@ -151,19 +153,21 @@ def bma_predictor(module: torch.nn.Module, posterior: Any, n_draws: int, seed: i
     return predict
 
 
-def recipe_scale(module: torch.nn.Module, posterior: Any, split: Split, n_draws: int, seed: int) -> float:
-    """The recommended recipe's covariance scale: held-out likelihood of the linearised predictive."""
+def recipe_scale(module: torch.nn.Module, posterior: Any, split: Split, n_draws: int, seed: int) -> ScaleSelection:
+    """The recommended recipe's covariance scale and softmax temperature, chosen together by the held-out
+    likelihood of the linearised predictive."""
     assign_mean(module, posterior)
     predictions = linearized_predictions(module, posterior, [(split.x_val, split.y_val)], n_samples=n_draws,
                                          seed=seed)
-    return select_scale(predictions).scale
+    return select_scale(predictions, temperature=True)
 
 
-def linearized_predictor(module: torch.nn.Module, posterior: Any, scale: float, n_draws: int, seed: int
+def linearized_predictor(module: torch.nn.Module, posterior: Any, chosen: ScaleSelection, n_draws: int, seed: int
                          ) -> Predictor:
-    """The linearised predictive at covariance ``scale``."""
+    """The linearised predictive at the chosen covariance scale and temperature."""
     def predict(x: torch.Tensor) -> np.ndarray:
-        outputs = linearized_predictions(module, posterior, [(x,)], n_samples=n_draws, seed=seed).outputs(scale)
+        predictions = linearized_predictions(module, posterior, [(x,)], n_samples=n_draws, seed=seed)
+        outputs = predictions.outputs(chosen.scale, chosen.temperature)
         return torch.softmax(outputs.double(), dim=-1).mean(dim=0).numpy()
 
     return predict

@@ -201,16 +201,16 @@ class _SeedRun:
             self._record("swag_fa", ours.bma_predictor(first.module, first.posterior, draws, seed), collected, 0.0)
         if "onlinefa" in want:
             start = time.perf_counter()
-            scale = ours.recipe_scale(first.module, first.posterior, self.split, draws, seed + 1)
-            self._record("onlinefa", ours.linearized_predictor(first.module, first.posterior, scale, draws, seed),
+            chosen = ours.recipe_scale(first.module, first.posterior, self.split, draws, seed + 1)
+            self._record("onlinefa", ours.linearized_predictor(first.module, first.posterior, chosen, draws, seed),
                          collected, time.perf_counter() - start)
         if "multiswag_fa" in want:
             from onlinefa.torch import MultiSWAG
 
             mixture = MultiSWAG([run.posterior for run in runs])
             start = time.perf_counter()
-            scale = ours.recipe_scale(first.module, mixture, self.split, draws, seed + 1)
-            self._record("multiswag_fa", ours.linearized_predictor(first.module, mixture, scale, draws, seed),
+            chosen = ours.recipe_scale(first.module, mixture, self.split, draws, seed + 1)
+            self._record("multiswag_fa", ours.linearized_predictor(first.module, mixture, chosen, draws, seed),
                          sum(r.seconds for r in runs), time.perf_counter() - start)
         if "deep_ensemble" in want:
             self._record("deep_ensemble", ours.ensemble_predictor(runs), sum(r.seconds for r in runs), 0.0)

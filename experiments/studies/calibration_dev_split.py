@@ -24,7 +24,9 @@ the span of F, the Laplace posterior restricted to θ = c + P z, z ~ N(0, (G + �
 Jacobian-vector products per batch), α the prior precision of z by MacKay's evidence fixed point
 α = γ / ‖Pᵀ c‖², γ = Σ_k g_k / (g_k + α) (g_k the eigenvalues of G), predicted linearised at scale 1 (no
 validation row used), and ``subspace_laplace_one_se`` the same at the default rule's scale. ``mixture`` is the
-equal mixture of the ``max`` and ``one_se`` predictives (a two-point prior on the scale).
+equal mixture of the ``max`` and ``one_se`` predictives (a two-point prior on the scale). ``one_se+T`` and
+``max+T`` choose a softmax temperature with the scale (``select_scale(..., temperature=True)``; the recipe is
+``one_se+T``), and ``swa+T`` is temperature scaling of SWA's logits alone (no covariance).
 
     python experiments/studies/calibration_dev_split.py --seeds 3
 """
@@ -41,7 +43,8 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from onlinefa.torch import ParameterVector, linearized_predictions, select_scale
+from onlinefa.torch import (LinearizedPredictions, ParameterVector, ScaleSelection, linearized_predictions,
+                            select_scale)
 from onlinefa.torch._linearized import _Linearization
 from onlinefa_experiments._calibration import classification_nll
 from onlinefa_experiments._calibration_data import SPLIT_SEED, TEST_FRACTION, _shifted_sets
@@ -174,7 +177,27 @@ def predictors(seed: int, split: Split, budget: Budget = BUDGET,
                                                  seed=seed)
     found["subspace_laplace_one_se"] = linearized_with(module, subspace, seed, select_scale(subspace_validation).scale)
     found["scale_average"] = scale_average(module, posterior, validation, seed)
+    found.update(tempered(module, posterior, validation, seed))
     return found
+
+
+def tempered(module: torch.nn.Module, posterior: Any, validation: LinearizedPredictions, seed: int
+             ) -> dict[str, Predictor]:
+    """The softmax temperature chosen with the scale (``one_se+T``: the recipe, ``max+T``: its maximiser), and
+    the temperature alone on SWA's logits (``swa+T``: temperature scaling, every deviation set to zero)."""
+    chosen = {"one_se+T": select_scale(validation, temperature=True),
+              "max+T": select_scale(validation, temperature=True, within_standard_error=False)}
+    no_width = LinearizedPredictions(validation.centre, torch.zeros_like(validation.deviation), validation.targets)
+    chosen["swa+T"] = select_scale(no_width, temperature=True, within_standard_error=False)._replace(scale=0.0)
+
+    def predictor(selection: ScaleSelection) -> Predictor:
+        def predict(inputs: torch.Tensor) -> np.ndarray:
+            outputs = linearized_predictions(module, posterior, [(inputs,)], n_samples=N_DRAWS, seed=seed)
+            logits = outputs.outputs(selection.scale, selection.temperature)
+            return torch.softmax(logits.double(), dim=-1).mean(dim=0).numpy()
+        return predict
+
+    return {name: predictor(selection) for name, selection in chosen.items()}
 
 
 class _Gaussian:

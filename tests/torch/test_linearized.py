@@ -270,3 +270,134 @@ def test_the_one_standard_error_rule_takes_the_widest_scale_within_one_se_of_the
     assert abs(math.log(plain.scale) - grid[best]) < 0.01
     assert abs(math.log(widest.scale) - grid[last]) < 0.01
     assert widest.scale > 1.5 * plain.scale  # the rule moved: the test can tell it from the maximiser
+
+
+# --- the softmax temperature chosen with the scale ----------------------------------------------------------
+
+
+def test_outputs_divide_by_the_temperature_and_refuse_a_bad_one() -> None:
+    module, x = _mlp(), _inputs()
+    got = linearized_predictions(module, _posterior(26, 2, seed=1), [(x,)], n_samples=2, seed=0)
+    assert torch.allclose(got.outputs(4.0, 2.5), (got.centre + 2.0 * got.deviation) / 2.5)
+    assert torch.equal(got.outputs(4.0, 1.0), got.outputs(4.0))
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="temperature"):
+            got.outputs(1.0, bad)
+    with pytest.raises(TypeError, match="temperature"):
+        got.outputs(1.0, True)
+
+
+def test_the_model_average_divides_every_draws_logits_by_the_temperature() -> None:
+    module, x = _mlp(), _inputs()
+    post = _posterior(26, 2, seed=1)
+    got = linearized_model_average(module, post, [(x,)], n_samples=3, scale=2.0, seed=5, temperature=0.7)
+    draws = linearized_predictions(module, post, [(x,)], n_samples=3, seed=5)
+    logits = (draws.centre + math.sqrt(2.0) * draws.deviation).numpy() / 0.7
+    expected = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    expected = (expected / expected.sum(axis=-1, keepdims=True)).mean(axis=0)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="temperature"):
+        linearized_model_average(module, post, [(x,)], n_samples=3, task="regression", temperature=2.0)
+
+
+def _tempered_problem(true_temperature: float, n_rows: int, n_draws: int, seed: int, flipped: int = 0
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Centre logits 3·N(0, 1) and labels drawn from softmax(centre / true_temperature), except the first
+    ``flipped`` rows, whose label is the class after the centre's choice. Deviations N(0, 1) on those rows
+    and N(0, 0.1²) on the others: width pays on the flipped rows, the temperature on the rest."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = 3.0 * torch.randn(1, n_rows, 4, generator=gen, dtype=torch.float64)
+    labels = torch.multinomial(torch.softmax(logits[0] / true_temperature, dim=-1), 1, generator=gen).reshape(-1)
+    labels[:flipped] = (logits[0, :flipped].argmax(dim=-1) + 1) % 4
+    spread = torch.full((1, n_rows, 1), 0.1, dtype=torch.float64)
+    spread[0, :flipped] = 1.0
+    deviation = spread * torch.randn(n_draws, n_rows, 4, generator=gen, dtype=torch.float64)
+    return logits.expand(n_draws, n_rows, 4), deviation, labels
+
+
+@pytest.mark.slow
+def test_with_no_deviation_the_temperature_is_the_maximum_likelihood_one() -> None:
+    # Zero deviations: every scale predicts alike and T is plain temperature scaling. Its maximum-likelihood
+    # value, found by SciPy's bounded Brent search, must match; and with 4,000 rows drawn at T0 = 2 it must lie
+    # within 4 standard errors of T0 (the observed Fisher information's, by central differences).
+    from onlinefa.torch import LinearizedPredictions
+
+    centre, deviation, labels = _tempered_problem(2.0, 4000, 1, seed=11)
+    z, y = centre[0].numpy(), labels.numpy()
+
+    def nll(log_t: float) -> float:
+        scaled = z / math.exp(log_t)
+        top = scaled.max(axis=1, keepdims=True)
+        log_p = scaled - top - np.log(np.exp(scaled - top).sum(axis=1, keepdims=True))
+        return float(-log_p[np.arange(y.size), y].sum())
+
+    reference = scipy_optimize.minimize_scalar(nll, bounds=(math.log(0.1), math.log(10.0)), method="bounded",
+                                               options={"xatol": 1e-8}).x
+    chosen = select_scale(LinearizedPredictions(centre, 0.0 * deviation, labels), temperature=True)
+    assert abs(math.log(chosen.temperature) - reference) < 1e-3
+    h = 1e-3
+    information = (nll(reference + h) - 2.0 * nll(reference) + nll(reference - h)) / h**2
+    assert abs(reference - math.log(2.0)) < 4.0 / math.sqrt(information)
+
+
+@pytest.mark.slow
+def test_the_temperature_rule_transcribed_with_scipy() -> None:
+    # The pair (s, T) maximising the held-out score, then the widest s within one standard error at that T:
+    # nested bounded Brent searches of SciPy and a root of the threshold crossing, against the library's grids
+    # and golden sections.
+    from onlinefa.torch import LinearizedPredictions
+
+    centre, deviation, labels = _tempered_problem(0.5, 80, 30, seed=6, flipped=6)
+    c, d, y = centre.numpy(), deviation.numpy(), labels.numpy()
+    log_t_bounds = (math.log(0.1), math.log(10.0))
+
+    def rows(log_s: float, log_t: float) -> np.ndarray:
+        logits = (c + math.exp(0.5 * log_s) * d) / math.exp(log_t)
+        top = logits.max(axis=-1, keepdims=True)
+        log_p = logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+        picked = log_p[:, np.arange(y.size), y]
+        peak = picked.max(axis=0)
+        return peak + np.log(np.exp(picked - peak).mean(axis=0))
+
+    def best_t(log_s: float) -> float:
+        return scipy_optimize.minimize_scalar(lambda v: -rows(log_s, v).mean(), bounds=log_t_bounds,
+                                              method="bounded", options={"xatol": 1e-7}).x
+
+    def profile(log_s: float) -> float:
+        return float(rows(log_s, best_t(log_s)).mean())
+
+    coarse = np.linspace(math.log(1e-3), math.log(1e3), 25)
+    top = int(np.argmax([profile(v) for v in coarse]))
+    log_s_star = scipy_optimize.minimize_scalar(lambda v: -profile(v), bounds=(coarse[top - 1], coarse[top + 1]),
+                                                method="bounded", options={"xatol": 1e-6}).x
+    log_t_star = best_t(log_s_star)
+    at_best = rows(log_s_star, log_t_star)
+    threshold = at_best.mean() - at_best.std(ddof=1) / math.sqrt(y.size)
+    grid = np.linspace(log_s_star, math.log(1e3), 400)
+    above = [rows(v, log_t_star).mean() >= threshold for v in grid]
+    first_out = above.index(False)
+    log_s_widest = scipy_optimize.brentq(lambda v: rows(v, log_t_star).mean() - threshold, grid[first_out - 1],
+                                         grid[first_out], xtol=1e-8)
+    predictions = LinearizedPredictions(centre, deviation, labels)
+    plain = select_scale(predictions, bounds=(1e-3, 1e3), within_standard_error=False, temperature=True)
+    widest = select_scale(predictions, bounds=(1e-3, 1e3), temperature=True)
+    assert 0 < top < coarse.size - 1 and 0.2 < math.exp(log_t_star) < 0.8  # an interior best, T < 1
+    assert plain.score > profile(log_s_star) - 1e-6
+    assert abs(math.log(plain.scale) - log_s_star) < 0.05 and abs(math.log(plain.temperature) - log_t_star) < 0.01
+    assert abs(math.log(widest.scale) - log_s_widest) < 0.02 and widest.temperature == plain.temperature
+    assert widest.scale > 1.5 * plain.scale  # the rule moved: the test can tell it from the maximiser
+    untempered = select_scale(predictions, bounds=(1e-3, 1e3), within_standard_error=False)
+    assert untempered.temperature == 1.0 and plain.score > untempered.score + 0.01  # T earns its place
+
+
+def test_the_temperature_is_refused_where_it_has_no_meaning() -> None:
+    from onlinefa.torch import LinearizedPredictions
+
+    preds = LinearizedPredictions(torch.zeros(2, 3, 2), torch.ones(2, 3, 2), torch.zeros(3))
+    with pytest.raises(ValueError, match="temperature=True"):
+        select_scale(preds, task="regression", noise_variance=1.0, temperature=True)
+    post = Gaussian(np.zeros(4), np.ones((4, 1)), np.ones(4))
+    with pytest.raises(ValueError, match="temperature=True"):
+        select_scale(preds, rule="elbo", posterior=post, prior_precision=1.0, temperature=True)
+    with pytest.raises(TypeError, match="temperature"):
+        select_scale(preds, temperature=1.0)  # type: ignore[arg-type]

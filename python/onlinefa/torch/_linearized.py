@@ -26,7 +26,7 @@ from .._validation import SeedLike, check_int, check_seed
 from ._bma import LABEL_KEYS, output_logits, no_batches_error, refuse_one_shot, moved_to
 from ._params import ParameterVector
 from ._posterior import MultiSWAG, gaussian_parameters
-from ._sampling import check_scale, component_seeds, sample_parameters
+from ._sampling import check_scale, check_temperature, component_seeds, sample_parameters
 
 __all__ = ["LinearizedPredictions", "linearized_model_average", "linearized_predictions"]
 
@@ -34,26 +34,31 @@ __all__ = ["LinearizedPredictions", "linearized_model_average", "linearized_pred
 class LinearizedPredictions(NamedTuple):
     """The linearised outputs of S draws on N inputs, split into centre and unit-scale deviation.
 
-    The outputs at covariance scale ``s`` are ``centre + √s · deviation`` (:meth:`outputs`).
+    The outputs at covariance scale ``s`` and temperature ``T`` are ``(centre + √s · deviation) / T``
+    (:meth:`outputs`).
     """
 
     centre: torch.Tensor  #: (S, N, ...) f(x_n; c), c the mean of the component draw s came from
     deviation: torch.Tensor  #: (S, N, ...) J_c(x_n) δ_s, the draw's deviation from c pushed forward
     targets: torch.Tensor | None  #: (N, ...) the batches' targets where they carry them, else None
 
-    def outputs(self, scale: float = 1.0) -> torch.Tensor:
-        """The S draws' outputs ``centre + √scale · deviation``, shape (S, N, ...).
+    def outputs(self, scale: float = 1.0, temperature: float = 1.0) -> torch.Tensor:
+        """The S draws' outputs ``(centre + √scale · deviation) / temperature``, shape (S, N, ...).
 
         Parameters
         ----------
         scale : float, default=1.0
             Covariance scale (>= 0).
+        temperature : float, default=1.0
+            Divides the outputs: the softmax temperature of classification logits (> 0; 1 leaves them).
 
         Returns
         -------
         torch.Tensor
         """
-        return torch.add(self.centre, self.deviation, alpha=check_scale(scale) ** 0.5)
+        scaled = torch.add(self.centre, self.deviation, alpha=check_scale(scale) ** 0.5)
+        divisor = check_temperature(temperature)
+        return scaled if divisor == 1.0 else scaled / divisor
 
 
 def _parameter_names(module: torch.nn.Module, vector: ParameterVector) -> tuple[str, ...]:
@@ -228,6 +233,7 @@ def linearized_model_average(
     seed: SeedLike = None,
     task: str = "classification",
     parameters: Iterable[torch.Tensor] | None = None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """:func:`bayesian_model_average` through the linearised network f(x; c) + J_c(x)(θ − c).
 
@@ -238,6 +244,9 @@ def linearized_model_average(
     scale : float, default=1.0
         Covariance scale of the draws (e.g. the one :func:`select_scale` chose).
     task : {"classification", "regression"}, default="classification"
+    temperature : float, default=1.0
+        Classification only: the draws' logits are divided by it before the softmax (e.g. the temperature
+        :func:`select_scale` chose with ``temperature=True``).
 
     Returns
     -------
@@ -248,14 +257,16 @@ def linearized_model_average(
     Raises
     ------
     ValueError
-        ``task`` unknown, or as :func:`linearized_predictions`.
+        ``task`` unknown, a temperature other than 1 for regression, or as :func:`linearized_predictions`.
     """
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
-    scale = check_scale(scale)
+    scale, temperature = check_scale(scale), check_temperature(temperature)
+    if task == "regression" and temperature != 1.0:
+        raise ValueError(f"a temperature applies to classification logits only, got {temperature} for regression")
     predictions = linearized_predictions(module, posterior, loader, n_samples=n_samples, seed=seed,
                                          parameters=parameters)
-    outputs = predictions.outputs(scale)
+    outputs = predictions.outputs(scale, temperature)
     if task == "regression":
         return outputs
     return torch.softmax(outputs, dim=-1).mean(dim=0)

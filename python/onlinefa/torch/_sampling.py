@@ -30,6 +30,16 @@ def check_scale(scale: object) -> float:
     return value
 
 
+def check_temperature(temperature: object) -> float:
+    """A softmax temperature: a real number, finite and > 0."""
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, (int, float, np.integer, np.floating)):
+        raise TypeError(f"temperature must be a real number, got {type(temperature).__name__}")
+    value = float(temperature)
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"temperature must be finite and > 0, got {temperature}")
+    return value
+
+
 def component_seeds(seed: int | None, n_components: int) -> list[int | None]:
     """Independent seeds of the mixture components, derived from ``seed`` by ``numpy.random.SeedSequence``."""
     if seed is None:

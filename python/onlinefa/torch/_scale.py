@@ -6,7 +6,12 @@ gives the outputs centre + √s · deviation from one pass, so s can be chosen b
 
 - ``rule="validation"``: the mean log predictive density of held-out rows,
   (1/N) Σ_n log (1/S) Σ_s p(y_n | f_s(x_n)), which is what the test NLL measures; by default the widest
-  scale within one standard error of the best (the one-standard-error rule).
+  scale within one standard error of the best (the one-standard-error rule). With ``temperature=True``
+  (classification) the logits are also divided by a temperature T, chosen with s: the pair (s, T)
+  maximises the score, then the rule widens s at that T. A network trained to near-zero training loss is
+  over-confident on new rows, whatever the width of its posterior (Guo et al., "On Calibration of Modern
+  Neural Networks", ICML 2017); T corrects the mean's calibration, so that s only adds the width the
+  held-out rows tolerate.
 - ``rule="elbo"``: the evidence lower bound of the training rows for q_s = N(c, s Σ) under the prior
   N(0, α⁻¹ I) (Blundell et al., "Weight Uncertainty in Neural Networks", 2015, eq. (1)), with the shape Σ
   kept and only its scale learned:
@@ -19,6 +24,7 @@ gives the outputs centre + √s · deviation from one pass, so s can be chosen b
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -33,6 +39,8 @@ __all__ = ["ScaleSelection", "select_scale"]
 
 #: Grid points per decade of the scale's bracket, and golden-section steps after the grid.
 _POINTS_PER_DECADE, _REFINE_STEPS = 8, 40
+#: The temperature's bracket, and its grid points and golden-section steps for each scale tried.
+_TEMPERATURE_BOUNDS, _TEMPERATURE_POINTS, _TEMPERATURE_STEPS = (0.1, 10.0), 9, 16
 
 
 class ScaleSelection(NamedTuple):
@@ -41,6 +49,7 @@ class ScaleSelection(NamedTuple):
     scale: float  #: the maximising s
     score: float  #: the rule's score at s (mean log predictive, or the ELBO up to a constant)
     at_bound: bool  #: whether s lies on an end of ``bounds`` (the bracket may need widening)
+    temperature: float = 1.0  #: the softmax temperature T that goes with s (1 unless ``temperature=True``)
 
 
 def _per_draw_log_likelihood(outputs: torch.Tensor, targets: torch.Tensor, task: str,
@@ -62,11 +71,17 @@ def _per_draw_log_likelihood(outputs: torch.Tensor, targets: torch.Tensor, task:
             - 0.5 * residual.shape[2] * math.log(2.0 * math.pi * noise_variance))
 
 
-def _check_arguments(rule: str, task: str, noise_variance: float | None, bounds: tuple[float, float]) -> None:
+def _check_arguments(rule: str, task: str, noise_variance: float | None, bounds: tuple[float, float],
+                     temperature: bool) -> None:
     if rule not in ("validation", "elbo"):
         raise ValueError(f"rule must be 'validation' or 'elbo', got {rule!r}")
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    if not isinstance(temperature, bool):
+        raise TypeError(f"temperature must be True or False, got {type(temperature).__name__}")
+    if temperature and (rule, task) != ("validation", "classification"):
+        raise ValueError(f"temperature=True needs rule='validation' and task='classification', got {rule!r} "
+                         f"and {task!r}")
     if task == "regression" and not (isinstance(noise_variance, (int, float)) and math.isfinite(noise_variance)
                                      and noise_variance > 0):
         raise ValueError(f"regression needs a finite noise_variance > 0, got {noise_variance!r}")
@@ -100,6 +115,7 @@ def select_scale(
     n_data: int | None = None,
     bounds: tuple[float, float] = (1e-3, 1e6),
     within_standard_error: bool = True,
+    temperature: bool = False,
 ) -> ScaleSelection:
     """The covariance scale s that maximises a score of the linearised predictions.
 
@@ -133,6 +149,12 @@ def select_scale(
         posterior as the most conservative choice. A few hundred held-out rows with almost no errors
         leave the score flat within its noise over two decades of s; the maximiser then sits at an
         arbitrary point of that plateau, often its narrow end. False: the maximiser.
+    temperature : bool, default=False
+        ``rule="validation"``, classification only: also choose the softmax temperature T (in
+        [0.1, 10]) that divides the logits, ``softmax((centre + √s · deviation) / T)``. For each scale the
+        best T is found; the pair with the best score is the maximiser, and the one-standard-error rule
+        widens s at its T. Pass the result's ``scale`` and ``temperature`` to
+        :func:`linearized_model_average`. The recommended recipe for classification.
 
     Returns
     -------
@@ -140,11 +162,14 @@ def select_scale(
 
     Raises
     ------
+    TypeError
+        ``temperature`` not a bool.
     ValueError
         An unknown rule or task, missing targets, σ², posterior or α, a mixture posterior for
-        ``rule="elbo"``, a zero covariance, or bad bounds.
+        ``rule="elbo"``, a zero covariance, bad bounds, or ``temperature=True`` outside the validation
+        rule for classification.
     """
-    _check_arguments(rule, task, noise_variance, bounds)
+    _check_arguments(rule, task, noise_variance, bounds, temperature)
     labels = predictions.targets if targets is None else torch.as_tensor(targets)
     if labels is None:
         raise ValueError("no targets: the loader's batches carried none, pass targets=")
@@ -153,15 +178,32 @@ def select_scale(
         alpha, n_features, trace = _elbo_terms(posterior, prior_precision)
         weight = (n_rows if n_data is None else int(n_data)) / n_rows
 
-    def per_row(log_scale: float) -> torch.Tensor:
-        """log (1/S) Σ_s p(y_n | f_s(x_n)) of every held-out row n."""
-        log_likelihood = _per_draw_log_likelihood(predictions.outputs(math.exp(log_scale)), labels, task,
-                                                  noise_variance)
+    @functools.lru_cache(maxsize=1)
+    def outputs_at(log_scale: float) -> torch.Tensor:
+        """The draws' outputs at s, kept while the temperature search at this s reads them."""
+        return predictions.outputs(math.exp(log_scale))
+
+    def per_row(log_scale: float, log_temperature: float = 0.0) -> torch.Tensor:
+        """log (1/S) Σ_s p(y_n | f_s(x_n) / T) of every held-out row n."""
+        outputs = outputs_at(log_scale)
+        if log_temperature != 0.0:
+            outputs = outputs / math.exp(log_temperature)
+        log_likelihood = _per_draw_log_likelihood(outputs, labels, task, noise_variance)
         return torch.logsumexp(log_likelihood, dim=0) - math.log(n_draws)
 
-    def score(log_scale: float) -> float:
+    def best_temperature(log_scale: float) -> float:
+        """The log T that maximises the held-out score at this scale (0 when T is not chosen)."""
+        if not temperature:
+            return 0.0
+        low, high = (math.log(bound) for bound in _TEMPERATURE_BOUNDS)
+        return maximise_log(lambda log_t: float(per_row(log_scale, log_t).mean()), low, high,
+                            grid_points=_TEMPERATURE_POINTS, refine_steps=_TEMPERATURE_STEPS)
+
+    def score(log_scale: float, log_temperature: float | None = None) -> float:
+        """The rule's score at s (and at T: the best T for this s when None)."""
         if rule == "validation":
-            return float(per_row(log_scale).mean())
+            log_t = best_temperature(log_scale) if log_temperature is None else log_temperature
+            return float(per_row(log_scale, log_t).mean())
         log_likelihood = _per_draw_log_likelihood(predictions.outputs(math.exp(log_scale)), labels, task,
                                                   noise_variance)
         expected = weight * float(log_likelihood.mean(dim=0).sum())
@@ -169,13 +211,15 @@ def select_scale(
 
     log_low, log_high = math.log(bounds[0]), math.log(bounds[1])
     points = max(3, int(round(_POINTS_PER_DECADE * (log_high - log_low) / math.log(10.0))) + 1)
-    best = maximise_log(score, log_low, log_high, grid_points=points, refine_steps=_REFINE_STEPS)
-    if rule == "validation" and within_standard_error and n_rows > 1:
-        rows = per_row(best)
-        threshold = float(rows.mean()) - float(rows.std()) / math.sqrt(n_rows)
-        best = _widest_above(score, threshold, best, log_high, (log_high - log_low) / (points - 1))
     step = (log_high - log_low) / (points - 1)
-    return ScaleSelection(math.exp(best), score(best), bool(best - log_low < step or log_high - best < step))
+    best = maximise_log(score, log_low, log_high, grid_points=points, refine_steps=_REFINE_STEPS)
+    log_t = best_temperature(best) if rule == "validation" else 0.0
+    if rule == "validation" and within_standard_error and n_rows > 1:
+        rows = per_row(best, log_t)
+        threshold = float(rows.mean()) - float(rows.std()) / math.sqrt(n_rows)
+        best = _widest_above(lambda log_s: score(log_s, log_t), threshold, best, log_high, step)
+    return ScaleSelection(math.exp(best), score(best, log_t), bool(best - log_low < step or log_high - best < step),
+                          math.exp(log_t))
 
 
 def _widest_above(score: Callable[[float], float], threshold: float, start: float, log_high: float,
