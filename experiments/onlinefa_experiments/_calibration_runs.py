@@ -3,11 +3,11 @@
 Every network is the same ReLU MLP trained by plain SGD on the same mini-batch order (one order per seed);
 snapshots of the last ``collect_epochs`` epochs stream into ``OnlineEM`` (its defaults) at
 ``snapshots_per_epoch`` per epoch. From one run: ``map`` (the last iterate), ``swa`` (the running mean),
-``swag_fa`` (Bayesian model average over draws of OnlineEM's Gaussian) and ``onlinefa``, the recommended
-recipe: the linearised predictive of the same Gaussian with its covariance scale and softmax temperature
-chosen on the held-out validation rows (:func:`onlinefa.torch.select_scale` with ``temperature=True``).
-Several runs give ``deep_ensemble`` (their last iterates) and ``multiswag_fa`` (the recipe over the mixture
-of their Gaussians).
+``swa_temp`` (SWA with temperature scaling on the validation rows), ``swag_fa`` (Bayesian model average over
+draws of OnlineEM's Gaussian) and ``onlinefa``, the recommended recipe: the linearised predictive of the same
+Gaussian with its covariance scale and softmax temperature chosen on the held-out validation rows
+(:func:`onlinefa.torch.select_scale` with ``temperature=True``). Several runs give ``deep_ensemble`` (their
+last iterates) and ``multiswag_fa`` (the recipe over the mixture of their Gaussians).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 
 import onlinefa
 from onlinefa.torch import (
+    LinearizedPredictions,
     MultiSWAG,
     ParameterVector,
     ScaleSelection,
@@ -119,12 +120,18 @@ def train_sgd(split: Split, n_classes: int, budget: Budget, orders: list[torch.T
     return Run(module, ParameterVector(module).gather().clone(), posterior, seconds)
 
 
+def _logits(module: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The network's outputs at parameters θ."""
+    ParameterVector(module).assign(theta)
+    module.eval()
+    with torch.no_grad():
+        outputs: torch.Tensor = module(x)
+    return outputs
+
+
 def _point(module: torch.nn.Module, theta: torch.Tensor) -> Predictor:
     def predict(x: torch.Tensor) -> np.ndarray:
-        ParameterVector(module).assign(theta)
-        module.eval()
-        with torch.no_grad():
-            return torch.softmax(module(x), dim=-1).double().numpy()
+        return torch.softmax(_logits(module, theta, x), dim=-1).double().numpy()
 
     return predict
 
@@ -143,6 +150,21 @@ def map_predictor(run: Run) -> Predictor:
 def swa_predictor(run: Run) -> Predictor:
     """The running mean of the snapshots (OnlineEM's c)."""
     return _point(run.module, torch.tensor(np.array(run.posterior.snapshot()[0]), dtype=torch.float32))
+
+
+def tempered_swa_predictor(run: Run, split: Split) -> Predictor:
+    """SWA's logits divided by the temperature that maximises the validation rows' likelihood (temperature
+    scaling: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017): calibration without a
+    posterior, the baseline the recipe's width is measured against."""
+    mean = torch.tensor(np.array(run.posterior.snapshot()[0]), dtype=torch.float32)
+    logits = _logits(run.module, mean, split.x_val)[None]
+    no_width = LinearizedPredictions(logits, torch.zeros_like(logits), split.y_val)
+    temperature = select_scale(no_width, temperature=True, within_standard_error=False).temperature
+
+    def predict(x: torch.Tensor) -> np.ndarray:
+        return torch.softmax(_logits(run.module, mean, x).double() / temperature, dim=-1).numpy()
+
+    return predict
 
 
 def bma_predictor(module: torch.nn.Module, posterior: Any, n_draws: int, seed: int) -> Predictor:

@@ -2,9 +2,10 @@
 
 Per task and seed, every method gets the same MLP, the same training rows, the same mini-batch order and
 the same number of epochs. A tenth of the training rows (per seed) is held out as validation rows, used
-only to choose (onlinefa's covariance scale), never to fit weights. Methods: ``map``, ``swa``, ``swag_fa``,
-``onlinefa`` (the recommended recipe), ``multiswag_fa`` and ``deep_ensemble`` (``--members`` runs), and,
-where their libraries are installed, ``laplace``, ``laplace_all``, ``ivon``, ``swag_peer``. Metrics:
+only to choose (onlinefa's covariance scale and temperature), never to fit weights. Methods: ``map``, ``swa``,
+``swa_temp`` (classification: SWA with temperature scaling), ``swag_fa``, ``onlinefa`` (the recommended
+recipe), ``multiswag_fa`` and ``deep_ensemble`` (``--members`` runs), and, where their libraries are
+installed, ``laplace``, ``laplace_all``, ``ivon``, ``swag_peer``. Metrics:
 accuracy, NLL, ECE (15 bins), Brier on the clean and shifted test sets, and the AUROC of telling OOD
 inputs from clean test inputs by predictive entropy. Outputs in ``--out``: ``calibration.csv`` (one row per
 dataset, seed, method and evaluation), ``costs.csv`` (seconds as ratios to plain training of the same
@@ -31,7 +32,7 @@ HELP = "single-network posteriors against laplace-torch, IVON, a third-party SWA
 FIELDS = ["dataset", "seed", "method", "evaluation", "accuracy", "nll", "ece", "brier", "auroc", "rmse"]
 COST_FIELDS = ["dataset", "seed", "method", "train", "posthoc", "predict"]
 #: Every method, in the order of the tables.
-METHODS = ["map", "swa", "swag_fa", "onlinefa", "multiswag_fa", "deep_ensemble", "laplace", "laplace_all",
+METHODS = ["map", "swa", "swa_temp", "swag_fa", "onlinefa", "multiswag_fa", "deep_ensemble", "laplace", "laplace_all",
            "ivon", "swag_peer"]
 #: Built-in tasks of ``--datasets``: classification, then the packaged UCI regression sets.
 CLASSIFICATION_TASKS = ("digits", "breast_cancer")
@@ -197,6 +198,10 @@ class _SeedRun:
             self._record("map", ours.map_predictor(plain), plain.seconds, 0.0)
         if "swa" in want:
             self._record("swa", ours.swa_predictor(first), collected, 0.0)
+        if "swa_temp" in want:
+            start = time.perf_counter()
+            predict = ours.tempered_swa_predictor(first, self.split)
+            self._record("swa_temp", predict, collected, time.perf_counter() - start)
         if "swag_fa" in want:
             self._record("swag_fa", ours.bma_predictor(first.module, first.posterior, draws, seed), collected, 0.0)
         if "onlinefa" in want:
@@ -238,7 +243,7 @@ def _job(args: argparse.Namespace, task: Any, seed: int, methods: list[str]) -> 
     from ._calibration_regression import RegressionSeed, RegressionSet
 
     if isinstance(task, RegressionSet):
-        return RegressionSeed(task, seed, _budget(args), [m for m in methods if m != "laplace_all"], args.members,
+        return RegressionSeed(task, seed, _budget(args), [m for m in methods if m not in ("laplace_all", "swa_temp")], args.members,
                               VALIDATION_FRACTION)
     return _SeedRun(args, task, seed, methods)
 

@@ -61,7 +61,7 @@ def _read(path: Path) -> list[dict[str, str]]:
 def test_quick_run_on_digits_writes_every_output_and_resumes(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    methods = ["map", "swa", "swag_fa", "onlinefa", "multiswag_fa", "deep_ensemble"]
+    methods = ["map", "swa", "swa_temp", "swag_fa", "onlinefa", "multiswag_fa", "deep_ensemble"]
     assert main(["experiment", "calibration", "--quick", "--seeds", "1", "--out", str(out), "--methods", *methods]) == 0
     rows = _read(out / "calibration.csv")
     assert {r["seed"] for r in rows} == {"0"}, "an explicit --seeds wins over --quick's 2"
