@@ -331,7 +331,7 @@ def test_with_no_deviation_the_temperature_is_the_maximum_likelihood_one() -> No
         log_p = scaled - top - np.log(np.exp(scaled - top).sum(axis=1, keepdims=True))
         return float(-log_p[np.arange(y.size), y].sum())
 
-    reference = scipy_optimize.minimize_scalar(nll, bounds=(math.log(0.1), math.log(10.0)), method="bounded",
+    reference = scipy_optimize.minimize_scalar(nll, bounds=(0.0, math.log(10.0)), method="bounded",
                                                options={"xatol": 1e-8}).x
     chosen = select_scale(LinearizedPredictions(centre, 0.0 * deviation, labels), temperature=True)
     assert abs(math.log(chosen.temperature) - reference) < 1e-3
@@ -347,9 +347,9 @@ def test_the_temperature_rule_transcribed_with_scipy() -> None:
     # and golden sections.
     from onlinefa.torch import LinearizedPredictions
 
-    centre, deviation, labels = _tempered_problem(0.5, 80, 30, seed=6, flipped=6)
+    centre, deviation, labels = _tempered_problem(3.0, 80, 30, seed=6, flipped=4)
     c, d, y = centre.numpy(), deviation.numpy(), labels.numpy()
-    log_t_bounds = (math.log(0.1), math.log(10.0))
+    log_t_bounds = (0.0, math.log(10.0))
 
     def rows(log_s: float, log_t: float) -> np.ndarray:
         logits = (c + math.exp(0.5 * log_s) * d) / math.exp(log_t)
@@ -366,28 +366,37 @@ def test_the_temperature_rule_transcribed_with_scipy() -> None:
     def profile(log_s: float) -> float:
         return float(rows(log_s, best_t(log_s)).mean())
 
-    coarse = np.linspace(math.log(1e-3), math.log(1e3), 25)
+    coarse = np.linspace(math.log(1e-3), math.log(1e5), 33)
     top = int(np.argmax([profile(v) for v in coarse]))
     log_s_star = scipy_optimize.minimize_scalar(lambda v: -profile(v), bounds=(coarse[top - 1], coarse[top + 1]),
                                                 method="bounded", options={"xatol": 1e-6}).x
     log_t_star = best_t(log_s_star)
     at_best = rows(log_s_star, log_t_star)
     threshold = at_best.mean() - at_best.std(ddof=1) / math.sqrt(y.size)
-    grid = np.linspace(log_s_star, math.log(1e3), 400)
+    grid = np.linspace(log_s_star, math.log(1e5), 400)
     above = [rows(v, log_t_star).mean() >= threshold for v in grid]
     first_out = above.index(False)
     log_s_widest = scipy_optimize.brentq(lambda v: rows(v, log_t_star).mean() - threshold, grid[first_out - 1],
                                          grid[first_out], xtol=1e-8)
     predictions = LinearizedPredictions(centre, deviation, labels)
-    plain = select_scale(predictions, bounds=(1e-3, 1e3), within_standard_error=False, temperature=True)
-    widest = select_scale(predictions, bounds=(1e-3, 1e3), temperature=True)
-    assert 0 < top < coarse.size - 1 and 0.2 < math.exp(log_t_star) < 0.8  # an interior best, T < 1
+    plain = select_scale(predictions, bounds=(1e-3, 1e5), within_standard_error=False, temperature=True)
+    widest = select_scale(predictions, bounds=(1e-3, 1e5), temperature=True)
+    assert 0 < top < coarse.size - 1 and 1.2 < math.exp(log_t_star) < 5.0  # an interior best
     assert plain.score > profile(log_s_star) - 1e-6
     assert abs(math.log(plain.scale) - log_s_star) < 0.05 and abs(math.log(plain.temperature) - log_t_star) < 0.01
     assert abs(math.log(widest.scale) - log_s_widest) < 0.02 and widest.temperature == plain.temperature
     assert widest.scale > 1.5 * plain.scale  # the rule moved: the test can tell it from the maximiser
-    untempered = select_scale(predictions, bounds=(1e-3, 1e3), within_standard_error=False)
-    assert untempered.temperature == 1.0 and plain.score > untempered.score + 0.01  # T earns its place
+    untempered = select_scale(predictions, bounds=(1e-3, 1e5), within_standard_error=False)
+    assert untempered.temperature == 1.0 and abs(math.log(untempered.scale / plain.scale)) > 0.5  # T moves s
+
+
+def test_the_temperature_never_sharpens_rows_classified_without_an_error() -> None:
+    # Every label is the centre's choice: the likelihood grows as T falls, without limit. T stays at 1.
+    from onlinefa.torch import LinearizedPredictions
+
+    centre, deviation, _ = _tempered_problem(1.0, 50, 5, seed=2)
+    chosen = select_scale(LinearizedPredictions(centre, deviation, centre[0].argmax(dim=-1)), temperature=True)
+    assert 1.0 <= chosen.temperature < 1.001
 
 
 def test_the_temperature_is_refused_where_it_has_no_meaning() -> None:

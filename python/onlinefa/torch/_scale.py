@@ -7,11 +7,12 @@ gives the outputs centre + √s · deviation from one pass, so s can be chosen b
 - ``rule="validation"``: the mean log predictive density of held-out rows,
   (1/N) Σ_n log (1/S) Σ_s p(y_n | f_s(x_n)), which is what the test NLL measures; by default the widest
   scale within one standard error of the best (the one-standard-error rule). With ``temperature=True``
-  (classification) the logits are also divided by a temperature T, chosen with s: the pair (s, T)
+  (classification) the logits are also divided by a temperature T ≥ 1, chosen with s: the pair (s, T)
   maximises the score, then the rule widens s at that T. A network trained to near-zero training loss is
   over-confident on new rows, whatever the width of its posterior (Guo et al., "On Calibration of Modern
   Neural Networks", ICML 2017); T corrects the mean's calibration, so that s only adds the width the
-  held-out rows tolerate.
+  held-out rows tolerate. T only softens: on held-out rows the network classifies without an error, the
+  likelihood rewards sharpening without limit (T → 0), which no few hundred rows can support.
 - ``rule="elbo"``: the evidence lower bound of the training rows for q_s = N(c, s Σ) under the prior
   N(0, α⁻¹ I) (Blundell et al., "Weight Uncertainty in Neural Networks", 2015, eq. (1)), with the shape Σ
   kept and only its scale learned:
@@ -39,8 +40,9 @@ __all__ = ["ScaleSelection", "select_scale"]
 
 #: Grid points per decade of the scale's bracket, and golden-section steps after the grid.
 _POINTS_PER_DECADE, _REFINE_STEPS = 8, 40
-#: The temperature's bracket, and its grid points and golden-section steps for each scale tried.
-_TEMPERATURE_BOUNDS, _TEMPERATURE_POINTS, _TEMPERATURE_STEPS = (0.1, 10.0), 9, 16
+#: The temperature's bracket (it only softens: held-out rows without an error would drive a sharpening T to 0),
+#: and its grid points and golden-section steps for each scale tried.
+_TEMPERATURE_BOUNDS, _TEMPERATURE_POINTS, _TEMPERATURE_STEPS = (1.0, 10.0), 5, 16
 
 
 class ScaleSelection(NamedTuple):
@@ -151,7 +153,7 @@ def select_scale(
         arbitrary point of that plateau, often its narrow end. False: the maximiser.
     temperature : bool, default=False
         ``rule="validation"``, classification only: also choose the softmax temperature T (in
-        [0.1, 10]) that divides the logits, ``softmax((centre + √s · deviation) / T)``. For each scale the
+        [1, 10]: it only softens) that divides the logits, ``softmax((centre + √s · deviation) / T)``. For each scale the
         best T is found; the pair with the best score is the maximiser, and the one-standard-error rule
         widens s at its T. Pass the result's ``scale`` and ``temperature`` to
         :func:`linearized_model_average`. The recommended recipe for classification.
