@@ -155,6 +155,11 @@ def plot(rows: Sequence[Mapping[str, str]], folder: Path, path: Path) -> None:
     datasets = [d for d in dict.fromkeys(row["dataset"] for row in rows) if not _is_regression(rows, d)]
     if not datasets:
         return
+    palette = plt.get_cmap("tab20")
+    every = list(dict.fromkeys(row["method"] for row in rows))
+    # One colour per method in both panels (the dark tab20 shades first), the recipe drawn heavier.
+    style = {m: {"color": palette((2 * i) % 20 + (2 * i) // 20), "linewidth": 2.5 if m == REFERENCE else 1.2}
+             for i, m in enumerate(every)}
     fig, axes = plt.subplots(len(datasets), 2, figsize=(12, 4.2 * len(datasets)), squeeze=False)
     for (left, right), dataset in zip(axes, datasets):
         stored = folder / f"clean_{dataset}_seed0.npz"
@@ -165,7 +170,7 @@ def plot(rows: Sequence[Mapping[str, str]], folder: Path, path: Path) -> None:
                     bins = reliability_bins(probabilities[method], labels, 10)
                     shown = bins.counts >= 10
                     left.plot(bins.confidence[shown], (bins.accuracy - bins.confidence)[shown], marker="o",
-                              markersize=3, label=method)
+                              markersize=3, label=method, **style.get(method, {}))
         left.axhline(0.0, color="black", linewidth=0.8)
         left.set(xlabel="confidence (bin mean)", ylabel="accuracy − confidence",
                  title=f"{dataset}: reliability, clean test set, seed 0 (below 0: over-confident)")
@@ -176,7 +181,7 @@ def plot(rows: Sequence[Mapping[str, str]], folder: Path, path: Path) -> None:
         for method in methods:
             means = [np.mean(list(per_seed(rows, dataset, method, "nll", e).values()) or [math.nan])
                      for e in evaluations]
-            right.plot(range(len(evaluations)), means, marker="o", markersize=3, label=method)
+            right.plot(range(len(evaluations)), means, marker="o", markersize=3, label=method, **style[method])
         right.set_xticks(range(len(evaluations)), [e.removeprefix("shift:") for e in evaluations], rotation=30,
                          fontsize=8)
         right.set(ylabel="test NLL (mean over seeds)", title=f"{dataset}: NLL on clean and shifted test sets")
