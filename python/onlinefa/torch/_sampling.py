@@ -11,7 +11,7 @@ import torch
 from numpy.typing import NDArray
 
 from .._gaussian import FactorGaussianMixin
-from .._validation import SeedLike, check_int, check_seed
+from .._validation import SeedLike, check_int, check_positive_float, check_seed
 from ._params import check_float_dtype
 from ._posterior import MultiSWAG, gaussian_for_draws
 
@@ -32,12 +32,7 @@ def check_scale(scale: object) -> float:
 
 def check_temperature(temperature: object) -> float:
     """A softmax temperature: a real number, finite and > 0."""
-    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, (int, float, np.integer, np.floating)):
-        raise TypeError(f"temperature must be a real number, got {type(temperature).__name__}")
-    value = float(temperature)
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"temperature must be finite and > 0, got {temperature}")
-    return value
+    return check_positive_float(temperature, "temperature")
 
 
 def component_seeds(seed: int | None, n_components: int) -> list[int | None]:
