@@ -144,6 +144,26 @@ def test_bayesian_model_average_under_the_fitted_posterior(tmp_path: Path) -> No
     assert torch.all(draws.std(dim=0) > 0)
 
 
+def test_the_recommended_recipe_takes_the_callbacks_posterior_and_dict_batches(tmp_path: Path) -> None:
+    # The usage guide's two lines with the Trainer's own dict batches (inputs as keywords, "labels" as the
+    # targets): the linearised draws at the chosen scale are those of the same network fed tensors.
+    from onlinefa.torch import linearized_model_average, linearized_predictions, select_scale
+
+    swag = PosteriorCallback(n_components=2)
+    model = train([swag], 5, tmp_path)
+    batch = rows()[:BATCH]
+    dict_batches = [{"x": torch.stack([r["x"] for r in batch]), "labels": torch.stack([r["labels"] for r in batch])}]
+    predictions = linearized_predictions(model, swag.posterior, dict_batches, n_samples=8, seed=0)
+    chosen = select_scale(predictions, task="regression", noise_variance=0.01)
+    draws = linearized_model_average(model, swag.posterior, dict_batches, n_samples=8, scale=chosen.scale, seed=1,
+                                     task="regression")
+    plain = linearized_model_average(model.net, swag.posterior, [(dict_batches[0]["x"],)], n_samples=8,
+                                     scale=chosen.scale, seed=1, task="regression")
+    assert torch.equal(predictions.targets, dict_batches[0]["labels"])
+    assert chosen.scale > 0 and draws.shape == (8, BATCH, 1)
+    assert torch.allclose(draws, plain, rtol=1e-6, atol=1e-7)
+
+
 # --- nothing lost, nothing loaded wrong ------------------------------------------------------------------
 
 
