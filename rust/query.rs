@@ -22,6 +22,8 @@ use crate::error::{FaError, Result};
 use crate::linalg::SpdFactor;
 use crate::scalar::Real;
 
+mod draw;
+
 /// Rows per block when a model has no block structure of its own.
 pub const QUERY_BLOCK_ROWS: usize = 1024;
 
@@ -463,27 +465,29 @@ pub fn draw_in_place<G: GaussianRows + ?Sized, T: Real>(
         .enumerate()
         .map(|(i, part)| (i * QUERY_TASK_ROWS, part))
         .collect();
+    let isa = Isa::detect();
     let draw_part = |(first, mut part): (usize, ArrayViewMut2<T>)| -> Result<()> {
         let rows = first..first + part.ncols();
-        let (mut f_t, mut fh, mut sd) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut f_t, mut sd, mut latent, mut strided) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         model.visit_range(rows, &mut |lo, mean, f, psi| {
             check_block(lo, f, psi, k)?;
             let (at, nb) = (lo - first, psi.len());
-            // Fᵀ of the block (K×nb), so that F h is formed for all nb rows at once, factor by factor.
+            // Fᵀ of the block (K×nb): each row's K products then read a column at a time, lanes across rows.
             f_t.clear();
             f_t.extend((0..k).flat_map(|a| f.iter().skip(a).step_by(k).copied()));
             sd.clear();
             sd.extend(psi.iter().map(|p| p.sqrt()));
-            for (mut draw, latent) in part.axis_iter_mut(Axis(0)).zip(h.axis_iter(Axis(0))) {
-                // (F h)_d = Σ_a F_da h_a, summed over a in order from −0.
-                fh.clear();
-                fh.resize(nb, -0.0);
-                for (column, &h_a) in f_t.chunks_exact(nb).zip(latent.iter()) {
-                    fh.iter_mut().zip(column).for_each(|(s, &v)| *s += v * h_a);
-                }
-                let draw = draw.slice_mut(ndarray::s![at..at + nb]);
-                for (z, ((&c, &fh), &sd)) in draw.into_iter().zip(mean.iter().zip(&fh).zip(&sd)) {
-                    *z = T::from_f64((c + fh) + z.to_f64() * sd);
+            for (mut row, h_row) in part.axis_iter_mut(Axis(0)).zip(h.axis_iter(Axis(0))) {
+                latent.clear();
+                latent.extend(h_row.iter().copied());
+                let mut block = row.slice_mut(ndarray::s![at..at + nb]);
+                if let Some(draw) = block.as_slice_mut() {
+                    draw::affine_draw(isa, &f_t, &latent, mean, &sd, draw);
+                } else {
+                    strided.clear();
+                    strided.extend(block.iter().copied());
+                    draw::affine_draw(isa, &f_t, &latent, mean, &sd, &mut strided);
+                    block.iter_mut().zip(&strided).for_each(|(z, &v)| *z = v);
                 }
             }
             Ok(())
@@ -708,5 +712,11 @@ mod tests {
                 );
             }
         }
+        // The same draws into a non-contiguous view (each draw's entries two apart): the strided fallback.
+        let mut wide = Array2::zeros((3, 2 * f.nrows()));
+        wide.slice_mut(ndarray::s![.., ..;2]).assign(&z);
+        let mut strided = wide.slice_mut(ndarray::s![.., ..;2]);
+        draw_in_place(&g, h.view(), strided.view_mut()).expect("strided draw");
+        assert_eq!(strided, got);
     }
 }
