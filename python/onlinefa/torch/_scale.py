@@ -156,7 +156,9 @@ def select_scale(
         [1, 10]: it only softens) that divides the logits, ``softmax((centre + √s · deviation) / T)``. For each scale the
         best T is found; the pair with the best score is the maximiser, and the one-standard-error rule
         widens s at its T. Pass the result's ``scale`` and ``temperature`` to
-        :func:`linearized_model_average`. The recommended recipe for classification.
+        :func:`linearized_model_average`. The recommended recipe for classification. Each scale tried
+        then costs about 20 evaluations of the score instead of one (seconds for a few thousand held-out
+        rows of a few classes).
 
     Returns
     -------
