@@ -61,9 +61,13 @@ def _per_draw_log_likelihood(outputs: torch.Tensor, targets: torch.Tensor, task:
         labels = targets.to(device=outputs.device, dtype=torch.int64).reshape(-1)
         if labels.shape[0] != outputs.shape[1]:
             raise ValueError(f"{labels.shape[0]} targets for {outputs.shape[1]} rows")
-        log_probabilities = torch.log_softmax(outputs.to(torch.float64), dim=-1)
+        # log softmax at the label only: o_y − max − log Σ_k exp(o_k − max) (PyTorch's full log_softmax over a
+        # short class axis costs several times this on the CPU).
+        logits = outputs.to(torch.float64)
+        top = logits.amax(dim=-1, keepdim=True)
         index = labels.view(1, -1, 1).expand(outputs.shape[0], -1, 1)
-        return log_probabilities.gather(-1, index).squeeze(-1)
+        picked = (logits.gather(-1, index) - top).squeeze(-1)
+        return picked - torch.log(torch.exp(logits - top).sum(dim=-1))
     assert noise_variance is not None
     values = targets.to(device=outputs.device, dtype=torch.float64)
     if values.numel() != math.prod(outputs.shape[1:]):
@@ -157,8 +161,8 @@ def select_scale(
         best T is found; the pair with the best score is the maximiser, and the one-standard-error rule
         widens s at its T. Pass the result's ``scale`` and ``temperature`` to
         :func:`linearized_model_average`. The recommended recipe for classification. Each scale tried
-        then costs about 20 evaluations of the score instead of one (seconds for a few thousand held-out
-        rows of a few classes).
+        then costs about 20 evaluations of the score instead of one: with 30 draws and 10 classes on one
+        core, 1.2 s against 0.07 s for 144 held-out rows, 38 s against 2 s for 3,000.
 
     Returns
     -------
@@ -184,8 +188,8 @@ def select_scale(
 
     @functools.lru_cache(maxsize=1)
     def outputs_at(log_scale: float) -> torch.Tensor:
-        """The draws' outputs at s, kept while the temperature search at this s reads them."""
-        return predictions.outputs(math.exp(log_scale))
+        """The draws' outputs at s (float64), kept while the temperature search at this s reads them."""
+        return predictions.outputs(math.exp(log_scale)).to(torch.float64)
 
     def per_row(log_scale: float, log_temperature: float = 0.0) -> torch.Tensor:
         """log (1/S) Σ_s p(y_n | f_s(x_n) / T) of every held-out row n."""
