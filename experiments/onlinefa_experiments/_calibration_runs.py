@@ -152,14 +152,20 @@ def swa_predictor(run: Run) -> Predictor:
     return _point(run.module, torch.tensor(np.array(run.posterior.snapshot()[0]), dtype=torch.float32))
 
 
+def scaling_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The T ≥ 1 that maximises the likelihood of ``labels`` under softmax(logits / T): temperature scaling,
+    by :func:`select_scale`'s temperature search on outputs with no deviation."""
+    centre = logits.expand(1, *logits.shape)
+    no_width = LinearizedPredictions(centre, torch.zeros_like(centre), labels)
+    return select_scale(no_width, temperature=True, within_standard_error=False).temperature
+
+
 def tempered_swa_predictor(run: Run, split: Split) -> Predictor:
     """SWA's logits divided by the temperature that maximises the validation rows' likelihood (temperature
     scaling: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017): calibration without a
     posterior, the baseline the recipe's width is measured against."""
     mean = torch.tensor(np.array(run.posterior.snapshot()[0]), dtype=torch.float32)
-    logits = _logits(run.module, mean, split.x_val)[None]
-    no_width = LinearizedPredictions(logits, torch.zeros_like(logits), split.y_val)
-    temperature = select_scale(no_width, temperature=True, within_standard_error=False).temperature
+    temperature = scaling_temperature(_logits(run.module, mean, split.x_val), split.y_val)
 
     def predict(x: torch.Tensor) -> np.ndarray:
         return torch.softmax(_logits(run.module, mean, x).double() / temperature, dim=-1).numpy()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +49,8 @@ from onlinefa.torch import (LinearizedPredictions, ParameterVector, ScaleSelecti
 from onlinefa.torch._linearized import _Linearization
 from onlinefa_experiments._calibration import classification_nll
 from onlinefa_experiments._calibration_data import SPLIT_SEED, TEST_FRACTION, _shifted_sets
-from onlinefa_experiments._calibration_runs import Budget, Split, assign_mean, batch_orders, train_sgd
+from onlinefa_experiments._calibration_runs import (Budget, Split, assign_mean, batch_orders, linearized_predictor,
+                                                    scaling_temperature, train_sgd)
 
 N_DRAWS = 30
 BUDGET = Budget(hidden=(200, 200), epochs=150, collect_epochs=50, lr=0.05, batch_size=32, snapshots_per_epoch=5,
@@ -187,17 +189,10 @@ def tempered(module: torch.nn.Module, posterior: Any, validation: LinearizedPred
     the temperature alone on SWA's logits (``swa+T``: temperature scaling, every deviation set to zero)."""
     chosen = {"one_se+T": select_scale(validation, temperature=True),
               "max+T": select_scale(validation, temperature=True, within_standard_error=False)}
-    no_width = LinearizedPredictions(validation.centre, torch.zeros_like(validation.deviation), validation.targets)
-    chosen["swa+T"] = select_scale(no_width, temperature=True, within_standard_error=False)._replace(scale=0.0)
-
-    def predictor(selection: ScaleSelection) -> Predictor:
-        def predict(inputs: torch.Tensor) -> np.ndarray:
-            outputs = linearized_predictions(module, posterior, [(inputs,)], n_samples=N_DRAWS, seed=seed)
-            logits = outputs.outputs(selection.scale, selection.temperature)
-            return torch.softmax(logits.double(), dim=-1).mean(dim=0).numpy()
-        return predict
-
-    return {name: predictor(selection) for name, selection in chosen.items()}
+    swa_temperature = scaling_temperature(validation.centre[0], validation.targets)
+    chosen["swa+T"] = ScaleSelection(0.0, math.nan, False, swa_temperature)
+    return {name: linearized_predictor(module, posterior, selection, N_DRAWS, seed)
+            for name, selection in chosen.items()}
 
 
 class _Gaussian:

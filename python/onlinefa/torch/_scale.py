@@ -212,8 +212,7 @@ def select_scale(
         if rule == "validation":
             log_t = best_temperature(log_scale) if log_temperature is None else log_temperature
             return float(per_row(log_scale, log_t).mean())
-        log_likelihood = _per_draw_log_likelihood(predictions.outputs(math.exp(log_scale)), labels, task,
-                                                  noise_variance)
+        log_likelihood = _per_draw_log_likelihood(outputs_at(log_scale), labels, task, noise_variance)
         expected = weight * float(log_likelihood.mean(dim=0).sum())
         return expected - 0.5 * alpha * math.exp(log_scale) * trace + 0.5 * n_features * log_scale
 
@@ -221,7 +220,7 @@ def select_scale(
     points = max(3, int(round(_POINTS_PER_DECADE * (log_high - log_low) / math.log(10.0))) + 1)
     step = (log_high - log_low) / (points - 1)
     best = maximise_log(score, log_low, log_high, grid_points=points, refine_steps=_REFINE_STEPS)
-    log_t = best_temperature(best) if rule == "validation" else 0.0
+    log_t = best_temperature(best)
     if rule == "validation" and within_standard_error and n_rows > 1:
         rows = per_row(best, log_t)
         threshold = float(rows.mean()) - float(rows.std()) / math.sqrt(n_rows)
