@@ -18,7 +18,9 @@
 //! `SGA-GRADIENT` online SGA's constant-step gradient rule (Algorithm 1). A third floor, **arith**, counts their
 //! multiply-adds per row: K² + K(K + 1)/2 for whitened EM (the pending step's K×K map of Ā and the upper
 //! triangle of S = Σ z zᵀ/ψ), K(K + 1) without whitening (z = U a, U triangular, and S), K² + K(K + 1)/2 for
-//! SGA's gradient rule (g = f P and S) and K(K + 1)/2 more for its whitened rule (f ← f L), 2·D flops each, at
+//! SGA's gradient rule (g = f P and S) and K(K + 1)/2 more for its whitened rule (f ← f L), and for VIFA (one
+//! draw) K² + K(K + 1)/2 + 2K (Ψ⁻¹F (I + B)⁻¹, the upper triangle of B = Fᵀ Ψ⁻¹ F of the new values, F h of the
+//! draw and g hᵀ of its gradient; the optimiser's element-wise work is not counted), 2·D flops each, at
 //! this machine's matrix-product rate measured in the same run on the same pool (a 256×256 product of the
 //! state's type per thread, `ndarray`'s `dot`); "× max" is the update over the larger of the memory and the
 //! arithmetic floor. **peak-arith** counts the same flops at this CPU's multiply-add peak (every thread running
@@ -450,12 +452,13 @@ fn main() {
 }
 
 /// Seconds of a model's per-row K-sized arithmetic at `rate` flops/s, 2·D times the multiply-adds per row of the
-/// module documentation. None for VIFA, whose arithmetic floor is not counted here.
+/// module documentation.
 fn arithmetic_floor(model: &str, d: usize, k: usize, rate: f64) -> Option<f64> {
     let per_row = match model {
         "EM" | "SGA-GRADIENT" => k * k + k * (k + 1) / 2,
         "EM-PLAIN" => k * (k + 1),
         "SGA" => k * k + k * (k + 1),
+        "VIFA" => k * k + k * (k + 1) / 2 + 2 * k,
         _ => return None,
     };
     Some(2.0 * d as f64 * per_row as f64 / rate)
