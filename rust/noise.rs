@@ -36,8 +36,9 @@ pub fn latent_draw(key: u64, draw: u64, k: usize) -> Array1<f64> {
     (0..k).map(|_| rng.sample::<f64, _>(StandardNormal)).collect()
 }
 
-/// z of draw `draw` for features `row0 … row0 + out.len() − 1` (any start, any length).
-pub fn fill_noise(key: u64, draw: u64, row0: usize, out: &mut [f64]) {
+/// z of draw `draw` for features `row0 … row0 + out.len() − 1` (any start, any length), each value drawn in
+/// f64 and rounded once to T.
+pub fn fill_noise<T: Real>(key: u64, draw: u64, row0: usize, out: &mut [T]) {
     let mut row = row0;
     let mut rest = out;
     while !rest.is_empty() {
@@ -51,7 +52,7 @@ pub fn fill_noise(key: u64, draw: u64, row0: usize, out: &mut [f64]) {
         }
         let (head, tail) = rest.split_at_mut(take);
         for v in head.iter_mut() {
-            *v = rng.sample(StandardNormal);
+            *v = T::from_f64(rng.sample(StandardNormal));
         }
         rest = tail;
         row += take;
@@ -75,11 +76,7 @@ pub fn fill_noise_rows<T: Real>(key: u64, row0: usize, out: &mut [T], n_features
             .enumerate()
             .map(move |(c, part)| (draw, c, part))
     });
-    let run = |(draw, c, part): (usize, usize, &mut [T])| {
-        let mut buf = vec![0.0; part.len()];
-        fill_noise(key, draw as u64, row0 + c * NOISE_TASK_ROWS, &mut buf);
-        part.iter_mut().zip(&buf).for_each(|(o, &v)| *o = T::from_f64(v));
-    };
+    let run = |(draw, c, part): (usize, usize, &mut [T])| fill_noise(key, draw as u64, row0 + c * NOISE_TASK_ROWS, part);
     if large {
         tasks.collect::<Vec<_>>().into_par_iter().for_each(run);
     } else {

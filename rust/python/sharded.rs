@@ -112,10 +112,10 @@ fn fill_noise_array<T: Real>(key: u64, row0: usize, mut view: ndarray::ArrayView
         crate::noise::fill_noise_rows(key, row0, flat, d);
         return;
     }
-    let mut buf = vec![0.0; d];
+    let mut buf = vec![T::default(); d];
     for (j, mut row) in view.axis_iter_mut(Axis(0)).enumerate() {
         crate::noise::fill_noise(key, j as u64, row0, &mut buf);
-        row.iter_mut().zip(&buf).for_each(|(o, &v)| *o = T::from_f64(v));
+        row.assign(&ndarray::ArrayView1::from(&buf[..]));
     }
 }
 
