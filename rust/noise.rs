@@ -76,7 +76,8 @@ pub fn fill_noise_rows<T: Real>(key: u64, row0: usize, out: &mut [T], n_features
             .enumerate()
             .map(move |(c, part)| (draw, c, part))
     });
-    let run = |(draw, c, part): (usize, usize, &mut [T])| fill_noise(key, draw as u64, row0 + c * NOISE_TASK_ROWS, part);
+    let run =
+        |(draw, c, part): (usize, usize, &mut [T])| fill_noise(key, draw as u64, row0 + c * NOISE_TASK_ROWS, part);
     if large {
         tasks.collect::<Vec<_>>().into_par_iter().for_each(run);
     } else {
