@@ -466,9 +466,10 @@ pub fn draw_in_place<G: GaussianRows + ?Sized, T: Real>(
         .map(|(i, part)| (i * QUERY_TASK_ROWS, part))
         .collect();
     let isa = Isa::detect();
+    let h = h.as_standard_layout(); // each draw's K latent values contiguous, read in place by every block
     let draw_part = |(first, mut part): (usize, ArrayViewMut2<T>)| -> Result<()> {
         let rows = first..first + part.ncols();
-        let (mut f_t, mut sd, mut latent, mut strided) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut f_t, mut sd, mut strided) = (Vec::new(), Vec::new(), Vec::new());
         model.visit_range(rows, &mut |lo, mean, f, psi| {
             check_block(lo, f, psi, k)?;
             let (at, nb) = (lo - first, psi.len());
@@ -478,15 +479,14 @@ pub fn draw_in_place<G: GaussianRows + ?Sized, T: Real>(
             sd.clear();
             sd.extend(psi.iter().map(|p| p.sqrt()));
             for (mut row, h_row) in part.axis_iter_mut(Axis(0)).zip(h.axis_iter(Axis(0))) {
-                latent.clear();
-                latent.extend(h_row.iter().copied());
+                let latent = h_row.to_slice().expect("h is in standard layout");
                 let mut block = row.slice_mut(ndarray::s![at..at + nb]);
                 if let Some(draw) = block.as_slice_mut() {
-                    draw::affine_draw(isa, &f_t, &latent, mean, &sd, draw);
+                    draw::affine_draw(isa, &f_t, latent, mean, &sd, draw);
                 } else {
                     strided.clear();
                     strided.extend(block.iter().copied());
-                    draw::affine_draw(isa, &f_t, &latent, mean, &sd, &mut strided);
+                    draw::affine_draw(isa, &f_t, latent, mean, &sd, &mut strided);
                     block.iter_mut().zip(&strided).for_each(|(z, &v)| *z = v);
                 }
             }
@@ -718,5 +718,11 @@ mod tests {
         let mut strided = wide.slice_mut(ndarray::s![.., ..;2]);
         draw_in_place(&g, h.view(), strided.view_mut()).expect("strided draw");
         assert_eq!(strided, got);
+        // And with h in column-major order (a draw's K latent values n apart in memory).
+        let h_columns = h.t().as_standard_layout().into_owned().reversed_axes();
+        assert!(h_columns.as_slice().is_none());
+        let mut again = z.clone();
+        draw_in_place(&g, h_columns.view(), again.view_mut()).expect("draw with column-major h");
+        assert_eq!(again, got);
     }
 }
