@@ -626,7 +626,10 @@ mod tests {
         let strided = Array2::from_shape_fn((77, 3), |(r, c)| values[[c, r]]); // column 0: stride 3
         let contiguous = sample_quad(values.row(0), &mean, &psi);
         assert!(strided.column(0).as_slice().is_none());
-        assert_eq!(contiguous.to_bits(), sample_quad(strided.column(0), &mean, &psi).to_bits());
+        assert_eq!(
+            contiguous.to_bits(),
+            sample_quad(strided.column(0), &mean, &psi).to_bits()
+        );
         let naive: f64 = (0..77).map(|r| (values[[0, r]] - mean[r]).powi(2) / psi[r]).sum();
         assert!((contiguous - naive).abs() < 1e-13 * naive);
     }
