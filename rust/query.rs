@@ -378,12 +378,6 @@ fn add_block_sums(
 /// same bits on any number of threads, since a block's rows do not depend on them).
 const LANES: usize = 8;
 
-/// The `LANES` partial sums added in order.
-#[inline(always)]
-fn fold_lanes(lanes: [f64; LANES]) -> f64 {
-    lanes.iter().sum()
-}
-
 /// One sample's Σ_r res_r²/ψ_r over a block's rows, res = x − c, in [`LANES`] partial sums.
 #[inline(always)]
 fn sample_quad(sample: ArrayView1<f64>, mean: &[f64], psi: &[f64]) -> f64 {
@@ -401,13 +395,13 @@ fn sample_quad(sample: ArrayView1<f64>, mean: &[f64], psi: &[f64]) -> f64 {
             lanes[r % LANES] += res * res / p;
         }
     }
-    fold_lanes(lanes)
+    lanes.iter().sum() // in lane order
 }
 
 /// Σ_r ln ψ_r over a block (ψ > 0, finite): each run of `LOG_RUN` normal values as ln(Π m_r) + ln 2 · Σ e_r with
 /// ψ_r = m_r 2^{e_r}, m_r ∈ [1, 2) (the product stays below 2^LOG_RUN), one logarithm per run; a run holding a
 /// subnormal value takes the logarithm of each. The product rounds LOG_RUN times, so each run's logarithm is off
-/// by about LOG_RUN·2⁻⁵³ ≈ 4·10⁻¹⁵ at most (absolute), against 2⁻⁵³|ln ψ_r| per term term by term.
+/// by about LOG_RUN·2⁻⁵³ ≈ 4·10⁻¹⁵ at most (absolute), against 2⁻⁵³|ln ψ_r| per term when each is taken.
 #[inline(always)]
 fn sum_of_logs(psi: &[f64]) -> f64 {
     const LOG_RUN: usize = 32;
