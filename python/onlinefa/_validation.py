@@ -183,19 +183,24 @@ def check_bool(value: object, name: str) -> bool:
     return bool(value)
 
 
-def check_finite_samples(x: NDArray[Any]) -> NDArray[Any]:
-    """Reject NaN, ±Inf and magnitudes above ``MAX_ABS_VALUE`` (ValueError naming the first bad row).
+def first_bad_row(x: NDArray[Any]) -> int | None:
+    """Index of the first row of ``x`` holding NaN, ±Inf or a magnitude above ``MAX_ABS_VALUE``, or None.
 
     Two reductions over the rows (their maxima and minima; a NaN propagates into both and compares false), so
-    no temporary of the input's size is allocated.
+    no temporary of the input's size is allocated. A 1-D ``x`` is one row.
     """
     if x.size == 0:
-        return x
+        return None
     highest = np.atleast_1d(x.max(axis=-1)).astype(np.float64)  # float64: float32 cannot hold the bound
     lowest = np.atleast_1d(x.min(axis=-1)).astype(np.float64)
-    bad_rows = ~((highest <= MAX_ABS_VALUE) & (lowest >= -MAX_ABS_VALUE))
-    if np.any(bad_rows):
-        row = int(np.argmax(bad_rows))
+    bad_rows = np.flatnonzero(~((highest <= MAX_ABS_VALUE) & (lowest >= -MAX_ABS_VALUE)))
+    return int(bad_rows[0]) if bad_rows.size else None
+
+
+def check_finite_samples(x: NDArray[Any]) -> NDArray[Any]:
+    """Reject NaN, ±Inf and magnitudes above ``MAX_ABS_VALUE`` (ValueError naming the first bad row)."""
+    row = first_bad_row(x)
+    if row is not None:
         raise ValueError(
             f"row {row} contains NaN, infinity or a value with magnitude above {MAX_ABS_VALUE:g}"
         )

@@ -30,7 +30,7 @@ from ._gaussian import dense_covariance
 from . import _core
 from ._persist import EstimatorPersistMixin
 from ._sklearn_base import EstimatorBase, NotFittedError, as_real_matrix, seed_from
-from ._validation import MAX_ABS_VALUE, check_bool, check_int, check_positive_float, core_readable
+from ._validation import MAX_ABS_VALUE, check_bool, check_int, check_positive_float, core_readable, first_bad_row
 
 __all__ = ["VBFA", "OnlineVBFA", "VBFAPosterior"]
 
@@ -111,10 +111,10 @@ def _as_data(X: ArrayLike, estimator: str, n_features: int | None = None, *, all
         )
     x = core_readable(np.ascontiguousarray(arr, dtype=np.float64))  # aligned too: np.frombuffer may not be
     if not allow_missing:
-        bad_rows = np.flatnonzero(~(np.abs(x) <= MAX_ABS_VALUE).all(axis=1))  # NaN compares False
-        if bad_rows.size:
+        bad_row = first_bad_row(x)
+        if bad_row is not None:
             raise ValueError(
-                f"row {bad_rows[0]} of X contains NaN, infinity or |x| > {MAX_ABS_VALUE:g} ({estimator} needs "
+                f"row {bad_row} of X contains NaN, infinity or |x| > {MAX_ABS_VALUE:g} ({estimator} needs "
                 "complete rows; use VBFA for missing values); no row was applied"
             )
     return x

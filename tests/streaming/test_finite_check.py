@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onlinefa._validation import MAX_ABS_VALUE, check_finite_samples
+import onlinefa
+from onlinefa._validation import MAX_ABS_VALUE, check_finite_samples, first_bad_row
 
 BAD_VALUES = [np.nan, np.inf, -np.inf, np.nextafter(MAX_ABS_VALUE, np.inf), -1e101, 1e300]
 
@@ -44,3 +45,18 @@ def test_values_at_the_bound_and_empty_inputs_pass() -> None:
     assert check_finite_samples(empty) is empty
     with pytest.raises(ValueError, match="^row 0 contains"):
         check_finite_samples(np.array([1.0, np.nan]))
+
+
+def test_first_bad_row_is_none_for_clean_rows_and_the_index_otherwise() -> None:
+    x = np.random.default_rng(1).standard_normal((5, 9))
+    assert first_bad_row(x) is None
+    x[3, 4], x[4, 0] = -np.inf, np.nan
+    assert first_bad_row(x) == 3
+
+
+def test_online_vbfa_names_the_first_incomplete_row() -> None:
+    x = np.random.default_rng(2).standard_normal((40, 6))
+    x[17, 2] = 1e101
+    x[30, 0] = np.nan
+    with pytest.raises(ValueError, match=r"^row 17 of X contains NaN, infinity or \|x\| > 1e\+100 \(OnlineVBFA"):
+        onlinefa.OnlineVBFA(2, random_state=0).partial_fit(x)
