@@ -183,8 +183,8 @@ def check_bool(value: object, name: str) -> bool:
     return bool(value)
 
 
-def first_bad_row(x: NDArray[Any]) -> int | None:
-    """Index of the first row of ``x`` holding NaN, ±Inf or a magnitude above ``MAX_ABS_VALUE``, or None.
+def first_bad_row(x: NDArray[Any], limit: float = MAX_ABS_VALUE) -> int | None:
+    """Index of the first row of ``x`` holding NaN, ±Inf or a magnitude above ``limit``, or None.
 
     Two reductions over the rows (their maxima and minima; a NaN propagates into both and compares false), so
     no temporary of the input's size is allocated. A 1-D ``x`` is one row.
@@ -193,7 +193,7 @@ def first_bad_row(x: NDArray[Any]) -> int | None:
         return None
     highest = np.atleast_1d(x.max(axis=-1)).astype(np.float64)  # float64: float32 cannot hold the bound
     lowest = np.atleast_1d(x.min(axis=-1)).astype(np.float64)
-    bad_rows = np.flatnonzero(~((highest <= MAX_ABS_VALUE) & (lowest >= -MAX_ABS_VALUE)))
+    bad_rows = np.flatnonzero(~((highest <= limit) & (lowest >= -limit)))
     return int(bad_rows[0]) if bad_rows.size else None
 
 

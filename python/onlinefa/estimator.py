@@ -20,7 +20,7 @@ from ._gaussian import check_dense_size, precision_factor
 from .streaming import DEFAULT_NOISE_FLOOR, OnlineEM, OnlineSGA, resolve_warmup
 from ._gaussian import latent_mean
 from .minibatch import MINIBATCH_KAPPA, MINIBATCH_TAU0, MiniBatchEM, data_moments, fit_passes
-from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float, check_sga_lr
+from ._validation import check_dtype, check_finite_samples, check_int, check_positive_float, check_sga_lr, first_bad_row
 from ._persist import checkpoint_params, param_entries
 from ._registry import STREAMING_METHODS, inner_class, streaming_class
 from ._sklearn_base import ConvergenceWarning, EstimatorBase, NotFittedError, as_real_matrix, seed_from
@@ -75,8 +75,7 @@ def _check_finite(X: NDArray[Any], limit: float | None) -> None:
         if not np.isfinite(X).all():
             raise ValueError("Input X contains NaN or infinity")
         return
-    within = np.abs(X) <= limit  # False for NaN too
-    if not within.all():
+    if first_bad_row(X, limit) is not None:
         if not np.isfinite(X).all():
             raise ValueError("Input X contains NaN or infinity")
         raise ValueError(f"Input X contains a value with |x| > {limit:g}, the largest accepted")
