@@ -13,8 +13,11 @@
 //! and after the pass Fᵀ Ψ⁻¹ F = Uᵀ S_z U and Fᵀ Ψ⁻¹ d = Uᵀ u_z (the sums of (4.23)); see [`to_loadings_space`].
 //! This is an identity, not an approximation; it never forms F, which saves K² multiply-adds per row.
 //!
-//! **SIMD across rows.** W rows are processed at once (W = 4 for f64, 8 for f32: one 256-bit vector), each
-//! of the K columns held as a W-lane array, so every operation is lane-parallel over rows whatever K is.
+//! **SIMD across rows.** W rows are processed at once (W = 4 for f64, 8 for f32: one 256-bit vector; 8 for
+//! both on AVX-512), each of the K columns held as a W-lane array, so every operation is lane-parallel over
+//! rows whatever K is. A model whose kernel runs 8 lanes stores Ā packed as the lanes hold it
+//! (`engine::packed`): each column of a group is one contiguous load and store, where row-major Ā needs a
+//! gather or W scalar moves per column.
 //!
 //! **Arithmetic type.** The per-row K-dimensional arithmetic (pending line-12 update, z, the sums) runs
 //! in the storage type T (|z|² in f64, since ψ = d̄² − |z|² may cancel), so float32 state does float32 arithmetic; the per-block partial sums are added in
@@ -26,6 +29,7 @@ use super::advance;
 pub(crate) use super::isa::Isa;
 use super::lane_syrk::LaneSyrk;
 use super::lane_times::lanes_times;
+use super::packed::{Layout, PACK};
 use super::prefetch::{Ahead, PREFETCH_GROUPS};
 use crate::scalar::{stored, Real};
 
@@ -122,9 +126,15 @@ struct GroupRows<'a, T> {
 
 /// The block: full groups of W rows read and written in place, then the last n < W rows through a copy padded
 /// with zero rows (they add exactly zero to every sum). Every loop of a group has a fixed trip count; with
-/// `GATHER` (the AVX-512 path) the rows are moved into the lanes by gathers (see `lane_gather`).
+/// `GATHER` (the AVX-512 path) the rows are moved into the lanes by gathers (see `lane_gather`). With `PACKED`
+/// (W = 8) Ā is stored as `engine::packed` describes: each full group's columns are read and written whole, and
+/// the last n < 8 rows of the state are row-major as in the other layout.
 #[inline(always)]
-fn em_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+fn em_block<T: Real, const K: usize, const W: usize, const GATHER: bool, const PACKED: bool>(
+    io: &mut EmBlockIo<'_, T>,
+    nb: usize,
+) {
+    const { assert!(!PACKED || W == PACK) };
     let zero = T::default();
     let c = io.consts;
     let mut acc = Acc::<T, K, W>::new();
@@ -138,7 +148,7 @@ fn em_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(io: &mu
         .zip(io.x[..full].chunks_exact(W));
     for (g, ((((a, mean), dsq), d_last), x)) in groups.enumerate() {
         ahead.prefetch(g * W, W, K);
-        em_group::<T, K, W, GATHER>(
+        em_group::<T, K, W, GATHER, PACKED>(
             c,
             GroupRows {
                 a,
@@ -167,7 +177,7 @@ fn em_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(io: &mu
             d_last: &mut d_last,
             x: &x,
         };
-        em_group::<T, K, W, GATHER>(c, rows, &mut acc);
+        em_group::<T, K, W, GATHER, false>(c, rows, &mut acc);
         io.a[full * K..nb * K].copy_from_slice(&a.as_flattened()[..n * K]);
         io.mean[full..nb].copy_from_slice(&mean[..n]);
         io.dsq[full..nb].copy_from_slice(&dsq[..n]);
@@ -186,8 +196,9 @@ fn em_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(io: &mu
 }
 
 /// One group of W rows: the previous sample's pending moments and line 12, then this sample's z, ψ and sums.
+/// `a` of the group's rows is row-major, or with `PACKED` its K columns of W values each.
 #[inline(always)]
-fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
+fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool, const PACKED: bool>(
     c: &EmConsts<T>,
     g: GroupRows<'_, T>,
     acc: &mut Acc<T, K, W>,
@@ -198,8 +209,14 @@ fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
     // Ā rows, transposed to K lane-arrays, one column at a time (each lane-array can be assembled in a
     // register and stored whole).
     let mut a = [[zero; W]; K];
-    // SAFETY: GATHER is set only by the AVX-512 entry point, which runs on CPUs with AVX-512F.
-    unsafe { super::lane_gather::load_columns::<T, K, W, GATHER>(a_rows, &mut a) };
+    if PACKED {
+        for (col, stored) in a.iter_mut().zip(a_rows.chunks_exact(W)) {
+            col.copy_from_slice(stored);
+        }
+    } else {
+        // SAFETY: GATHER is set only by the AVX-512 entry point, which runs on CPUs with AVX-512F.
+        unsafe { super::lane_gather::load_columns::<T, K, W, GATHER>(a_rows, &mut a) };
+    }
     // The previous sample's pending moments (lines 5, 6, 14), then its line 12.
     let mut m0 = [0.0f64; W];
     let mut dsq0 = [0.0f64; W];
@@ -236,9 +253,15 @@ fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
         if let Some(w) = &c.transform {
             a = lanes_times::<T, K, W>(&a, w);
         }
-        for l in 0..W {
-            for j in 0..K {
-                a_rows[l * K + j] = a[j][l];
+        if PACKED {
+            for (stored, col) in a_rows.chunks_exact_mut(W).zip(&a) {
+                stored.copy_from_slice(col);
+            }
+        } else {
+            for l in 0..W {
+                for j in 0..K {
+                    a_rows[l * K + j] = a[j][l];
+                }
             }
         }
     }
@@ -303,32 +326,47 @@ fn upper_times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], u: &[T]
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn em_block_avx2<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
-    em_block::<T, K, W, false>(io, nb)
+unsafe fn em_block_avx2<T: Real, const K: usize, const W: usize, const PACKED: bool>(
+    io: &mut EmBlockIo<'_, T>,
+    nb: usize,
+) {
+    em_block::<T, K, W, false, PACKED>(io, nb)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2")]
-unsafe fn em_block_avx512<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
-    em_block::<T, K, W, true>(io, nb)
+unsafe fn em_block_avx512<T: Real, const K: usize, const W: usize, const PACKED: bool>(
+    io: &mut EmBlockIo<'_, T>,
+    nb: usize,
+) {
+    em_block::<T, K, W, true, PACKED>(io, nb)
 }
 
-fn em_block_portable<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
-    em_block::<T, K, W, false>(io, nb)
+fn em_block_portable<T: Real, const K: usize, const W: usize, const PACKED: bool>(
+    io: &mut EmBlockIo<'_, T>,
+    nb: usize,
+) {
+    em_block::<T, K, W, false, PACKED>(io, nb)
 }
 
 #[cfg(target_arch = "x86_64")]
-fn em_block_avx2_entry<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+fn em_block_avx2_entry<T: Real, const K: usize, const W: usize, const PACKED: bool>(
+    io: &mut EmBlockIo<'_, T>,
+    nb: usize,
+) {
     // SAFETY: only handed out by `EmRowKernel::select` for `Isa::Avx2`, which `Isa::available` constructs
     // only after `is_x86_feature_detected!("avx2")`.
-    unsafe { em_block_avx2::<T, K, W>(io, nb) }
+    unsafe { em_block_avx2::<T, K, W, PACKED>(io, nb) }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn em_block_avx512_entry<T: Real, const K: usize, const W: usize>(io: &mut EmBlockIo<'_, T>, nb: usize) {
+fn em_block_avx512_entry<T: Real, const K: usize, const W: usize, const PACKED: bool>(
+    io: &mut EmBlockIo<'_, T>,
+    nb: usize,
+) {
     // SAFETY: only handed out by `EmRowKernel::select` for `Isa::Avx512`, which `Isa::available` constructs
     // only after detecting avx2 and avx512f.
-    unsafe { em_block_avx512::<T, K, W>(io, nb) }
+    unsafe { em_block_avx512::<T, K, W, PACKED>(io, nb) }
 }
 
 /// One block of the EM pass: (rows, number of rows).
@@ -358,6 +396,8 @@ const ROW_MAX_F64_16_REGISTERS: usize = 17;
 #[derive(Clone, Copy)]
 pub(crate) struct EmRowKernel<T: Real> {
     run: BlockFn<T>,
+    /// The same kernel reading Ā in the packed layout (8 lanes only).
+    run_packed: Option<BlockFn<T>>,
     isa: Isa,
     lanes: usize,
 }
@@ -368,21 +408,33 @@ impl<T: Real> std::fmt::Debug for EmRowKernel<T> {
     }
 }
 
-/// The function for K = `$kk` on path `$isa` and its lane count W: 4 f64 / 8 f32 lanes (one 256-bit vector)
-/// on every path. AVX-512 runs 8 lanes for both types: at 16 f32 lanes the per-lane accumulators no longer
-/// fit the registers, while its 32 registers and masked moves help at 8.
+/// The function for K = `$kk` on path `$isa`, its lane count W and, for W = 8, its packed-layout twin: 4 f64 /
+/// 8 f32 lanes (one 256-bit vector) on every path. AVX-512 runs 8 lanes for both types: at 16 f32 lanes the
+/// per-lane accumulators no longer fit the registers, while its 32 registers and masked moves help at 8.
 macro_rules! em_pick {
     ($isa:expr, $kk:ident) => {{
         let f32_state = T::SINGLE;
         match ($isa, f32_state) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, _) => (em_block_avx512_entry::<T, $kk, 8> as BlockFn<T>, 8),
+            (Isa::Avx512, _) => (
+                em_block_avx512_entry::<T, $kk, 8, false> as BlockFn<T>,
+                8,
+                Some(em_block_avx512_entry::<T, $kk, 8, true> as BlockFn<T>),
+            ),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => (em_block_avx2_entry::<T, $kk, 8> as BlockFn<T>, 8),
+            (Isa::Avx2, true) => (
+                em_block_avx2_entry::<T, $kk, 8, false> as BlockFn<T>,
+                8,
+                Some(em_block_avx2_entry::<T, $kk, 8, true> as BlockFn<T>),
+            ),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => (em_block_avx2_entry::<T, $kk, 4> as BlockFn<T>, 4),
-            (Isa::Portable, true) => (em_block_portable::<T, $kk, 8> as BlockFn<T>, 8),
-            (Isa::Portable, false) => (em_block_portable::<T, $kk, 4> as BlockFn<T>, 4),
+            (Isa::Avx2, false) => (em_block_avx2_entry::<T, $kk, 4, false> as BlockFn<T>, 4, None),
+            (Isa::Portable, true) => (
+                em_block_portable::<T, $kk, 8, false> as BlockFn<T>,
+                8,
+                Some(em_block_portable::<T, $kk, 8, true> as BlockFn<T>),
+            ),
+            (Isa::Portable, false) => (em_block_portable::<T, $kk, 4, false> as BlockFn<T>, 4, None),
         }
     }};
 }
@@ -393,8 +445,21 @@ impl<T: Real> EmRowKernel<T> {
         if k > row_kernel_max::<T>(isa) {
             return None;
         }
-        let (run, lanes) = for_k!(extended k, K => em_pick!(isa, K), _ => return None);
-        Some(EmRowKernel { run, isa, lanes })
+        let (run, lanes, run_packed) = for_k!(extended k, K => em_pick!(isa, K), _ => return None);
+        Some(EmRowKernel {
+            run,
+            run_packed,
+            isa,
+            lanes,
+        })
+    }
+
+    /// The layout of Ā this kernel reads fastest: packed where it runs [`PACK`] lanes, else row-major.
+    pub(crate) fn preferred_layout(&self) -> Layout {
+        match self.run_packed {
+            Some(_) => Layout::Packed,
+            None => Layout::Rows,
+        }
     }
 
     /// Rows per lane group (W).
@@ -403,9 +468,19 @@ impl<T: Real> EmRowKernel<T> {
         self.lanes
     }
 
-    /// Run the pass on the `nb` rows of `io`.
+    /// Run the pass on the `nb` rows of `io`, whose Ā is stored in `layout`. A kernel of 4 lanes reads row-major
+    /// Ā only: a packed block is rearranged for it and back (the same numbers, so the same results).
     #[inline]
-    pub(crate) fn run(&self, io: &mut EmBlockIo<'_, T>, nb: usize) {
-        (self.run)(io, nb)
+    pub(crate) fn run(&self, io: &mut EmBlockIo<'_, T>, nb: usize, layout: Layout) {
+        match (layout, self.run_packed) {
+            (Layout::Rows, _) => (self.run)(io, nb),
+            (Layout::Packed, Some(packed)) => packed(io, nb),
+            (Layout::Packed, None) => {
+                let k = io.u.len();
+                layout.restore_rows(io.a, nb, k);
+                (self.run)(io, nb);
+                layout.arrange(io.a, nb, k);
+            }
+        }
     }
 }

@@ -17,6 +17,7 @@ pub(crate) mod lane_gather;
 pub(crate) mod lane_syrk;
 pub(crate) mod lane_times;
 pub(crate) mod model;
+pub(crate) mod packed;
 pub(crate) mod partition;
 pub(crate) mod prefetch;
 pub(crate) mod sga;

@@ -20,7 +20,7 @@ impl<T: StateReal> Checkpoint for OnlineEm<T> {
             d_last.push(T::from_f64(row.d));
         }
         w.owned_array("mean", vec![d], mean);
-        w.array("a_bar", vec![d, k], &self.a_bar);
+        w.owned_array("a_bar", vec![d, k], self.layout.to_rows(&self.a_bar, d, k));
         w.owned_array("dsq_bar", vec![d], dsq_bar);
         w.owned_array("d_last", vec![d], d_last);
         if matches!(self.step.basis, Basis::Initial) {
@@ -39,16 +39,20 @@ impl<T: StateReal> Checkpoint for OnlineEm<T> {
             Basis::Initial => r.array::<T>("init_loadings", &[d, k])?,
             _ => Vec::new(),
         };
+        let (isa, mut a_bar) = (Isa::detect(), r.array::<T>("a_bar", &[d, k])?);
+        let layout = super::layout_for::<T>(k, isa);
+        layout.arrange(&mut a_bar, d, k);
         let em = OnlineEm {
             n_features: d,
             n_components: k,
             step,
             mean: r.array::<T>("mean", &[d])?,
-            a_bar: r.array::<T>("a_bar", &[d, k])?,
+            a_bar,
             dsq_bar: r.array::<T>("dsq_bar", &[d])?,
             d_last: r.array::<T>("d_last", &[d])?,
             init,
-            isa: Isa::detect(),
+            isa,
+            layout,
             report_cache: Default::default(),
         };
         super::checks::check_state(&em)?;

@@ -16,6 +16,7 @@ use crate::engine::driver::{self, Driven};
 use crate::engine::em_kernel::{row_kernel_max, to_loadings_space, EmBlockIo, EmConsts, EmRowKernel, Isa};
 use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
 use crate::engine::model::hooks::Pass;
+use crate::engine::packed::Layout;
 use crate::engine::partition::{stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS};
 use crate::engine::tiled::Tiled;
 use crate::engine::{advance, Advanced};
@@ -65,6 +66,7 @@ pub struct OnlineEm<T: Real> {
     pub(crate) n_components: usize,
     pub(crate) step: EmStep,
     pub(crate) mean: Vec<T>,
+    /// Ā, D×K, stored in `layout`.
     pub(crate) a_bar: Vec<T>,
     pub(crate) dsq_bar: Vec<T>,
     /// d_t of the last sample, needed by the pending rank-1 update.
@@ -73,6 +75,9 @@ pub struct OnlineEm<T: Real> {
     pub(crate) init: Vec<T>,
     /// The code path of the row kernels (detected once for this CPU; never saved).
     pub(crate) isa: Isa,
+    /// The order of Ā's values in memory: the one its row kernel on `isa` reads fastest (never saved: a
+    /// checkpoint holds Ā row-major).
+    pub(crate) layout: Layout,
     /// The reporting map of the last query (crate::shrinkage), for the next query at the same sample count.
     pub(crate) report_cache: crate::shrinkage::ReportCache,
 }
@@ -90,6 +95,8 @@ struct PassCtx<'a, T: Real> {
     init_scale: f64,
     floor: f64,
     k: usize,
+    /// How Ā is stored.
+    layout: Layout,
     /// The fused row-SIMD kernel's constants and code path, when it runs this pass.
     fast: Option<(EmConsts<T>, EmRowKernel<T>)>,
     /// The wide kernel's constants (K > `row_kernel_max` of its path), when it runs this pass.
@@ -98,6 +105,12 @@ struct PassCtx<'a, T: Real> {
 
 /// Visitor of blocks of the fitted Gaussian: `(first_row, mean (nb), F (nb×K row-major), ψ (nb))`, f64.
 pub(crate) type FittedRowsVisitor<'a> = dyn FnMut(usize, &[f64], &[f64], &[f64]) -> Result<()> + 'a;
+
+/// How a model of K = `k` with state type T stores Ā on code path `isa`: as its row kernel there reads it
+/// fastest (row-major where no row kernel runs).
+pub(crate) fn layout_for<T: Real>(k: usize, isa: Isa) -> Layout {
+    EmRowKernel::<T>::select(k, isa).map_or(Layout::Rows, |kernel| kernel.preferred_layout())
+}
 
 impl<T: Real> OnlineEm<T> {
     /// New model. `init` is F₀ (D×K); ψ starts at 1, θ̄ at 0.
@@ -123,6 +136,7 @@ impl<T: Real> OnlineEm<T> {
             d_last: try_filled(n_features, T::default(), "n_features")?,
             init,
             isa: Isa::detect(),
+            layout: layout_for::<T>(k, Isa::detect()),
             report_cache: Default::default(),
         })
     }
@@ -202,6 +216,7 @@ impl<T: Real> OnlineEm<T> {
             init_scale: self.step.warmup_scale(),
             floor,
             k,
+            layout: self.layout,
             fast,
             wide,
         };
@@ -312,6 +327,7 @@ impl<T: Real> OnlineEm<T> {
             d_last: self.d_last.clone(),
             init: Vec::new(),
             isa: self.isa,
+            layout: self.layout,
             report_cache: Default::default(),
         })
     }
@@ -322,12 +338,13 @@ impl<T: Real> OnlineEm<T> {
         let k = self.n_components;
         let mut blk = Block::new(k);
         let mut out = Vec::with_capacity(self.n_features * k);
-        for (i, a) in self.a_bar.chunks(BLOCK_ROWS * k).enumerate() {
-            let nb = a.len() / k;
+        for first in (0..self.n_features).step_by(BLOCK_ROWS) {
+            let nb = (self.n_features - first).min(BLOCK_ROWS);
             for (r, d) in blk.d_prev[..nb].iter_mut().enumerate() {
-                *d = self.pending_moments(i * BLOCK_ROWS + r).d;
+                *d = self.pending_moments(first + r).d;
             }
-            load_rows(a, &mut blk.a);
+            self.layout
+                .read_rows(&self.a_bar, self.n_features, k, first..first + nb, &mut blk.a);
             apply_pending::<T>(&mut blk, self.step.pending.as_ref(), nb);
             out.extend_from_slice(&blk.a[..nb * k]);
         }
@@ -350,17 +367,14 @@ impl<T: Real> OnlineEm<T> {
         };
         let mut blk = Block::new(k);
         let (mut mean, mut dsq) = (vec![0.0; BLOCK_ROWS], vec![0.0; BLOCK_ROWS]);
-        for (i, a) in self.a_bar[rows.start * k..rows.end * k]
-            .chunks(BLOCK_ROWS * k)
-            .enumerate()
-        {
-            let first = rows.start + i * BLOCK_ROWS;
-            let nb = a.len() / k;
+        for first in rows.clone().step_by(BLOCK_ROWS) {
+            let nb = (rows.end - first).min(BLOCK_ROWS);
             for r in 0..nb {
                 let moments = self.pending_moments(first + r);
                 (mean[r], dsq[r], blk.d_prev[r]) = (moments.mean.1, moments.dsq.1, moments.d);
             }
-            load_rows(a, &mut blk.a);
+            self.layout
+                .read_rows(&self.a_bar, self.n_features, k, first..first + nb, &mut blk.a);
             apply_pending::<T>(&mut blk, self.step.pending.as_ref(), nb);
             let f: &[f64] = match h_inv {
                 Some(h_inv) => {
@@ -504,9 +518,39 @@ fn em_block<T: Real>(
             u,
             s,
         };
-        kernel.run(&mut io, nb);
+        kernel.run(&mut io, nb, ctx.layout);
         return;
     }
+    // The wide kernel and the block path read row-major Ā: a packed block is rearranged for them and back.
+    let StateRows {
+        matrix,
+        mean,
+        var,
+        d_last,
+    } = rows;
+    ctx.layout.restore_rows(matrix, nb, ctx.k);
+    let rows = StateRows {
+        matrix: &mut *matrix,
+        mean,
+        var,
+        d_last,
+    };
+    em_block_rows(row0, rows, x, ctx, blk, sums);
+    ctx.layout.arrange(matrix, nb, ctx.k);
+}
+
+/// [`em_block`] through the wide kernel or the block path, with the block's Ā row-major.
+fn em_block_rows<T: Real>(
+    row0: usize,
+    rows: StateRows<'_, T>,
+    x: &[f64],
+    ctx: &PassCtx<T>,
+    blk: &mut Block,
+    sums: &mut StepSums,
+) {
+    let nb = rows.mean.len();
+    let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
+    let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
     if let Some(consts) = &ctx.wide {
         let mut io = WideIo {
             a: rows.matrix,
