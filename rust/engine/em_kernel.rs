@@ -408,31 +408,44 @@ impl<T: Real> std::fmt::Debug for EmRowKernel<T> {
     }
 }
 
-/// The function for K = `$kk` on path `$isa`, its lane count W and, for W = 8, its packed-layout twin: 4 f64 /
-/// 8 f32 lanes (one 256-bit vector) on every path. AVX-512 runs 8 lanes for both types: at 16 f32 lanes the
-/// per-lane accumulators no longer fit the registers, while its 32 registers and masked moves help at 8.
+/// Largest group of 8 rows (8·K values, in bytes) the row kernel reads from packed Ā. The kernel copies a group
+/// into its lanes and back; LLVM compiles a copy of up to 768 bytes inline, and a larger one (float64 at K ≥ 13)
+/// to a call of `memcpy`, which made float64 at K = 16–20 slower than the gathers of row-major Ā (measured in
+/// docs/performance.md, "Ā stored as the kernel reads it").
+const PACKED_GROUP_BYTES: usize = 768;
+
+/// Whether the 8-lane kernel for K = `k` reads packed Ā (see [`PACKED_GROUP_BYTES`]).
+const fn packs<T>(k: usize) -> bool {
+    PACK * k * std::mem::size_of::<T>() <= PACKED_GROUP_BYTES
+}
+
+/// The function for K = `$kk` on path `$isa`, its lane count W and, for W = 8 where the group is small enough
+/// ([`packs`]), its packed-layout twin: 4 f64 / 8 f32 lanes (one 256-bit vector) on every path. AVX-512 runs 8
+/// lanes for both types: at 16 f32 lanes the per-lane accumulators no longer fit the registers, while its 32
+/// registers and masked moves help at 8.
 macro_rules! em_pick {
     ($isa:expr, $kk:ident) => {{
         let f32_state = T::SINGLE;
+        let packed = |run: BlockFn<T>| packs::<T>($kk).then_some(run);
         match ($isa, f32_state) {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx512, _) => (
                 em_block_avx512_entry::<T, $kk, 8, false> as BlockFn<T>,
                 8,
-                Some(em_block_avx512_entry::<T, $kk, 8, true> as BlockFn<T>),
+                packed(em_block_avx512_entry::<T, $kk, 8, true> as BlockFn<T>),
             ),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, true) => (
                 em_block_avx2_entry::<T, $kk, 8, false> as BlockFn<T>,
                 8,
-                Some(em_block_avx2_entry::<T, $kk, 8, true> as BlockFn<T>),
+                packed(em_block_avx2_entry::<T, $kk, 8, true> as BlockFn<T>),
             ),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, false) => (em_block_avx2_entry::<T, $kk, 4, false> as BlockFn<T>, 4, None),
             (Isa::Portable, true) => (
                 em_block_portable::<T, $kk, 8, false> as BlockFn<T>,
                 8,
-                Some(em_block_portable::<T, $kk, 8, true> as BlockFn<T>),
+                packed(em_block_portable::<T, $kk, 8, true> as BlockFn<T>),
             ),
             (Isa::Portable, false) => (em_block_portable::<T, $kk, 4, false> as BlockFn<T>, 4, None),
         }
@@ -454,7 +467,8 @@ impl<T: Real> EmRowKernel<T> {
         })
     }
 
-    /// The layout of Ā this kernel reads fastest: packed where it runs [`PACK`] lanes, else row-major.
+    /// The layout of Ā this kernel reads fastest: packed where it runs [`PACK`] lanes on groups of at most
+    /// [`PACKED_GROUP_BYTES`], else row-major.
     pub(crate) fn preferred_layout(&self) -> Layout {
         match self.run_packed {
             Some(_) => Layout::Packed,

@@ -81,23 +81,23 @@ impl Layout {
 
     /// Rearrange row-major values of `n` rows (K = `k`) into this layout, in place (no copy of the state).
     pub(crate) fn arrange<T: Copy + Default>(self, values: &mut [T], n: usize, k: usize) {
-        if self == Layout::Rows {
-            return;
-        }
-        let mut group = vec![T::default(); PACK * k];
-        for g in (0..n / PACK * PACK).step_by(PACK) {
-            let rows = &mut values[g * k..(g + PACK) * k];
-            group.copy_from_slice(rows);
-            for l in 0..PACK {
-                for j in 0..k {
-                    rows[j * PACK + l] = group[l * k + j];
-                }
-            }
-        }
+        self.permute_groups(values, n, k, |l, j| (l * k + j, j * PACK + l));
     }
 
     /// Rearrange values stored in this layout back to row-major order, in place.
     pub(crate) fn restore_rows<T: Copy + Default>(self, values: &mut [T], n: usize, k: usize) {
+        self.permute_groups(values, n, k, |l, j| (j * PACK + l, l * k + j));
+    }
+
+    /// For every full group of a packed state: value `from` of the group's old order moves to `to`, for
+    /// `(from, to) = moves(lane, column)`. Nothing moves in the row-major layout.
+    fn permute_groups<T: Copy + Default>(
+        self,
+        values: &mut [T],
+        n: usize,
+        k: usize,
+        moves: impl Fn(usize, usize) -> (usize, usize),
+    ) {
         if self == Layout::Rows {
             return;
         }
@@ -107,7 +107,8 @@ impl Layout {
             group.copy_from_slice(rows);
             for l in 0..PACK {
                 for j in 0..k {
-                    rows[l * k + j] = group[j * PACK + l];
+                    let (from, to) = moves(l, j);
+                    rows[to] = group[from];
                 }
             }
         }

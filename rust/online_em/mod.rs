@@ -494,7 +494,7 @@ fn apply_pending<T: Real>(blk: &mut Block, pending: Option<&Pending>, nb: usize)
 
 /// The pass over one block of rows (first row `row0`; x: this sample's values for them): through the row-SIMD
 /// kernel or the wide kernel when one runs this pass, else the block path with explicit F. Shapes: rows.matrix
-/// (Ā) is nb×K row-major, the other rows and x are nb.
+/// (Ā) is nb×K in `ctx.layout`, the other rows and x are nb.
 fn em_block<T: Real>(
     row0: usize,
     rows: StateRows<'_, T>,
@@ -503,10 +503,8 @@ fn em_block<T: Real>(
     blk: &mut Block,
     sums: &mut StepSums,
 ) {
-    let nb = rows.mean.len();
-    let u = sums.u.as_slice_mut().expect("sums are allocated contiguous");
-    let s = sums.s.as_slice_mut().expect("sums are allocated contiguous");
     if let Some((consts, kernel)) = &ctx.fast {
+        let nb = rows.mean.len();
         let mut io = EmBlockIo {
             a: rows.matrix,
             mean: rows.mean,
@@ -515,8 +513,8 @@ fn em_block<T: Real>(
             x,
             consts,
             dsq_sum: &mut sums.dsq_sum,
-            u,
-            s,
+            u: sums.u.as_slice_mut().expect("sums are allocated contiguous"),
+            s: sums.s.as_slice_mut().expect("sums are allocated contiguous"),
         };
         kernel.run(&mut io, nb, ctx.layout);
         return;
@@ -528,23 +526,22 @@ fn em_block<T: Real>(
         var,
         d_last,
     } = rows;
-    ctx.layout.restore_rows(matrix, nb, ctx.k);
+    ctx.layout.restore_rows(matrix, mean.len(), ctx.k);
     let rows = StateRows {
         matrix: &mut *matrix,
         mean,
         var,
         d_last,
     };
-    em_block_rows(row0, rows, x, ctx, blk, sums);
+    let nb = rows.mean.len();
+    em_block_rows(ctx, (row0, rows, x), blk, sums);
     ctx.layout.arrange(matrix, nb, ctx.k);
 }
 
 /// [`em_block`] through the wide kernel or the block path, with the block's Ā row-major.
 fn em_block_rows<T: Real>(
-    row0: usize,
-    rows: StateRows<'_, T>,
-    x: &[f64],
     ctx: &PassCtx<T>,
+    (row0, rows, x): (usize, StateRows<'_, T>, &[f64]),
     blk: &mut Block,
     sums: &mut StepSums,
 ) {
