@@ -210,9 +210,7 @@ fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool, const P
     // register and stored whole).
     let mut a = [[zero; W]; K];
     if PACKED {
-        for (col, stored) in a.iter_mut().zip(a_rows.chunks_exact(W)) {
-            col.copy_from_slice(stored);
-        }
+        move_packed::<T, K, W, GATHER>(a_rows, &mut a, true);
     } else {
         // SAFETY: GATHER is set only by the AVX-512 entry point, which runs on CPUs with AVX-512F.
         unsafe { super::lane_gather::load_columns::<T, K, W, GATHER>(a_rows, &mut a) };
@@ -254,9 +252,7 @@ fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool, const P
             a = lanes_times::<T, K, W>(&a, w);
         }
         if PACKED {
-            for (stored, col) in a_rows.chunks_exact_mut(W).zip(&a) {
-                stored.copy_from_slice(col);
-            }
+            move_packed::<T, K, W, GATHER>(a_rows, &mut a, false);
         } else {
             for l in 0..W {
                 for j in 0..K {
@@ -307,6 +303,40 @@ fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool, const P
         }
     }
     acc.syrk.kept += 1;
+}
+
+/// A packed group's K columns of W values into the lanes (`into_lanes`) or back into the state. float64 groups
+/// on the AVX-512 path go by volatile 512-bit moves (`lane_gather::load_packed_f64`): plain copies of a group
+/// above 768 bytes (float64 at K ≥ 13) compiled to calls of `memcpy`, slower than the gathers they replace.
+/// float32 groups (at most 768 bytes, K ≤ 24) are plain copies, which compile to vector moves.
+#[inline(always)]
+fn move_packed<T: Real, const K: usize, const W: usize, const AVX512: bool>(
+    stored: &mut [T],
+    lanes: &mut [[T; W]; K],
+    into_lanes: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && !T::SINGLE && std::mem::size_of::<T>() == 8 && W == 8 {
+        // SAFETY: T is f64 and W = 8 here, so both views keep the element type and the length; AVX512 is set
+        // only by the AVX-512 entry point, which runs on CPUs with AVX-512F.
+        unsafe {
+            let values = std::slice::from_raw_parts_mut(stored.as_mut_ptr().cast::<f64>(), stored.len());
+            let cols = &mut *(lanes as *mut [[T; W]; K]).cast::<[[f64; 8]; K]>();
+            if into_lanes {
+                super::lane_gather::load_packed_f64::<K>(values, cols);
+            } else {
+                super::lane_gather::store_packed_f64::<K>(cols, values);
+            }
+        }
+        return;
+    }
+    for (col, values) in lanes.iter_mut().zip(stored.chunks_exact_mut(W)) {
+        if into_lanes {
+            col.copy_from_slice(values);
+        } else {
+            values.copy_from_slice(col);
+        }
+    }
 }
 
 /// z = U a per lane, written to `z` (U upper triangular, row-major): z_i = Σ_{j ≥ i} U[i][j] a_j.
@@ -408,44 +438,31 @@ impl<T: Real> std::fmt::Debug for EmRowKernel<T> {
     }
 }
 
-/// Largest group of 8 rows (8·K values, in bytes) the row kernel reads from packed Ā. The kernel copies a group
-/// into its lanes and back; LLVM compiles a copy of up to 768 bytes inline, and a larger one (float64 at K ≥ 13)
-/// to a call of `memcpy`, which made float64 at K = 16–20 slower than the gathers of row-major Ā (measured in
-/// docs/performance.md, "Ā stored as the kernel reads it").
-const PACKED_GROUP_BYTES: usize = 768;
-
-/// Whether the 8-lane kernel for K = `k` reads packed Ā (see [`PACKED_GROUP_BYTES`]).
-const fn packs<T>(k: usize) -> bool {
-    PACK * k * std::mem::size_of::<T>() <= PACKED_GROUP_BYTES
-}
-
-/// The function for K = `$kk` on path `$isa`, its lane count W and, for W = 8 where the group is small enough
-/// ([`packs`]), its packed-layout twin: 4 f64 / 8 f32 lanes (one 256-bit vector) on every path. AVX-512 runs 8
-/// lanes for both types: at 16 f32 lanes the per-lane accumulators no longer fit the registers, while its 32
-/// registers and masked moves help at 8.
+/// The function for K = `$kk` on path `$isa`, its lane count W and, for W = 8, its packed-layout twin: 4 f64 /
+/// 8 f32 lanes (one 256-bit vector) on every path. AVX-512 runs 8 lanes for both types: at 16 f32 lanes the
+/// per-lane accumulators no longer fit the registers, while its 32 registers and masked moves help at 8.
 macro_rules! em_pick {
     ($isa:expr, $kk:ident) => {{
         let f32_state = T::SINGLE;
-        let packed = |run: BlockFn<T>| packs::<T>($kk).then_some(run);
         match ($isa, f32_state) {
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx512, _) => (
                 em_block_avx512_entry::<T, $kk, 8, false> as BlockFn<T>,
                 8,
-                packed(em_block_avx512_entry::<T, $kk, 8, true> as BlockFn<T>),
+                Some(em_block_avx512_entry::<T, $kk, 8, true> as BlockFn<T>),
             ),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, true) => (
                 em_block_avx2_entry::<T, $kk, 8, false> as BlockFn<T>,
                 8,
-                packed(em_block_avx2_entry::<T, $kk, 8, true> as BlockFn<T>),
+                Some(em_block_avx2_entry::<T, $kk, 8, true> as BlockFn<T>),
             ),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, false) => (em_block_avx2_entry::<T, $kk, 4, false> as BlockFn<T>, 4, None),
             (Isa::Portable, true) => (
                 em_block_portable::<T, $kk, 8, false> as BlockFn<T>,
                 8,
-                packed(em_block_portable::<T, $kk, 8, true> as BlockFn<T>),
+                Some(em_block_portable::<T, $kk, 8, true> as BlockFn<T>),
             ),
             (Isa::Portable, false) => (em_block_portable::<T, $kk, 4, false> as BlockFn<T>, 4, None),
         }
@@ -467,8 +484,7 @@ impl<T: Real> EmRowKernel<T> {
         })
     }
 
-    /// The layout of Ā this kernel reads fastest: packed where it runs [`PACK`] lanes on groups of at most
-    /// [`PACKED_GROUP_BYTES`], else row-major.
+    /// The layout of Ā this kernel reads fastest: packed where it runs [`PACK`] lanes, else row-major.
     pub(crate) fn preferred_layout(&self) -> Layout {
         match self.run_packed {
             Some(_) => Layout::Packed,

@@ -80,6 +80,46 @@ pub(crate) unsafe fn gather_columns<T: Real, const K: usize, const W: usize>(row
     }
 }
 
+/// A vector read or written at any address (`repr(packed)`: alignment 1).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+#[repr(C, packed)]
+struct Unaligned<V: Copy>(V);
+
+/// `cols[j] = stored[j·W..(j + 1)·W]` for a packed group of 8 float64 rows (see `engine::packed`): one 512-bit
+/// move per column. Each move is volatile so that LLVM keeps it one instruction: plain copies of a group
+/// above 768 bytes (K ≥ 13) were merged into a call of `memcpy`.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `stored` holds at least 8·K values.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn load_packed_f64<const K: usize>(stored: &[f64], cols: &mut [[f64; 8]; K]) {
+    use std::arch::x86_64::__m512d;
+    assert!(stored.len() >= 8 * K);
+    let columns = stored.as_ptr().cast::<Unaligned<__m512d>>();
+    for (j, col) in cols.iter_mut().enumerate() {
+        let v = std::ptr::read_volatile(columns.add(j)).0;
+        *col = std::mem::transmute::<__m512d, [f64; 8]>(v);
+    }
+}
+
+/// The inverse of [`load_packed_f64`]: `stored[j·8..(j + 1)·8] = cols[j]`, one volatile 512-bit move per column.
+///
+/// # Safety
+/// As for [`load_packed_f64`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn store_packed_f64<const K: usize>(cols: &[[f64; 8]; K], stored: &mut [f64]) {
+    use std::arch::x86_64::__m512d;
+    assert!(stored.len() >= 8 * K);
+    let columns = stored.as_mut_ptr().cast::<Unaligned<__m512d>>();
+    for (j, col) in cols.iter().enumerate() {
+        let v = std::mem::transmute::<[f64; 8], __m512d>(*col);
+        std::ptr::write_volatile(columns.add(j), Unaligned(v));
+    }
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
