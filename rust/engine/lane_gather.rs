@@ -10,8 +10,9 @@
 //! Only CPUs with AVX-512 gather (the online-EM row kernel's AVX-512 path, and online SGA's AVX2 code when it
 //! runs on them), where the gathers beat the element-wise moves (docs/performance.md, "Why the kernels are
 //! chosen as they are"). Online EM stores Ā packed wherever its kernel runs 8 lanes (`engine::packed`), so
-//! there it gathers only the last D mod 8 rows, which stay row-major. CPUs with AVX2 alone include some whose gathers are slow, so they keep the
-//! element-wise moves. The updated lanes go back by element-wise stores: scattering them gains nothing.
+//! there it gathers only the last D mod 8 rows, which stay row-major. CPUs with AVX2 alone include some whose
+//! gathers are slow, so they keep the element-wise moves. The updated lanes go back by element-wise stores:
+//! scattering them gains nothing.
 
 use crate::scalar::Real;
 

@@ -63,19 +63,9 @@ impl Layout {
     }
 
     /// The stored values of `n` rows (K = `k`) in row-major order.
-    pub(crate) fn to_rows<T: Copy>(self, stored: &[T], n: usize, k: usize) -> Vec<T> {
+    pub(crate) fn to_rows<T: Copy + Default>(self, stored: &[T], n: usize, k: usize) -> Vec<T> {
         let mut out = stored.to_vec();
-        if self == Layout::Packed {
-            let full = n / PACK * PACK;
-            for g in (0..full).step_by(PACK) {
-                let group = &stored[g * k..(g + PACK) * k];
-                for (l, row) in out[g * k..(g + PACK) * k].chunks_exact_mut(k).enumerate() {
-                    for (j, dst) in row.iter_mut().enumerate() {
-                        *dst = group[j * PACK + l];
-                    }
-                }
-            }
-        }
+        self.restore_rows(&mut out, n, k);
         out
     }
 
