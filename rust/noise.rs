@@ -1,61 +1,116 @@
 //! Counter-based standard-normal noise: the value for (key, draw j, feature d) depends on those three
 //! numbers only, never on how the D features are split between threads or processes.
 //!
-//! Draw j uses ChaCha8 stream j of a key derived from the seed. Its first words give the K latent values h_j;
-//! the noise z of feature block b (features b·B … b·B + B − 1, B = [`NOISE_BLOCK_ROWS`]) starts at word
-//! (b + 1)·2³² of the same stream. A slice of features that starts inside a block regenerates that block
-//! from its start and discards the leading values, so any contiguous range of features (a shard of a
-//! model split across processes) gets exactly the values the whole vector would have there.
+//! Features 2p and 2p + 1 of draw j are the two normals ([`box_muller`]) of the 128 bits that Philox4x32-10
+//! ([`philox`]) gives for the counter (p, j) (p in the low 64 bits, j in the high) under the key derived from
+//! the seed. The K latent values h_j are the pairs of counters (2⁶³ + i, j). Any contiguous range of features
+//! (a shard of a model split across processes) computes the pairs it touches, so it gets exactly the values
+//! the whole vector would have there.
+
+mod box_muller;
+mod philox;
 
 use ndarray::Array1;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 use rayon::prelude::*;
 
+use crate::engine::isa::Isa;
 use crate::scalar::Real;
+
+/// The name of this noise (the counter-based generator and the normal transform), kept in checkpoints of models
+/// whose state refers to draws by number.
+pub const GENERATOR: &str = "philox4x32-10-box-muller";
 
 /// Salt of the key of [`crate::query`] draws (`sample`), separating them from every other stream of a seed.
 pub const SAMPLE_SALT: u64 = 0x5341_4d50_4c45_5f7a;
 
-/// Features per noise block.
-pub const NOISE_BLOCK_ROWS: usize = 256;
-/// log₂ of the 32-bit-word stride between the noise blocks of one draw's stream.
-const NOISE_BLOCK_WORDS_LOG2: u32 = 32;
+/// Features per stack buffer of [`fill_noise`].
+const NOISE_BLOCK_ROWS: usize = 256;
+/// The first pair counter of the latent values (the features' pairs are below it).
+const LATENT_PAIRS: u64 = 1 << 63;
+/// Counters per group: 16 lanes, two AVX-512 vectors per 32-bit word and per output.
+const LANES: usize = 16;
 
-/// A ChaCha8 generator on stream `draw` of `key`.
-fn draw_rng(key: u64, draw: u64) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(key);
-    rng.set_stream(draw);
-    rng
-}
-
-/// h of draw `draw`: K standard normals from the start of its stream.
+/// h of draw `draw`: K standard normals.
 pub fn latent_draw(key: u64, draw: u64, k: usize) -> Array1<f64> {
-    let mut rng = draw_rng(key, draw);
-    (0..k).map(|_| rng.sample::<f64, _>(StandardNormal)).collect()
+    let mut values = vec![0.0; k.div_ceil(2) * 2];
+    normal_pairs(Isa::detect(), key, draw, LATENT_PAIRS, &mut values);
+    values.truncate(k);
+    Array1::from(values)
 }
 
-/// z of draw `draw` for features `row0 … row0 + out.len() − 1` (any start, any length), each value drawn in
+/// z of draw `draw` for features `row0 … row0 + out.len() − 1` (any start, any length), each value computed in
 /// f64 and rounded once to T.
 pub fn fill_noise<T: Real>(key: u64, draw: u64, row0: usize, out: &mut [T]) {
+    let isa = Isa::detect();
+    let mut values = [0.0f64; NOISE_BLOCK_ROWS + 2];
     let mut row = row0;
-    let mut rest = out;
-    while !rest.is_empty() {
-        let block = row / NOISE_BLOCK_ROWS;
-        let skip = row - block * NOISE_BLOCK_ROWS;
-        let take = (NOISE_BLOCK_ROWS - skip).min(rest.len());
-        let mut rng = draw_rng(key, draw);
-        rng.set_word_pos(((block as u128) + 1) << NOISE_BLOCK_WORDS_LOG2);
-        for _ in 0..skip {
-            let _: f64 = rng.sample(StandardNormal);
+    for part in out.chunks_mut(NOISE_BLOCK_ROWS) {
+        // The pairs of features row … row + len − 1: an odd start or end computes one value more.
+        let (first, skip) = (row / 2, row % 2);
+        let pairs = (row + part.len()).div_ceil(2) - first;
+        normal_pairs(isa, key, draw, first as u64, &mut values[..2 * pairs]);
+        for (v, &z) in part.iter_mut().zip(&values[skip..]) {
+            *v = T::from_f64(z);
         }
-        let (head, tail) = rest.split_at_mut(take);
-        for v in head.iter_mut() {
-            *v = T::from_f64(rng.sample(StandardNormal));
+        row += part.len();
+    }
+}
+
+/// out[2i], out[2i + 1] ← the normals of pair counter (first + i, draw) under `key`, on code path `isa` (the same
+/// bits on every path); `out` has an even length.
+fn normal_pairs(isa: Isa, key: u64, draw: u64, first: u64, out: &mut [f64]) {
+    debug_assert!(out.len().is_multiple_of(2));
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512 {
+            // SAFETY: the AVX-512 path is chosen only on CPUs with AVX-512F (`Isa::allowed`).
+            return unsafe { normal_pairs_avx512(key, draw, first, out) };
         }
-        rest = tail;
-        row += take;
+        if isa == Isa::Avx2 {
+            // SAFETY: the AVX2 path is chosen only on CPUs with AVX2 (`Isa::allowed`).
+            return unsafe { normal_pairs_avx2(key, draw, first, out) };
+        }
+    }
+    let _ = isa;
+    normal_pairs_loop(key, draw, first, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn normal_pairs_avx2(key: u64, draw: u64, first: u64, out: &mut [f64]) {
+    normal_pairs_loop(key, draw, first, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx2")]
+unsafe fn normal_pairs_avx512(key: u64, draw: u64, first: u64, out: &mut [f64]) {
+    normal_pairs_loop(key, draw, first, out)
+}
+
+/// [`normal_pairs`]' loop: groups of [`LANES`] counters held in arrays (vectors); a last, shorter group computes
+/// all lanes and keeps its own.
+#[inline(always)]
+fn normal_pairs_loop(key: u64, draw: u64, first: u64, out: &mut [f64]) {
+    let key = [key as u32, (key >> 32) as u32];
+    for (g, o) in out.chunks_mut(2 * LANES).enumerate() {
+        let mut bits = [[0u64; LANES]; 4];
+        for l in 0..LANES {
+            let pair = first.wrapping_add((g * LANES + l) as u64);
+            bits[0][l] = pair & 0xFFFF_FFFF;
+            bits[1][l] = pair >> 32;
+            bits[2][l] = draw & 0xFFFF_FFFF;
+            bits[3][l] = draw >> 32;
+        }
+        philox::philox4x32(&mut bits, key);
+        let (mut z0, mut z1) = ([0.0; LANES], [0.0; LANES]);
+        for l in 0..LANES {
+            let a = bits[0][l] | bits[1][l] << 32;
+            let b = bits[2][l] | bits[3][l] << 32;
+            (z0[l], z1[l]) = box_muller::pair(a, b);
+        }
+        for (l, slot) in o.chunks_exact_mut(2).enumerate() {
+            (slot[0], slot[1]) = (z0[l], z1[l]);
+        }
     }
 }
 
@@ -93,6 +148,40 @@ fn out_is_large(len: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The definition, one pair at a time: Philox4x32-10 of counter (pair, draw), then Box–Muller.
+    fn pair_by_definition(key: u64, draw: u64, pair: u64) -> [f64; 2] {
+        let mut bits = [[pair & 0xFFFF_FFFF], [pair >> 32], [draw & 0xFFFF_FFFF], [draw >> 32]];
+        philox::philox4x32(&mut bits, [key as u32, (key >> 32) as u32]);
+        let a = bits[0][0] | bits[1][0] << 32;
+        let b = bits[2][0] | bits[3][0] << 32;
+        box_muller::pair(a, b).into()
+    }
+
+    #[test]
+    fn every_path_gives_the_definition_bit_for_bit() {
+        let (key, draw) = (0x0123_4567_89ab_cdef, (1 << 40) + 3);
+        for first in [0u64, 5, u32::MAX as u64 - 3, LATENT_PAIRS] {
+            let expected: Vec<f64> = (0..40).flat_map(|i| pair_by_definition(key, draw, first + i)).collect();
+            for isa in Isa::available() {
+                for pairs in [0, 1, LANES - 1, LANES, LANES + 1, 40] {
+                    let mut out = vec![0.0; 2 * pairs];
+                    normal_pairs(isa, key, draw, first, &mut out);
+                    assert_eq!(out, expected[..2 * pairs], "{isa:?}, first pair {first}, {pairs} pairs");
+                }
+            }
+        }
+        let h = latent_draw(key, draw, 3);
+        assert_eq!(h.to_vec(), expected_latent(key, draw));
+    }
+
+    fn expected_latent(key: u64, draw: u64) -> Vec<f64> {
+        let mut h: Vec<f64> = (0..2)
+            .flat_map(|i| pair_by_definition(key, draw, LATENT_PAIRS + i))
+            .collect();
+        h.truncate(3);
+        h
+    }
 
     #[test]
     fn any_split_of_the_features_gives_the_same_values() {

@@ -158,6 +158,12 @@ impl VIFACore {
         Ok((gram.into_pyarray(py), finite))
     }
 
+    /// These rows' part of B = Fᵀ Ψ⁻¹ F (K×K) from the stored parameters, summed as `local_step` sums it.
+    fn local_gram<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let gram = py.detach(|| Ok::<_, PyErr>(with_model!(&*lock(&self.inner)?, m => m.local_gram())))?;
+        Ok(gram.into_pyarray(py))
+    }
+
     /// Phase 3: (I + B)⁻¹ from the whole model's B (K×K); error if the step diverged on any part.
     fn finish_step(&self, py: Python<'_>, gram: PyReadonlyArray2<'_, f64>, finite: bool) -> PyResult<()> {
         let gram = owned_copy(&gram)?;

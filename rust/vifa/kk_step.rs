@@ -170,6 +170,7 @@ impl VifaKkStep {
         w.put("seed", StateValue::Int(self.seed));
         w.put("n_draws", StateValue::Int(self.n_draws));
         w.put("n_pending", StateValue::Int(self.n_pending as u64));
+        w.put("noise", StateValue::Text(crate::noise::GENERATOR.into()));
         w.put("n_steps", StateValue::Int(self.n_steps));
         w.put("diverged", StateValue::Bool(self.m_inv.is_none()));
         if self.row_offset != 0 {
@@ -203,6 +204,21 @@ impl VifaKkStep {
         if n_pending > config.n_grad_samples || n_pending as u64 > n_draws {
             return Err(FaError::InvalidState(format!(
                 "n_pending = {n_pending} exceeds n_grad_samples or n_draws = {n_draws}"
+            )));
+        }
+        // A checkpoint without the entry predates the counter-based generator of `crate::noise`: its pending draws
+        // were made with other noise, which the step would regenerate wrongly.
+        let generator = if r.has("noise") {
+            r.text("noise")?
+        } else {
+            "chacha8-ziggurat"
+        };
+        if generator != crate::noise::GENERATOR && n_pending > 0 {
+            return Err(FaError::InvalidState(format!(
+                "the checkpoint holds {n_pending} pending draw(s) made with the noise generator `{generator}`, which \
+                 this version of onlinefa does not regenerate (it uses `{}`); resume from a checkpoint saved with no \
+                 draw pending (after `step`)",
+                crate::noise::GENERATOR
             )));
         }
         if r.bool("diverged")? {

@@ -21,6 +21,13 @@ impl<T: Real> Vifa<T> {
     /// (I + Fᵀ Ψ⁻¹ F)⁻¹ from the stored parameters, by the same block kernel the step uses (a restored
     /// model has bit-identical (I + B)⁻¹).
     pub(super) fn recompute_m_inv(&self) -> Result<Array2<f64>> {
+        precision_inverse(self.n_components, vec![self.local_gram()])
+    }
+
+    /// B = Fᵀ Ψ⁻¹ F (K×K) of these rows from the stored parameters, formed and summed as the step forms the B
+    /// it returns (`local_step`), so that a model split across processes and restored from a checkpoint sums
+    /// the same B its uninterrupted twin does.
+    pub fn local_gram(&self) -> Array2<f64> {
         let (d, k) = (self.n_features, self.n_components);
         let tasks: Vec<(usize, usize)> = task_ranges(d, TASK_ROWS)
             .into_iter()
@@ -45,7 +52,7 @@ impl<T: Real> Vifa<T> {
             mirror_upper(k, gram.as_slice_mut().expect("gram is allocated contiguous"));
             gram
         });
-        precision_inverse(k, partials)
+        partials.into_iter().fold(Array2::zeros((k, k)), |acc, g| acc + g)
     }
 
     /// One optimiser step (Algorithm 3, lines 9–20) from the gradients `grads` (L×D, row l the gradient

@@ -312,8 +312,8 @@ class CoreVifaRows:
         self._local._core.finish_step(gram, finite)
 
     def gram(self) -> FloatArray:
-        f, psi = self._local.loadings, self._local.noise_variance
-        return np.asarray(f.T @ (f / psi[:, None]), dtype=np.float64).ravel()
+        # The core's own sum, bit for bit the B its step returns (a NumPy product rounds differently).
+        return np.asarray(self._local._core.local_gram(), dtype=np.float64).ravel()
 
     def backup(self) -> Any:
         return self._local._core.get_state(), int(self._local._core.row_offset)
