@@ -11,6 +11,7 @@ pub mod error;
 pub mod fork;
 pub mod gfa;
 pub mod init;
+mod lane_math;
 #[cfg(test)]
 mod layering;
 pub mod linalg;

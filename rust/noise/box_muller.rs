@@ -9,35 +9,15 @@
 //! √(104 ln 2) ≈ 8.49) and θ = q π/2 + (t − ½) π/2, uniform over [−π/4, 7π/4), from the quadrant q = ⌊b / 2⁶²⌋
 //! and t = 2⁻⁵² (b mod 2⁵²) ∈ [0, 1); the quadrant turns (cos φ, sin φ) of φ ∈ [−π/4, π/4) exactly.
 //!
-//! ln, sin and cos are polynomials of plain multiplies and adds (no library call, no fused multiply-add), so the
-//! loop runs in vector lanes and every code path gives the same bits. Their error is a few units in the last
-//! place: ln u = e ln 2 + 2 atanh s with u = 2ᵉ m, m ∈ [√½, √2), s = (m − 1)/(m + 1), |s| < 0.172, the atanh
-//! series to s²¹ (next term < 10⁻¹⁷ relative); sin and cos by their Taylor series to φ¹⁷ and φ¹⁶ on
-//! |φ| ≤ π/4 (next term < 3·10⁻¹⁸).
+//! ln (`crate::lane_math`), sin and cos are polynomials of plain multiplies and adds (no library call, no fused
+//! multiply-add), so the loop runs in vector lanes and every code path gives the same bits; their error is a few
+//! units in the last place. sin and cos are their Taylor series to φ¹⁷ and φ¹⁶ on |φ| ≤ π/4 (next term
+//! < 3·10⁻¹⁸).
 
-/// 2^52 as the bits of 1.0 with a zero fraction (f64::from_bits(ONE | f) − 1 = f 2⁻⁵² for f < 2⁵²).
-const ONE: u64 = 0x3ff0_0000_0000_0000;
-const FRACTION: u64 = (1 << 52) - 1;
-/// ln 2 = LN2_HI + LN2_LO, the high part ln 2 with the low 21 bits of its fraction cleared, so that e · LN2_HI is
-/// exact for |e| < 2¹¹ (Cody and Waite's reduction), the low part the rest rounded to f64.
-const LN2_HI: f64 = 0.693_147_180_369_123_8;
-const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-const SQRT_2: f64 = std::f64::consts::SQRT_2;
+use crate::lane_math::{horner, ln, FRACTION, ONE};
+
 const FRAC_PI_2: f64 = std::f64::consts::FRAC_PI_2;
 
-/// 1/(2j + 3), j = 0 … 9: the atanh series 2s (1 + s²/3 + s⁴/5 + … + s²⁰/21) after its first term.
-const ATANH: [f64; 10] = [
-    1.0 / 3.0,
-    1.0 / 5.0,
-    1.0 / 7.0,
-    1.0 / 9.0,
-    1.0 / 11.0,
-    1.0 / 13.0,
-    1.0 / 15.0,
-    1.0 / 17.0,
-    1.0 / 19.0,
-    1.0 / 21.0,
-];
 /// (−1)ʲ/(2j + 1)!, j = 1 … 8: sin φ = φ (1 + Σ_j SIN[j−1] φ²ʲ).
 const SIN: [f64; 8] = [
     -1.0 / 6.0,
@@ -60,28 +40,6 @@ const COS: [f64; 8] = [
     -1.0 / 87_178_291_200.0,
     1.0 / 20_922_789_888_000.0,
 ];
-
-/// Σ_j c[j] x^j by Horner's rule (highest power first).
-#[inline(always)]
-fn horner(x: f64, c: &[f64]) -> f64 {
-    c.iter().rev().fold(0.0, |acc, &cj| acc * x + cj)
-}
-
-/// ln u for a normal u > 0 (here u ∈ [2⁻⁵², 1]).
-#[inline(always)]
-fn ln(u: f64) -> f64 {
-    let bits = u.to_bits();
-    // The exponent as a float (2⁵² + e + 1023 − 2⁵² − 1023), without an integer-to-float conversion.
-    let biased = f64::from_bits(0x4330_0000_0000_0000 | (bits >> 52)) - 4_503_599_627_370_496.0;
-    let mantissa = f64::from_bits(ONE | (bits & FRACTION));
-    let high = mantissa > SQRT_2;
-    let m = if high { mantissa * 0.5 } else { mantissa };
-    let e = (biased - 1023.0) + if high { 1.0 } else { 0.0 };
-    let s = (m - 1.0) / (m + 1.0);
-    let s2 = s * s;
-    let atanh = s + s * (s2 * horner(s2, &ATANH));
-    e * LN2_HI + (e * LN2_LO + 2.0 * atanh)
-}
 
 /// (cos θ, sin θ) for θ = q π/2 + φ, q the top two bits of `b` and φ = (t − ½) π/2 from its low 52.
 #[inline(always)]
@@ -120,25 +78,6 @@ mod tests {
     }
 
     #[test]
-    fn ln_is_within_a_few_units_of_the_library_logarithm() {
-        let mut worst: f64 = 0.0;
-        for i in 0..200_000u64 {
-            // Fractions of every size from 2⁻⁵² to 1, and the neighbourhood of 1 and of √½.
-            let u = 2.0 - f64::from_bits(ONE | (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 12));
-            for v in [
-                u,
-                u.powi(7).max(f64::EPSILON),
-                1.0 - i as f64 * f64::EPSILON,
-                SQRT_2 / 2.0 + (i as f64) * 1e-12,
-            ] {
-                worst = worst.max(ulps(ln(v), v.ln()));
-            }
-        }
-        assert_eq!(ln(1.0), 0.0);
-        assert!(worst < 4.0, "worst error {worst} units");
-    }
-
-    #[test]
     fn cos_sin_are_within_a_few_units_of_the_library_functions_in_every_quadrant() {
         let mut worst: f64 = 0.0;
         for i in 0..100_000u64 {
@@ -149,13 +88,6 @@ mod tests {
             worst = worst.max(ulps(c, theta.cos())).max(ulps(s, theta.sin()));
         }
         assert!(worst < 4.0, "worst error {worst} units");
-    }
-
-    #[test]
-    fn ln_2_splits_into_an_exact_high_part_and_the_rest() {
-        assert_eq!(LN2_HI.to_bits() & ((1 << 21) - 1), 0);
-        assert_eq!(LN2_HI + LN2_LO, std::f64::consts::LN_2);
-        assert!((LN2_LO / std::f64::consts::LN_2).abs() < 1e-9);
     }
 
     #[test]
