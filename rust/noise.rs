@@ -82,7 +82,7 @@ unsafe fn normal_pairs_avx2(key: u64, draw: u64, first: u64, out: &mut [f64]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx2")]
+#[target_feature(enable = "avx512f,avx2")]
 unsafe fn normal_pairs_avx512(key: u64, draw: u64, first: u64, out: &mut [f64]) {
     normal_pairs_loop(key, draw, first, out)
 }
