@@ -9,8 +9,8 @@ pub(crate) const ONE: u64 = 0x3ff0_0000_0000_0000;
 pub(crate) const FRACTION: u64 = (1 << 52) - 1;
 /// ln 2 = LN2_HI + LN2_LO, the high part ln 2 with the low 21 bits of its fraction cleared, so that e · LN2_HI is
 /// exact for |e| < 2²¹ (Cody and Waite's reduction), the low part the rest rounded to f64.
-const LN2_HI: f64 = 0.693_147_180_369_123_8;
-const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+pub(crate) const LN2_HI: f64 = 0.693_147_180_369_123_8;
+pub(crate) const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
 const SQRT_2: f64 = std::f64::consts::SQRT_2;
 /// 1/(2j + 3), j = 0 … 9: ln m = 2s (1 + s²/3 + s⁴/5 + … + s²⁰/21) with s = (m − 1)/(m + 1) (the atanh series).
 const ATANH: [f64; 10] = [

@@ -376,9 +376,8 @@ fn whiten_lanes<T: Real, const K: usize, const W: usize>(f: &mut [[T; W]; K], l:
 /// x ≥ 709 gives e^709 (callers pass x ≤ 700: see `log_psi_step`).
 #[inline(always)]
 pub(crate) fn exp_lanes<const W: usize>(x: [f64; W]) -> [f64; W] {
+    use crate::lane_math::{LN2_HI, LN2_LO};
     const LOG2E: f64 = std::f64::consts::LOG2_E;
-    const LN2_HI: f64 = 6.931_471_803_691_238e-1;
-    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     // Adding and subtracting 1.5·2⁵² rounds to the nearest integer (ties to even) for |v| < 2⁵¹.
     const ROUND: f64 = 6_755_399_441_055_744.0;
     // 2⁵² + 1023: (n + BIAS).to_bits() << 52 is the bit pattern of 2ⁿ for −1022 ≤ n ≤ 1023.
