@@ -4,8 +4,9 @@ Each packaged UCI set is split once (seed 0, 20 % test); inputs and targets are 
 training rows. Every method predicts S draws f_s(x) (one for a point estimate); the predictive is the
 mixture (1/S) Σ_s N(y; f_s(x), σ²) with σ² fitted on the validation rows (:func:`fit_noise_variance`),
 except laplace-torch, which learns σ with its prior precision from the marginal likelihood of the training
-rows (its documented regression recipe) and predicts N(f_μ(x), f_var(x) + σ²). The ``onlinefa`` recipe chooses
-σ² and the covariance scale on the validation rows: σ² at scale 1, the scale for that σ², then σ² again.
+rows (its documented regression recipe) and predicts N(f_μ(x), f_var(x) + σ²). The ``onlinefa`` recipe
+predicts with the linearised network's Gaussian N(f(x; c), s J Σ Jᵀ + σ²), s and σ² chosen together on the
+validation rows (``select_scale(..., task="regression")``).
 Reported in the target's own units: the test log-likelihood per point (``nll`` is its negative) and RMSE.
 """
 
@@ -34,6 +35,8 @@ from ._calibration_runs import Budget, Split
 
 #: A regression predictor: inputs (N, P) → draws (S, N) of the standardised target.
 Draws = Callable[[torch.Tensor], torch.Tensor]
+#: A Gaussian predictor: inputs (N, P) → each draw's mean (S, N) and its own output variance (S, N).
+Gaussians = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 #: Fraction of each UCI set held out for testing, and the seed of the split.
 TEST_FRACTION, SPLIT_SEED = 0.2, 0
@@ -95,37 +98,39 @@ def bma_draws(module: torch.nn.Module, posterior: Any, n_draws: int, seed: int) 
                                             task="regression")[..., 0]
 
 
-def linearized_draws(module: torch.nn.Module, posterior: Any, scale: float, n_draws: int, seed: int) -> Draws:
-    """Draws through the linearised network at covariance ``scale``."""
-    return lambda x: linearized_predictions(module, posterior, [(x,)], n_samples=n_draws,
-                                            seed=seed).outputs(scale)[..., 0]
-
-
 def ensemble_draws(runs: list[ours.Run]) -> Draws:
     """One draw per run: its last iterate."""
     members = [point_draws(run.module, run.last) for run in runs]
     return lambda x: torch.cat([member(x) for member in members])
 
 
-def recipe(module: torch.nn.Module, posterior: Any, split: Split, n_draws: int, seed: int) -> tuple[Draws, float]:
-    """The ``onlinefa`` recipe for regression: σ² and the covariance scale chosen on the validation rows."""
+def linearized_gaussians(module: torch.nn.Module, posterior: Any, scale: float, n_draws: int, seed: int) -> Gaussians:
+    """The linearised network's Gaussian at covariance ``scale``: each draw's centre and its component's variance."""
+    def predict(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        predictions = linearized_predictions(module, posterior, [(x,)], n_samples=n_draws, seed=seed)
+        return predictions.centre[..., 0], predictions.variance(scale)[..., 0]
+    return predict
+
+
+def recipe(module: torch.nn.Module, posterior: Any, split: Split, n_draws: int, seed: int
+           ) -> tuple[Gaussians, float]:
+    """The ``onlinefa`` recipe for regression: the linearised Gaussian, its covariance scale and σ² chosen
+    together on the validation rows."""
     ours.assign_mean(module, posterior)
     val = linearized_predictions(module, posterior, [(split.x_val, split.y_val)], n_samples=n_draws, seed=seed + 1)
-    noise = fit_noise_variance(val.outputs(1.0), split.y_val)
-    scale = select_scale(val, task="regression", noise_variance=noise).scale
-    noise = fit_noise_variance(val.outputs(scale), split.y_val)
-    return linearized_draws(module, posterior, scale, n_draws, seed), noise
+    chosen = select_scale(val, task="regression")
+    assert chosen.noise_variance is not None
+    return linearized_gaussians(module, posterior, chosen.scale, n_draws, seed), chosen.noise_variance
 
 
-def metrics(draws: torch.Tensor, noise_variance: float, task: RegressionSet, predictive_variance: torch.Tensor | None = None
+def metrics(draws: torch.Tensor, noise_variance: float, task: RegressionSet, variance: torch.Tensor | None = None
             ) -> dict[str, float]:
-    """Test log-likelihood per point (as ``nll``, its negative) and RMSE, in the target's own units."""
+    """Test log-likelihood per point (as ``nll``, its negative) and RMSE, in the target's own units; each draw
+    (S, N) a Gaussian of variance σ² plus its own ``variance`` (S, N) where given."""
     y = torch.as_tensor(task.y_test, dtype=torch.float64)
-    if predictive_variance is None:
-        log_likelihood = regression_log_likelihood(draws.double().unsqueeze(-1), y.unsqueeze(-1), noise_variance)
-    else:
-        variance = predictive_variance.double() + noise_variance
-        log_likelihood = -0.5 * ((y - draws[0].double()) ** 2 / variance + torch.log(2 * math.pi * variance))
+    own = None if variance is None else variance.double().reshape(draws.shape).unsqueeze(-1)
+    log_likelihood = regression_log_likelihood(draws.double().unsqueeze(-1), y.unsqueeze(-1), noise_variance,
+                                               variance=own)
     mean = draws.double().mean(dim=0)
     rmse = float(torch.sqrt(torch.mean((mean - y) ** 2))) * task.target_scale
     return {"nll": -(float(log_likelihood.mean()) - math.log(task.target_scale)), "rmse": rmse}
@@ -165,12 +170,19 @@ class RegressionSeed:
         self.rows: list[dict[str, Any]] = []
         self.costs: list[dict[str, Any]] = []
 
-    def _record(self, method: str, draws: Draws, noise: float | None, train: float, posthoc: float,
-                variance: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    def _record(self, method: str, draws: Draws | None, noise: float | None, train: float, posthoc: float,
+                gaussians: Gaussians | None = None) -> None:
+        """One method's row: ``draws`` with σ² (fitted on the validation rows where None), or ``gaussians``."""
         start = time.perf_counter()
         x_test = torch.as_tensor(self.task.x_test, dtype=torch.float32)
-        noise = validation_noise(draws, self.split) if noise is None else noise
-        values = metrics(draws(x_test), noise, self.task, None if variance is None else variance(x_test))
+        if gaussians is not None:
+            assert noise is not None
+            means, variances = gaussians(x_test)
+            values = metrics(means, noise, self.task, variances)
+        else:
+            assert draws is not None
+            noise = validation_noise(draws, self.split) if noise is None else noise
+            values = metrics(draws(x_test), noise, self.task)
         seconds = time.perf_counter() - start
         base = {"dataset": self.task.name, "seed": self.seed, "method": method}
         self.rows.append({**base, "evaluation": "clean", "accuracy": "", "ece": "", "brier": "", "auroc": "",
@@ -199,7 +211,7 @@ class RegressionSeed:
             start = time.perf_counter()
             predict, noise = recipe(first.module, posterior, self.split, draws, seed)
             train = first.seconds if method == "onlinefa" else sum(run.seconds for run in runs)
-            self._record(method, predict, noise, train, time.perf_counter() - start)
+            self._record(method, None, noise, train, time.perf_counter() - start, predict)
         if "deep_ensemble" in want:
             self._record("deep_ensemble", ensemble_draws(runs), None, sum(run.seconds for run in runs), 0.0)
         self._peers(plain)
@@ -210,16 +222,12 @@ class RegressionSeed:
         if "laplace" in self.methods:
             la, seconds = laplace_regression(plain.module, self.split, self.budget)
 
-            def mean(x: torch.Tensor) -> torch.Tensor:
-                f_mu: torch.Tensor = la(x, pred_type="glm")[0]
-                return f_mu[:, 0].detach().unsqueeze(0)
-
-            def variance(x: torch.Tensor) -> torch.Tensor:
-                f_var: torch.Tensor = la(x, pred_type="glm")[1]
-                return f_var.reshape(-1).detach()
+            def gaussian(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                f_mu, f_var = la(x, pred_type="glm")
+                return f_mu[:, 0].detach().unsqueeze(0), f_var.reshape(1, -1).detach()
 
             noise = float(la.sigma_noise.detach().reshape(-1)[0]) ** 2
-            self._record("laplace", mean, noise, plain.seconds, seconds, variance)
+            self._record("laplace", None, noise, plain.seconds, seconds, gaussian)
         for method, fit in (("ivon", peers.ivon_outputs), ("swag_peer", peers.swag_peer_outputs)):
             if method in self.methods:
                 outputs, seconds = fit(self.split, 1, self.budget, self.orders, 1000 * self.seed)

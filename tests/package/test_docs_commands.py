@@ -201,7 +201,8 @@ BLOCK_SETUP: dict[tuple[str, str], Any] = {
 NEEDS: dict[tuple[str, str], str] = {
     ("usage.md", "params = to_torch_low_rank(em)"): "torch",
     ("usage.md", "SnapshotCollector(posterior"): "torch",
-    ("usage.md", "select_scale(linearized_predictions("): "torch",
+    ("usage.md", "chosen = select_scale(linearized_predictions(net, posterior, val"): "torch",
+    ("usage.md", "reg_posterior = onlinefa.OnlineEM("): "torch",
     ("usage.md", "to_scipy(em)"): "scipy",
     ("vifa.md", "vifa_regression_step(vi, net"): "torch",
     ("usage.md", "swag = PosteriorCallback("): "lightning",

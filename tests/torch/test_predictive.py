@@ -69,3 +69,38 @@ def test_bad_input_is_refused() -> None:
         regression_log_likelihood(draws, y * float("nan"), 1.0)
     with pytest.raises(ValueError, match="exactly"):
         fit_noise_variance(torch.zeros(1, 3), torch.zeros(3))
+
+
+def test_the_draws_own_variances_enter_each_gaussian_as_scipys() -> None:
+    draws, y = _draws(4, 6, 2, seed=5)
+    g = torch.Generator().manual_seed(6)
+    variance = 0.5 * torch.rand(draws.shape, generator=g, dtype=torch.float64)
+    got = regression_log_likelihood(draws, y, 0.3, variance=variance).numpy()
+    scale = np.sqrt(0.3 + variance.numpy())
+    density = scipy_stats.norm.pdf(y.numpy()[None], loc=draws.numpy(), scale=scale).prod(axis=2)
+    np.testing.assert_allclose(got, np.log(density.mean(axis=0)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("own", [0.1, 0.9])
+def test_a_constant_own_variance_leaves_the_rest_of_the_squared_residual(own: float) -> None:
+    # One draw, the same variance v on every point: the best σ² + v is the mean squared residual m, so
+    # σ² = m − v where that is positive; where v > m, no σ² > 0 helps and the bracket's low end, 1e-12 m,
+    # is returned.
+    draws, y = _draws(1, 400, seed=7)
+    m = float(((y - draws[0]) ** 2).mean())
+    assert 0.1 < m < 0.9  # the residuals' s.d. is about 0.58
+    fitted = fit_noise_variance(draws, y, variance=torch.full_like(draws, own))
+    if own < m:
+        assert fitted == pytest.approx(m - own, rel=1e-6)
+    else:
+        assert fitted <= 1e-11 * m
+
+
+def test_bad_own_variances_are_refused() -> None:
+    draws, y = _draws(2, 4)
+    for bad, message in ((torch.ones(2, 3), "does not match"), (-torch.ones(2, 4), ">= 0"),
+                         (torch.full((2, 4), float("nan")), "finite")):
+        with pytest.raises(ValueError, match=message):
+            regression_log_likelihood(draws, y, 1.0, variance=bad)
+        with pytest.raises(ValueError, match=message):
+            fit_noise_variance(draws, y, variance=bad)

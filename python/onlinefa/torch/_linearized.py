@@ -38,7 +38,7 @@ class LinearizedPredictions(NamedTuple):
     (:meth:`outputs`).
     """
 
-    centre: torch.Tensor  #: (S, N, ...) f(x_n; c), c the mean of the component draw s came from
+    centre: torch.Tensor  #: (S, N, ...) f(x_n; c), c the mean of the component draw s came from (equal within it)
     deviation: torch.Tensor  #: (S, N, ...) J_c(x_n) δ_s, the draw's deviation from c pushed forward
     targets: torch.Tensor | None  #: (N, ...) the batches' targets where they carry them, else None
 
@@ -59,6 +59,40 @@ class LinearizedPredictions(NamedTuple):
         scaled = torch.add(self.centre, self.deviation, alpha=check_scale(scale) ** 0.5)
         divisor = check_temperature(temperature)
         return scaled if divisor == 1.0 else scaled / divisor
+
+    def variance(self, scale: float = 1.0) -> torch.Tensor:
+        """Each draw's output variance under the linearised Gaussian of its component, at covariance ``scale``.
+
+        Through the linearisation a Gaussian N(c, s Σ) over θ gives Gaussian outputs, mean f(x; c) and
+        covariance s J_c(x) Σ J_c(x)ᵀ (Immer et al., eq. (6)). Its diagonal is estimated from the deviations
+        of the component's own draws, whose mean is zero exactly: s · (1/S_m) Σ_{t in m} (J_c(x) δ_t)².
+        With :func:`regression_log_likelihood` (``centre`` as the draws, this as ``variance``) it gives the
+        linearised network's predictive N(f(x; c), s J Σ Jᵀ + σ²) itself, with no sampling error in its
+        mean. The draws of one component are the consecutive draws with equal ``centre`` (as
+        :func:`linearized_predictions` lays them out; one component when they are all equal).
+
+        Parameters
+        ----------
+        scale : float, default=1.0
+            Covariance scale (>= 0).
+
+        Returns
+        -------
+        torch.Tensor
+            Shape (S, N, ...), the dtype of ``deviation``.
+        """
+        factor = check_scale(scale)
+        squares = self.deviation.square()
+        variance = torch.empty_like(squares)
+        for run in component_runs(self.centre):
+            variance[run] = squares[run].mean(dim=0, keepdim=True)
+        return variance * factor if factor != 1.0 else variance
+
+
+def component_runs(centre: torch.Tensor) -> list[slice]:
+    """The runs of consecutive draws whose centres are equal: one slice per mixture component."""
+    starts = [0] + [s for s in range(1, centre.shape[0]) if not torch.equal(centre[s], centre[s - 1])]
+    return [slice(begin, end) for begin, end in zip(starts, starts[1:] + [centre.shape[0]])]
 
 
 def _parameter_names(module: torch.nn.Module, vector: ParameterVector) -> tuple[str, ...]:
@@ -193,10 +227,12 @@ def linearized_predictions(
                 if mean.shape[0] != len(vector):
                     raise ValueError(f"the posterior has {mean.shape[0]} features but the parameters {len(vector)}")
                 linear = _Linearization(module, vector, mean)
+                first = len(centres)
                 for chunk in sample_parameters(component, count, seed=component_seed, dtype=dtype, device=vector.device):
                     for theta in chunk:
                         centre, pushed, seen = _pass(linear, loader, theta - mean)
-                        centres.append(centre)
+                        # f(x; c) is the component's own: its first pass's values, bit for bit, on any device
+                        centres.append(centre if len(centres) == first else centres[first])
                         deviations.append(pushed)
                         if len(centres) == 1:  # every pass reads the same batches: keep the first's targets
                             targets = seen
@@ -252,7 +288,9 @@ def linearized_model_average(
     -------
     torch.Tensor
         Classification: the mean over draws of softmax(logits), shape (N, C). Regression: every draw's
-        prediction, shape (S, N, ...), for :func:`regression_log_likelihood`.
+        prediction, shape (S, N, ...), for :func:`regression_log_likelihood`; the linearised Gaussian itself,
+        whose mean carries no sampling error, is :func:`linearized_predictions`'s ``centre`` with
+        :meth:`LinearizedPredictions.variance` (the recipe of :func:`select_scale` for regression).
 
     Raises
     ------
