@@ -10,10 +10,12 @@ seeds, and the paired difference against SWA.
 - ``swa``: the network at the posterior mean, σ² fitted on the validation rows.
 - ``mixture_one_se``: the earlier recipe, the mixture of 30 linearised draws at covariance scale s with
   σ² (σ² at s = 1, s by the one-standard-error rule on the draws' mixture at that σ², σ² again at s).
-- ``gaussian_one_se``: the linearised network's Gaussian N(f(x; c), s J Σ Jᵀ + σ²) (``centre`` and
-  ``LinearizedPredictions.variance``), s and σ² chosen together and s then widened by the
-  one-standard-error rule (``select_scale(..., task="regression", within_standard_error=True)``).
-- ``gaussian_max``: the same Gaussian at the maximiser of (s, σ²), ``select_scale``'s default for regression.
+- ``gaussian``: the linearised network's Gaussian N(f(x; c), s J Σ Jᵀ + σ²) (``centre`` and
+  ``LinearizedPredictions.variance``) as ``select_scale(..., task="regression")`` chooses it: σ² the one the
+  centre's outputs alone need on the validation rows, s the maximiser on top of it.
+- ``gaussian_joint``: the same Gaussian with s and σ² chosen together (the pair maximising the validation
+  score); ``gaussian_noise_se``: then σ² raised to the largest value within one standard error of that maximum,
+  s re-chosen for it (both from ``uci_linearized.py``).
 
     python experiments/studies/calibration_regression_dev_split.py --seeds 3 --datasets concrete boston energy yacht
 """
@@ -34,11 +36,12 @@ from onlinefa.torch._maximise import maximise_log
 from onlinefa.torch._scale import _widest_above
 from onlinefa_experiments._calibration_regression import SPLIT_SEED, TEST_FRACTION, RegressionSet, regression_split
 from onlinefa_experiments._calibration_runs import Budget, assign_mean, batch_orders, train_sgd
+from uci_linearized import joint_choice, noise_within_standard_error
 
 N_DRAWS, VALIDATION_FRACTION, DEVELOPMENT_FRACTION = 30, 0.1, 0.2
 BUDGET = Budget(hidden=(200, 200), epochs=150, collect_epochs=50, lr=0.05, batch_size=32, snapshots_per_epoch=5,
                 rank=20, n_draws=N_DRAWS)
-METHODS = ("swa", "mixture_one_se", "gaussian_one_se", "gaussian_max")
+METHODS = ("swa", "mixture_one_se", "gaussian", "gaussian_joint", "gaussian_noise_se")
 
 
 def development_set(name: str) -> RegressionSet:
@@ -84,13 +87,14 @@ def evaluate(task: RegressionSet, seed: int) -> dict[str, tuple[float, float]]:
     noise = fit_noise_variance(val.outputs(scale), split.y_val)
     draws = dev.outputs(scale)
     results["mixture_one_se"] = (regression_log_likelihood(draws, y, noise), draws.mean(dim=0))
-    for method, widen in (("gaussian_one_se", True), ("gaussian_max", False)):
-        chosen = select_scale(val, task="regression", within_standard_error=widen)
-        assert chosen.noise_variance is not None
-        print(f"  {task.name} seed {seed} {method}: s = {chosen.scale:.3g}, σ² = {chosen.noise_variance:.3g}")
-        log_likelihood = regression_log_likelihood(dev.centre, y, chosen.noise_variance,
-                                                   variance=dev.variance(chosen.scale))
-        results[method] = (log_likelihood, dev.centre[0])
+    chosen = select_scale(val, task="regression")
+    joint = joint_choice(val)
+    variants = {"gaussian": (chosen.scale, chosen.noise_variance), "gaussian_joint": joint[:2],
+                "gaussian_noise_se": noise_within_standard_error(val, joint)}
+    for method, (scale, noise) in variants.items():
+        print(f"  {task.name} seed {seed} {method}: s = {scale:.3g}, σ² = {noise:.3g}")
+        results[method] = (regression_log_likelihood(dev.centre, y, noise, variance=dev.variance(scale)),
+                           dev.centre[0])
     out = {}
     for method, (log_likelihood, mean) in results.items():
         rmse = float(torch.sqrt(((mean.double() - y) ** 2).mean())) * task.target_scale

@@ -16,9 +16,9 @@ __all__ = ["fit_noise_variance", "regression_log_likelihood"]
 _REFINE_STEPS = 72
 #: Geometric grid (points, decades below and above the residual scale) that brackets the maximum.
 _GRID_POINTS, _DECADES_BELOW, _DECADES_ABOVE = 161, 12.0, 4.0
-#: The same bracket for σ² chosen with a covariance scale: grid points (in one evaluation) and golden-section
+#: The same bracket for σ² of :class:`ComponentGaussians` at a scale: grid points (in one evaluation) and golden-section
 #: steps between the best one's neighbours (0.2 decades: 0.618³⁶ of it, 1e-8 in log σ², is left).
-_JOINT_GRID_POINTS, _JOINT_REFINE_STEPS = 161, 36
+_COMPONENT_GRID_POINTS, _COMPONENT_REFINE_STEPS = 161, 36
 
 
 def _residuals(draws: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -174,9 +174,9 @@ class ComponentGaussians:
         squared = float(self.residual.square().mean())
         if not squared > 0.0:
             raise ValueError("the centres fit the targets exactly: no noise variance > 0 maximises the likelihood")
-        grid = math.log(squared) + math.log(10.0) * torch.linspace(-_DECADES_BELOW, _DECADES_ABOVE, _JOINT_GRID_POINTS,
+        grid = math.log(squared) + math.log(10.0) * torch.linspace(-_DECADES_BELOW, _DECADES_ABOVE, _COMPONENT_GRID_POINTS,
                                                                     dtype=torch.float64)
         best = int(self.per_row(scale, torch.exp(grid)).mean(dim=-1).argmax())
         low, high = float(grid[max(best - 1, 0)]), float(grid[min(best + 1, grid.numel() - 1)])
         return math.exp(maximise_log(lambda v: float(self.per_row(scale, math.exp(v)).mean()), low, high,
-                                     grid_points=3, refine_steps=_JOINT_REFINE_STEPS))
+                                     grid_points=3, refine_steps=_COMPONENT_REFINE_STEPS))

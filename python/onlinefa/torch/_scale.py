@@ -8,9 +8,9 @@ gives the outputs centre + √s · deviation from one pass, so s can be chosen b
   (1/N) Σ_n log (1/S) Σ_s p(y_n | f_s(x_n)), which is what the test NLL measures; for classification, by
   default the widest scale within one standard error of the best (the one-standard-error rule). For
   regression the predictive is the linearised network's own Gaussian, N(f(x; c), s J Σ Jᵀ + σ²)
-  (:meth:`LinearizedPredictions.variance`), and s and σ² are chosen together, as the maximiser: every
-  held-out row scores the width through its residual, so the score is not flat as with few errors of
-  classification. With ``temperature=True``
+  (:meth:`LinearizedPredictions.variance`); σ² is by default the one the centre's outputs alone need on the
+  held-out rows (s = 0), and s the maximiser on top of it: every held-out row scores the width through its
+  residual, so the score is not flat as with few errors of classification. With ``temperature=True``
   (classification) the logits are also divided by a temperature T ≥ 1, chosen with s: the pair (s, T)
   maximises the score, then the rule widens s at that T. A network trained to near-zero training loss is
   over-confident on new rows, whatever the width of its posterior (Guo et al., "On Calibration of Modern
@@ -147,9 +147,13 @@ def select_scale(
     targets : torch.Tensor, optional
         Class labels (N,) or regression targets (N, ...); default ``predictions.targets``.
     noise_variance : float, optional
-        σ² of the regression likelihood. ``rule="validation"``: None (the default) chooses it with s, the
-        pair that maximises the held-out score (for each s the best σ², as :func:`fit_noise_variance`);
-        returned in the result. Required for ``rule="elbo"``.
+        σ² of the regression likelihood. ``rule="validation"``: None (the default) takes the σ² that
+        maximises the held-out rows' likelihood under the centre's outputs alone (s = 0: the posterior
+        mean's network, as :func:`fit_noise_variance` of ``centre``), so that s adds the posterior's
+        input-dependent variance on top of the noise the mean network needs; returned in the result.
+        (Choosing σ² together with s lets σ² fall towards 0 where s J Σ Jᵀ explains the held-out
+        residuals, and rows whose J Σ Jᵀ is small are then predicted far too narrowly.) Required for
+        ``rule="elbo"``.
     posterior : model, optional
         The Gaussian the predictions were drawn from (``rule="elbo"``: its D and tr Σ).
     prior_precision : float, optional
@@ -167,9 +171,7 @@ def select_scale(
         posterior as the most conservative choice. A few hundred held-out rows with almost no errors
         leave the score flat within its noise over two decades of s; the maximiser then sits at an
         arbitrary point of that plateau, often its narrow end. False: the maximiser. None (the default):
-        True for classification, False for regression, whose held-out rows all measure the width (on
-        development splits of four UCI sets the maximiser was ahead of SWA on all four, the widened
-        scale behind it on one).
+        True for classification, False for regression, whose held-out rows all measure the width.
     temperature : bool, default=False
         ``rule="validation"``, classification only: also choose the softmax temperature T (in
         [1, 10]: it only softens) that divides the logits, ``softmax((centre + √s · deviation) / T)``. For each scale the
@@ -229,7 +231,7 @@ def select_scale(
         best = _widest_above(lambda log_s: score(log_s, log_t), threshold, best, log_high, step)
     noise = None
     if task == "regression":
-        noise = elbo.noise_variance if rule == "elbo" else held_out.noise_at(best)
+        noise = elbo.noise_variance if rule == "elbo" else held_out.noise_variance
     return ScaleSelection(math.exp(best), score(best, log_t), bool(best - log_low < step or log_high - best < step),
                           math.exp(log_t), noise)
 
@@ -245,24 +247,19 @@ class _HeldOutScore:
         if task == "regression":
             runs = component_runs(predictions.centre)
             self.gaussians = ComponentGaussians(predictions.centre, predictions.variance(), runs, labels)
+            if noise_variance is None:  # the σ² the centre's outputs alone need (s = 0)
+                self.noise_variance = self.gaussians.best_noise_variance(0.0)
         self.outputs_at = functools.lru_cache(maxsize=1)(self._outputs_at)
-        self.noise_at = functools.lru_cache(maxsize=512)(self._noise_at)
 
     def _outputs_at(self, log_scale: float) -> torch.Tensor:
         """The draws' outputs at s (float64), kept while the temperature search at this s reads them."""
         return self.predictions.outputs(math.exp(log_scale)).to(torch.float64)
 
-    def _noise_at(self, log_scale: float) -> float:
-        """Regression: the given σ², or the best σ² at this scale."""
-        assert self.gaussians is not None
-        if self.noise_variance is not None:
-            return float(self.noise_variance)
-        return self.gaussians.best_noise_variance(math.exp(log_scale))
-
     def per_row(self, log_scale: float, log_temperature: float = 0.0) -> torch.Tensor:
         """log p(y_n | s, T) of every held-out row n: shape (N,)."""
         if self.gaussians is not None:
-            return self.gaussians.per_row(math.exp(log_scale), self.noise_at(log_scale))
+            assert self.noise_variance is not None
+            return self.gaussians.per_row(math.exp(log_scale), self.noise_variance)
         outputs = self.outputs_at(log_scale)
         if log_temperature != 0.0:
             outputs = outputs / math.exp(log_temperature)
