@@ -33,10 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from onlinefa.torch import linearized_predictions, regression_log_likelihood, select_scale
-from onlinefa.torch._linearized import component_runs
+from onlinefa.torch import fit_noise_variance, linearized_predictions, regression_log_likelihood, select_scale
 from onlinefa.torch._maximise import maximise_log
-from onlinefa.torch._predictive import ComponentGaussians
 from onlinefa.torch._scale import _widest_above
 from onlinefa_experiments.uci_bnn import _dataset_seed
 from onlinefa_experiments.uci_bnn._data import load_dataset, standardise
@@ -85,41 +83,42 @@ def tune(stage: Stage, y_val: np.ndarray) -> dict[str, tuple[float, Any, float]]
     return best
 
 
-def _gaussians(predictions: Any) -> ComponentGaussians:
-    return ComponentGaussians(predictions.centre, predictions.variance(), component_runs(predictions.centre),
-                              predictions.targets)
+def _score(predictions: Any, scale: float, noise: float) -> torch.Tensor:
+    """log p(y_n) of every validation row under the linearised Gaussian at (s, σ²)."""
+    return regression_log_likelihood(predictions.centre, predictions.targets, noise,
+                                     variance=scale * predictions.variance())
+
+
+def _best_noise(predictions: Any, scale: float) -> float:
+    return fit_noise_variance(predictions.centre, predictions.targets, variance=scale * predictions.variance())
 
 
 def joint_choice(predictions: Any) -> tuple[float, float, float]:
     """(s, σ², score): the pair that maximises the held-out score, for each s its best σ²."""
-    gaussians = _gaussians(predictions)
-
     def profile(log_scale: float) -> float:
         scale = math.exp(log_scale)
-        return float(gaussians.per_row(scale, gaussians.best_noise_variance(scale)).mean())
+        return float(_score(predictions, scale, _best_noise(predictions, scale)).mean())
 
     log_scale = maximise_log(profile, math.log(1e-3), math.log(1e6), grid_points=73, refine_steps=40)
     scale = math.exp(log_scale)
-    return scale, gaussians.best_noise_variance(scale), profile(log_scale)
+    return scale, _best_noise(predictions, scale), profile(log_scale)
 
 
 def noise_within_standard_error(predictions: Any, joint: tuple[float, float, float]) -> tuple[float, float]:
     """The largest σ² whose score, with s re-chosen for it, is within one standard error of the joint maximum."""
-    gaussians = _gaussians(predictions)
-
-    def best_log_scale(noise: float) -> float:
-        return maximise_log(lambda v: float(gaussians.per_row(math.exp(v), noise).mean()), math.log(1e-3),
-                            math.log(1e6), grid_points=73, refine_steps=40)
+    def best_scale(noise: float) -> float:
+        return select_scale(predictions, task="regression", noise_variance=noise).scale
 
     def profile(log_noise: float) -> float:
         noise = math.exp(log_noise)
-        return float(gaussians.per_row(math.exp(best_log_scale(noise)), noise).mean())
+        return float(_score(predictions, best_scale(noise), noise).mean())
 
-    rows = gaussians.per_row(joint[0], joint[1])
+    rows = _score(predictions, joint[0], joint[1])
     threshold = float(rows.mean()) - float(rows.std()) / math.sqrt(rows.numel())
-    top = math.log(float(gaussians.residual.square().mean())) + 4.0 * math.log(10.0)
+    residual = predictions.centre[..., 0].double() - predictions.targets.double()
+    top = math.log(float(residual.square().mean())) + 4.0 * math.log(10.0)
     log_noise = _widest_above(profile, threshold, math.log(joint[1]), top, math.log(10.0) / 8)
-    return math.exp(best_log_scale(math.exp(log_noise))), math.exp(log_noise)
+    return best_scale(math.exp(log_noise)), math.exp(log_noise)
 
 
 def run_split(dataset: Any, split: int, train: np.ndarray, test: np.ndarray, args: argparse.Namespace

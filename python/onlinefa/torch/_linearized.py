@@ -84,12 +84,12 @@ class LinearizedPredictions(NamedTuple):
         factor = check_scale(scale)
         squares = self.deviation.square()
         variance = torch.empty_like(squares)
-        for run in component_runs(self.centre):
+        for run in _component_runs(self.centre):
             variance[run] = squares[run].mean(dim=0, keepdim=True)
         return variance * factor if factor != 1.0 else variance
 
 
-def component_runs(centre: torch.Tensor) -> list[slice]:
+def _component_runs(centre: torch.Tensor) -> list[slice]:
     """The runs of consecutive draws whose centres are equal: one slice per mixture component."""
     starts = [0] + [s for s in range(1, centre.shape[0]) if not torch.equal(centre[s], centre[s - 1])]
     return [slice(begin, end) for begin, end in zip(starts, starts[1:] + [centre.shape[0]])]

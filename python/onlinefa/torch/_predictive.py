@@ -16,9 +16,6 @@ __all__ = ["fit_noise_variance", "regression_log_likelihood"]
 _REFINE_STEPS = 72
 #: Geometric grid (points, decades below and above the residual scale) that brackets the maximum.
 _GRID_POINTS, _DECADES_BELOW, _DECADES_ABOVE = 161, 12.0, 4.0
-#: The same bracket for σ² of :class:`ComponentGaussians` at a scale: grid points (in one evaluation) and golden-section
-#: steps between the best one's neighbours (0.2 decades: 0.618³⁶ of it, 1e-8 in log σ², is left).
-_COMPONENT_GRID_POINTS, _COMPONENT_REFINE_STEPS = 161, 36
 
 
 def _residuals(draws: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -141,42 +138,3 @@ def fit_noise_variance(draws: torch.Tensor, targets: torch.Tensor, *, variance: 
                         grid_points=_GRID_POINTS, refine_steps=_REFINE_STEPS)
     return math.exp(best)
 
-
-class ComponentGaussians:
-    """The linearised regression predictive of validation rows, one Gaussian per mixture component.
-
-    p(y_n) = Σ_m w_m N(y_n; μ_mn, s v_mn + σ²), with μ_m the component's centre, v_m its unit-scale output
-    variance (:meth:`LinearizedPredictions.variance`) and w_m its share of the draws: the mixture over draws
-    of :func:`regression_log_likelihood` with ``variance``, summed once per component instead of per draw.
-    """
-
-    def __init__(self, centre: torch.Tensor, unit_variance: torch.Tensor, runs: list[slice],
-                 targets: torch.Tensor) -> None:
-        firsts = [run.start for run in runs]
-        self.residual = _residuals(centre[firsts], targets)  # (M, N, P)
-        self.unit_variance = unit_variance[firsts].to(torch.float64).reshape(self.residual.shape)
-        counts = torch.tensor([run.stop - run.start for run in runs], dtype=torch.float64, device=centre.device)
-        self.log_weights = torch.log(counts / counts.sum()).unsqueeze(1)  # (M, 1)
-
-    def per_row(self, scale: float, noise_variance: float | torch.Tensor) -> torch.Tensor:
-        """log p(y_n) of every row n at covariance scale s and noise variance σ²: shape (N,); for a tensor of
-        G values of σ², shape (G, N)."""
-        noise = torch.as_tensor(noise_variance, dtype=torch.float64, device=self.residual.device)
-        noise = noise.reshape(noise.shape + (1, 1, 1))
-        total = scale * self.unit_variance + noise
-        log_density = -0.5 * (self.residual.square() / total + torch.log(2.0 * math.pi * total)).sum(dim=-1)
-        return torch.logsumexp(log_density + self.log_weights, dim=-2)
-
-    def best_noise_variance(self, scale: float) -> float:
-        """The σ² that maximises the rows' mean log p at scale s: the best of a geometric grid over the
-        bracket of :func:`fit_noise_variance` (all its points in one evaluation), refined by golden section
-        between its neighbours."""
-        squared = float(self.residual.square().mean())
-        if not squared > 0.0:
-            raise ValueError("the centres fit the targets exactly: no noise variance > 0 maximises the likelihood")
-        grid = math.log(squared) + math.log(10.0) * torch.linspace(-_DECADES_BELOW, _DECADES_ABOVE, _COMPONENT_GRID_POINTS,
-                                                                    dtype=torch.float64)
-        best = int(self.per_row(scale, torch.exp(grid)).mean(dim=-1).argmax())
-        low, high = float(grid[max(best - 1, 0)]), float(grid[min(best + 1, grid.numel() - 1)])
-        return math.exp(maximise_log(lambda v: float(self.per_row(scale, math.exp(v)).mean()), low, high,
-                                     grid_points=3, refine_steps=_COMPONENT_REFINE_STEPS))

@@ -36,10 +36,10 @@ from typing import NamedTuple
 
 import torch
 
-from ._linearized import LinearizedPredictions, component_runs
+from ._linearized import LinearizedPredictions
 from ._maximise import maximise_log
 from ._posterior import MultiSWAG, gaussian_parameters
-from ._predictive import ComponentGaussians
+from ._predictive import fit_noise_variance, regression_log_likelihood
 
 __all__ = ["ScaleSelection", "select_scale"]
 
@@ -238,17 +238,16 @@ def select_scale(
 
 class _HeldOutScore:
     """log p(y_n) of every held-out row at a scale (and temperature): the mixture of the draws' outputs for
-    classification, the linearised Gaussians of :class:`ComponentGaussians` for regression."""
+    classification, of the linearised Gaussians (``centre``, :meth:`LinearizedPredictions.variance`) for
+    regression."""
 
     def __init__(self, predictions: LinearizedPredictions, labels: torch.Tensor, task: str,
                  noise_variance: float | None) -> None:
         self.predictions, self.labels, self.task, self.noise_variance = predictions, labels, task, noise_variance
-        self.gaussians: ComponentGaussians | None = None
         if task == "regression":
-            runs = component_runs(predictions.centre)
-            self.gaussians = ComponentGaussians(predictions.centre, predictions.variance(), runs, labels)
+            self.unit_variance = predictions.variance()
             if noise_variance is None:  # the σ² the centre's outputs alone need (s = 0)
-                self.noise_variance = self.gaussians.best_noise_variance(0.0)
+                self.noise_variance = fit_noise_variance(predictions.centre, labels)
         self.outputs_at = functools.lru_cache(maxsize=1)(self._outputs_at)
 
     def _outputs_at(self, log_scale: float) -> torch.Tensor:
@@ -257,9 +256,10 @@ class _HeldOutScore:
 
     def per_row(self, log_scale: float, log_temperature: float = 0.0) -> torch.Tensor:
         """log p(y_n | s, T) of every held-out row n: shape (N,)."""
-        if self.gaussians is not None:
+        if self.task == "regression":
             assert self.noise_variance is not None
-            return self.gaussians.per_row(math.exp(log_scale), self.noise_variance)
+            return regression_log_likelihood(self.predictions.centre, self.labels, self.noise_variance,
+                                             variance=math.exp(log_scale) * self.unit_variance)
         outputs = self.outputs_at(log_scale)
         if log_temperature != 0.0:
             outputs = outputs / math.exp(log_temperature)
