@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
+use crate::engine::block::{block_times, row_dots};
 use crate::engine::isa::Isa;
 use crate::engine::k_dispatch::for_k;
 use crate::engine::tiled::{padded_width, syrk_upper_add, TILE_ROWS};
@@ -41,11 +42,44 @@ pub trait GaussianRows: Sync {
     fn visit_rows(&self, visit: &mut RowVisitor<'_>) -> Result<()> {
         self.visit_range(0..self.dims().0, visit)
     }
+    /// [`GaussianRows::visit_range`] with the loadings mapped by a K×K `map` R, the marginal variances kept:
+    /// F' = F R and ψ' = ψ + max(‖F_d‖² − ‖F'_d‖², 0) (see [`crate::shrinkage::Reported`]). A model may
+    /// override it to map its rows in the same pass that builds them; the values must be those of the default,
+    /// [`map_visited_rows`].
+    fn visit_range_mapped(&self, rows: Range<usize>, map: ArrayView2<f64>, visit: &mut RowVisitor<'_>) -> Result<()> {
+        map_visited_rows(self, rows, map, visit)
+    }
     /// The K×K map R by which the model reports its loadings (F' = F R, marginal variances kept; see
     /// [`crate::shrinkage::Reported`]), or None to report the rows as visited.
     fn report_transform(&self) -> Result<Option<Array2<f64>>> {
         Ok(None)
     }
+}
+
+/// The rows of `model` in `rows`, each block's loadings mapped by `map` (R, K×K) through the engine's row
+/// product (no per-block allocation or packing): F' = F R, and ψ' = ψ + max(‖F_d‖² − ‖F'_d‖², 0) row by row.
+pub fn map_visited_rows<G: GaussianRows + ?Sized>(
+    model: &G,
+    rows: Range<usize>,
+    map: ArrayView2<f64>,
+    visit: &mut RowVisitor<'_>,
+) -> Result<()> {
+    let k = map.nrows();
+    let (mut f_new, mut before, mut psi_new) = (Vec::new(), Vec::new(), Vec::new());
+    model.visit_range(rows, &mut |lo, mean, f, psi| {
+        // The buffers only grow (no zeroing per block): every value a block reads is written first.
+        let nb = psi.len();
+        f_new.resize(f_new.len().max(nb * k), 0.0);
+        block_times(f, map, &mut f_new, nb);
+        before.resize(before.len().max(nb), 0.0);
+        row_dots(f, f, k, nb, &mut before); // ‖F_d‖²
+        psi_new.resize(psi_new.len().max(nb), 0.0);
+        row_dots(&f_new, &f_new, k, nb, &mut psi_new); // ‖F'_d‖², then ψ'
+        for ((out, &norm), &p) in psi_new[..nb].iter_mut().zip(&before).zip(psi) {
+            *out = p + (norm - *out).max(0.0);
+        }
+        visit(lo, mean, &f_new[..nb * k], &psi_new[..nb])
+    })
 }
 
 /// Rows per task of a query: the tasks are fixed ranges of rows whatever the number of threads, and their

@@ -19,7 +19,6 @@ use std::ops::Range;
 
 use ndarray::{Array1, Array2, ArrayView2};
 
-use crate::engine::block::{block_times, row_dots};
 use crate::engine::isa::Isa;
 use crate::error::{invalid, Result};
 use crate::linalg::symmetric_eigen_desc;
@@ -204,28 +203,12 @@ impl<G: GaussianRows + ?Sized> GaussianRows for Reported<'_, G> {
         self.inner.dims()
     }
 
-    /// Each block's F' = F R through the engine's row product (no per-block allocation or packing), and
-    /// ψ' = ψ + max(‖F_d‖² − ‖F'_d‖², 0) row by row.
+    /// The inner model's rows mapped by R ([`GaussianRows::visit_range_mapped`]), or as stored.
     fn visit_range(&self, rows: Range<usize>, visit: &mut RowVisitor<'_>) -> Result<()> {
-        let Some(map) = self.map.as_ref().filter(|m| m.nrows() > 0) else {
-            return self.inner.visit_range(rows, visit); // no map, or K = 0: nothing to map
-        };
-        let k = map.nrows();
-        let (mut f_new, mut before, mut psi_new) = (Vec::new(), Vec::new(), Vec::new());
-        self.inner.visit_range(rows, &mut |lo, mean, f, psi| {
-            // The buffers only grow (no zeroing per block): every value a block reads is written first.
-            let nb = psi.len();
-            f_new.resize(f_new.len().max(nb * k), 0.0);
-            block_times(f, map.view(), &mut f_new, nb);
-            before.resize(before.len().max(nb), 0.0);
-            row_dots(f, f, k, nb, &mut before); // ‖F_d‖²
-            psi_new.resize(psi_new.len().max(nb), 0.0);
-            row_dots(&f_new, &f_new, k, nb, &mut psi_new); // ‖F'_d‖², then ψ'
-            for ((out, &norm), &p) in psi_new[..nb].iter_mut().zip(&before).zip(psi) {
-                *out = p + (norm - *out).max(0.0);
-            }
-            visit(lo, mean, &f_new[..nb * k], &psi_new[..nb])
-        })
+        match self.map.as_ref().filter(|m| m.nrows() > 0) {
+            Some(map) => self.inner.visit_range_mapped(rows, map.view(), visit),
+            None => self.inner.visit_range(rows, visit), // no map, or K = 0: nothing to map
+        }
     }
 }
 

@@ -26,3 +26,64 @@ pub(crate) fn lanes_times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; 
     }
     out
 }
+
+/// Output columns per pass of [`lanes_times_blocked`].
+const COLUMNS: usize = 4;
+
+/// [`lanes_times`] written into `out`, with [`COLUMNS`] output columns summed side by side, so that each input lane-array is
+/// loaded once per [`COLUMNS`] columns rather than once per column: every output column takes the same terms in
+/// the same order (i ascending), so the result is the same bits.
+#[inline(always)]
+pub(crate) fn lanes_times_blocked<T: Real, const K: usize, const W: usize>(
+    a: &[[T; W]; K],
+    m: &[T],
+    out: &mut [[T; W]; K],
+) {
+    assert!(m.len() >= K * K);
+    let full = K / COLUMNS * COLUMNS;
+    for j0 in (0..full).step_by(COLUMNS) {
+        let mut acc = [[T::default(); W]; COLUMNS];
+        for (i, a_i) in a.iter().enumerate() {
+            let row = &m[i * K + j0..i * K + j0 + COLUMNS];
+            for (acc_c, &mij) in acc.iter_mut().zip(row) {
+                for l in 0..W {
+                    acc_c[l] = acc_c[l] + a_i[l] * mij;
+                }
+            }
+        }
+        out[j0..j0 + COLUMNS].copy_from_slice(&acc);
+    }
+    for j in full..K {
+        let mut acc = [T::default(); W];
+        for (i, a_i) in a.iter().enumerate() {
+            let mij = m[i * K + j];
+            for l in 0..W {
+                acc[l] = acc[l] + a_i[l] * mij;
+            }
+        }
+        out[j] = acc;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_product_equals_the_column_product_bit_for_bit() {
+        fn check<const K: usize>() {
+            let a: [[f64; 8]; K] = std::array::from_fn(|i| std::array::from_fn(|l| ((i * 8 + l) as f64 * 0.37).sin()));
+            let m: Vec<f64> = (0..K * K).map(|v| (v as f64 * 1.3).cos() / 3.0).collect();
+            let mut blocked = [[0.0; 8]; K];
+            lanes_times_blocked(&a, &m, &mut blocked);
+            let bits = |x: &[[f64; 8]; K]| x.as_flattened().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&blocked), bits(&lanes_times(&a, &m)), "K = {K}");
+        }
+        check::<1>();
+        check::<3>();
+        check::<4>();
+        check::<10>();
+        check::<17>();
+        check::<24>();
+    }
+}

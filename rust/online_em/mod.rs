@@ -15,6 +15,7 @@ use crate::engine::block::{accumulate_estep, block_times, load_rows, rank_one_up
 use crate::engine::driver::{self, Driven};
 use crate::engine::em_kernel::{row_kernel_max, to_loadings_space, EmBlockIo, EmConsts, EmRowKernel, Isa};
 use crate::engine::em_wide::{em_wide_block, WideConsts, WideIo, WideScratch};
+use crate::engine::k_dispatch::for_k;
 use crate::engine::model::hooks::Pass;
 use crate::engine::packed::Layout;
 use crate::engine::partition::{stream_pass, validate_batch, Block, Scratch, StateRows, BLOCK_ROWS};
@@ -359,6 +360,19 @@ impl<T: Real> OnlineEm<T> {
         rows: std::ops::Range<usize>,
         visit: &mut FittedRowsVisitor<'_>,
     ) -> Result<()> {
+        match self.lane_maps(None) {
+            Some(maps) => self.visit_lane_rows(rows, &maps, visit),
+            None => self.visit_block_rows(rows, visit),
+        }
+    }
+
+    /// [`Self::visit_fitted_rows`] through the block path: explicit products of each block of rows (for the K
+    /// the lane path does not take).
+    pub(crate) fn visit_block_rows(
+        &self,
+        rows: std::ops::Range<usize>,
+        visit: &mut FittedRowsVisitor<'_>,
+    ) -> Result<()> {
         let k = self.n_components;
         let floor = self.floor();
         let h_inv = match &self.step.basis {
@@ -388,6 +402,59 @@ impl<T: Real> OnlineEm<T> {
                 *psi = (d - *psi).max(floor);
             }
             visit(first, &mean[..nb], f, &blk.psi[..nb])?;
+        }
+        Ok(())
+    }
+
+    /// The maps of the lane path (`lane_rows`) with the rows mapped by `report` (K×K row-major) when given, or
+    /// None where it does not apply: a K it does not take, or a K×K map of the step not stored contiguous.
+    fn lane_maps<'a>(&'a self, report: Option<&'a [f64]>) -> Option<lane_rows::LaneMaps<'a>> {
+        if !lane_rows::lanes_apply(self.n_components) {
+            return None;
+        }
+        let basis = match &self.step.basis {
+            Basis::Stats(h_inv) => Some(h_inv.as_slice()?),
+            Basis::Whitened => None,
+            Basis::Initial => return None,
+        };
+        let pending = match self.step.pending.as_ref() {
+            Some(p) => {
+                let whiten = match &p.transform {
+                    Some(w) => Some(w.as_slice()?),
+                    None => None,
+                };
+                Some((p.m.as_slice()?, p.rho, whiten))
+            }
+            None => None,
+        };
+        Some(lane_rows::LaneMaps {
+            pending,
+            basis,
+            report,
+            floor: self.floor(),
+        })
+    }
+
+    /// [`Self::visit_fitted_rows`] through the lane path with `maps` ([`Self::lane_maps`]): F' = F R and
+    /// ψ' = ψ + max(‖F‖² − ‖F'‖², 0) when they hold a reporting map R.
+    fn visit_lane_rows(
+        &self,
+        rows: std::ops::Range<usize>,
+        maps: &lane_rows::LaneMaps<'_>,
+        visit: &mut FittedRowsVisitor<'_>,
+    ) -> Result<()> {
+        let k = self.n_components;
+        let (mut mean, mut f, mut psi) = (vec![0.0; BLOCK_ROWS], vec![0.0; BLOCK_ROWS * k], vec![0.0; BLOCK_ROWS]);
+        for first in rows.clone().step_by(BLOCK_ROWS) {
+            let nb = (rows.end - first).min(BLOCK_ROWS);
+            let out = lane_rows::LaneBlock {
+                mean: &mut mean[..nb],
+                f: &mut f[..nb * k],
+                psi: &mut psi[..nb],
+            };
+            for_k!(extended k, K => lane_rows::fill_block::<T, K>(self, first, maps, out),
+                _ => unreachable!("lanes_apply accepts K <= MAX_K_EXTENDED only"));
+            visit(first, &mean[..nb], &f[..nb * k], &psi[..nb])?;
         }
         Ok(())
     }
@@ -712,6 +779,7 @@ impl<T: Real> Driven for OnlineEm<T> {
 
 mod checkpoint;
 mod checks;
+mod lane_rows;
 mod rows;
 mod step;
 

@@ -2,11 +2,11 @@
 
 use std::ops::Range;
 
-use ndarray::Array2;
+use ndarray::{Array2, ArrayView2};
 
 use super::{Basis, OnlineEm};
 use crate::error::Result;
-use crate::query::{GaussianRows, RowVisitor, QUERY_BLOCK_ROWS};
+use crate::query::{map_visited_rows, GaussianRows, RowVisitor, QUERY_BLOCK_ROWS};
 use crate::scalar::Real;
 
 impl<T: Real> GaussianRows for OnlineEm<T> {
@@ -33,6 +33,14 @@ impl<T: Real> GaussianRows for OnlineEm<T> {
             return Ok(());
         }
         self.visit_fitted_rows(rows, visit)
+    }
+
+    /// Fitted rows mapped in the pass that builds them (the lane path), where it applies.
+    fn visit_range_mapped(&self, rows: Range<usize>, map: ArrayView2<f64>, visit: &mut RowVisitor<'_>) -> Result<()> {
+        match map.as_slice().and_then(|report| self.lane_maps(Some(report))) {
+            Some(maps) => self.visit_lane_rows(rows, &maps, visit),
+            None => map_visited_rows(self, rows, map, visit),
+        }
     }
 
     /// The spiked-model shrinkage (crate::shrinkage) when the configuration asks for it and the model is fitted.
