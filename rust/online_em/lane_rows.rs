@@ -126,7 +126,6 @@ fn fill_block_lanes<T: Real, const K: usize>(
             }
             None => a,
         };
-        let spare = z;
         let mut psi = [0.0f64; W];
         let dots = lane_dots::<K>(f, a);
         for l in 0..W {
@@ -134,12 +133,18 @@ fn fill_block_lanes<T: Real, const K: usize>(
         }
         let f = match maps.report {
             Some(r) => {
-                lanes_times_blocked::<f64, K, W>(f, r, spare);
-                let (before, after) = (lane_dots::<K>(f, f), lane_dots::<K>(spare, spare));
+                lanes_times_blocked::<f64, K, W>(f, r, z);
+                // ‖F‖²: when F = Ā it is ψ's dot product already (the same products in the same order).
+                let before = if maps.basis.is_none() {
+                    dots
+                } else {
+                    lane_dots::<K>(f, f)
+                };
+                let after = lane_dots::<K>(z, z);
                 for l in 0..W {
                     psi[l] += (before[l] - after[l]).max(0.0);
                 }
-                &*spare
+                &*z
             }
             None => f,
         };
