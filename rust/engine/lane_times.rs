@@ -1,38 +1,28 @@
-//! A K×K map of rows held as lane-arrays, shared by the row kernels (online EM's whitening product, VIFA's
-//! line 12).
+//! A K×K map of rows held as lane-arrays, shared by the row kernels (online EM's whitening product, online
+//! SGA's g = f P, VIFA's line 12) and online EM's query rows.
 
 use crate::scalar::Real;
 
 /// out = a · M per lane (a: K lane-arrays of W rows; M: K×K row-major, at least K² values):
-/// out_j = Σ_i a_i M[i][j], summed over i in order.
-///
-/// One output column at a time, its W lanes in one register across the sum. Written with i outer (every
-/// output column updated per input column), LLVM vectorised it across j at K ≥ 16 with a gather and a scatter
-/// of the output per multiply-add, 4–5× the time of the whole rest of the online-EM pass; the sums are the same
-/// either way.
+/// out_j = Σ_i a_i M[i][j], summed over i in order. [`lanes_times_blocked`], returning the product.
 #[inline(always)]
 pub(crate) fn lanes_times<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], m: &[T]) -> [[T; W]; K] {
-    assert!(m.len() >= K * K);
     let mut out = [[T::default(); W]; K];
-    for (j, out_j) in out.iter_mut().enumerate() {
-        let mut acc = [T::default(); W];
-        for (i, a_i) in a.iter().enumerate() {
-            let mij = m[i * K + j];
-            for l in 0..W {
-                acc[l] = acc[l] + a_i[l] * mij;
-            }
-        }
-        *out_j = acc;
-    }
+    lanes_times_blocked::<T, K, W>(a, m, &mut out);
     out
 }
 
 /// Output columns per pass of [`lanes_times_blocked`].
 const COLUMNS: usize = 4;
 
-/// [`lanes_times`] written into `out`, with [`COLUMNS`] output columns summed side by side, so that each input lane-array is
-/// loaded once per [`COLUMNS`] columns rather than once per column: every output column takes the same terms in
-/// the same order (i ascending), so the result is the same bits.
+/// out = a · M per lane, written into `out`: out_j = Σ_i a_i M[i][j], summed over i in order (a: K lane-arrays
+/// of W rows; M: K×K row-major, at least K² values).
+///
+/// [`COLUMNS`] output columns are summed side by side, each in its own W-lane accumulator, so that each input
+/// lane-array is loaded once per [`COLUMNS`] columns rather than once per column; every output column takes
+/// the same terms in the same order as a product one column at a time, so the result is the same bits.
+/// Written with i outer (every output column updated per input column), LLVM vectorised such a product
+/// across j at K ≥ 16 with a gather and a scatter of the output per multiply-add.
 #[inline(always)]
 pub(crate) fn lanes_times_blocked<T: Real, const K: usize, const W: usize>(
     a: &[[T; W]; K],
@@ -69,6 +59,19 @@ pub(crate) fn lanes_times_blocked<T: Real, const K: usize, const W: usize>(
 mod tests {
     use super::*;
 
+    /// The product one output column at a time, its sum over i in order: the reference.
+    fn column_product<const K: usize>(a: &[[f64; 8]; K], m: &[f64]) -> [[f64; 8]; K] {
+        std::array::from_fn(|j| {
+            let mut acc = [0.0; 8];
+            for (i, a_i) in a.iter().enumerate() {
+                for l in 0..8 {
+                    acc[l] += a_i[l] * m[i * K + j];
+                }
+            }
+            acc
+        })
+    }
+
     #[test]
     fn blocked_product_equals_the_column_product_bit_for_bit() {
         fn check<const K: usize>() {
@@ -77,7 +80,8 @@ mod tests {
             let mut blocked = [[0.0; 8]; K];
             lanes_times_blocked(&a, &m, &mut blocked);
             let bits = |x: &[[f64; 8]; K]| x.as_flattened().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&blocked), bits(&lanes_times(&a, &m)), "K = {K}");
+            assert_eq!(bits(&blocked), bits(&column_product(&a, &m)), "K = {K}");
+            assert_eq!(bits(&lanes_times(&a, &m)), bits(&blocked), "K = {K}");
         }
         check::<1>();
         check::<3>();

@@ -45,6 +45,7 @@ use crate::scalar::{stored, Real};
 
 use super::isa::Isa;
 use super::lane_syrk::LaneSyrk;
+use super::lane_times::lanes_times;
 use super::prefetch::{Ahead, PREFETCH_GROUPS};
 
 use super::k_dispatch::for_k;
@@ -235,19 +236,8 @@ fn step_lanes<T: Real, const K: usize, const W: usize>(
 ) -> usize {
     let zero = T::default();
     let (dt, d) = d;
-    // g = f P (or f Σ): gp_j = Σ_i f_i P[i][j], i ascending, one output column at a time (with i outer,
-    // LLVM vectorised float32 at K = 16 across j and spent most of the pass shuffling lanes).
-    let mut fp = [[zero; W]; K];
-    for (j, out) in fp.iter_mut().enumerate() {
-        let mut acc = [zero; W];
-        for (fi, pi) in g.f.iter().zip(&st.p) {
-            let pij = pi[j];
-            for l in 0..W {
-                acc[l] = acc[l] + fi[l] * pij;
-            }
-        }
-        *out = acc;
-    }
+    // g = f P (or f Σ): gp_j = Σ_i f_i P[i][j], i ascending.
+    let fp = lanes_times::<T, K, W>(&g.f, st.p.as_flattened());
     // q (f64) and the vector the F step multiplies by m: d' (f64 form) or r (residual form).
     let mut q = [0.0f64; W];
     let mut coef = *dt;
