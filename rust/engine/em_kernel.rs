@@ -249,7 +249,7 @@ fn em_group<T: Real, const K: usize, const W: usize, const GATHER: bool, const P
             }
         }
         if let Some(w) = &c.transform {
-            a = lanes_times::<T, K, W>(&a, w);
+            a = whiten::<T, K, W, GATHER>(&a, w);
         }
         if PACKED {
             move_packed::<T, K, W, GATHER>(a_rows, &mut a, false);
@@ -337,6 +337,28 @@ fn move_packed<T: Real, const K: usize, const W: usize, const AVX512: bool>(
             values.copy_from_slice(col);
         }
     }
+}
+
+/// The least K at which float32's whitening product on the AVX-512 path runs in 256-bit operations: measured
+/// faster at K = 16, 20 and 24 and slower at K = 10 (docs/performance.md, "Why the kernels are chosen").
+const F32X8_MIN_K: usize = 16;
+
+/// Ā W per lane (`lanes_times`); on the AVX-512 path, float32 lanes of 8 at K ≥ [`F32X8_MIN_K`] in 256-bit
+/// operations (`lanes_times_f32x8`), where LLVM would join pairs of columns into 512-bit registers.
+#[inline(always)]
+fn whiten<T: Real, const K: usize, const W: usize, const AVX512: bool>(a: &[[T; W]; K], w: &[T]) -> [[T; W]; K] {
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && K >= F32X8_MIN_K && T::SINGLE && std::mem::size_of::<T>() == 4 && W == 8 {
+        // SAFETY: T is f32 and W = 8, so the casts keep the element type and lengths; AVX512 is set only by the
+        // AVX-512 entry point, whose CPUs have AVX.
+        unsafe {
+            let a32 = &*(a as *const [[T; W]; K]).cast::<[[f32; 8]; K]>();
+            let w32 = std::slice::from_raw_parts(w.as_ptr().cast::<f32>(), w.len());
+            let out = super::lane_times::lanes_times_f32x8::<K>(a32, w32);
+            return *(&out as *const [[f32; 8]; K]).cast::<[[T; W]; K]>();
+        }
+    }
+    lanes_times::<T, K, W>(a, w)
 }
 
 /// z = U a per lane, written to `z` (U upper triangular, row-major): z_i = Σ_{j ≥ i} U[i][j] a_j.
