@@ -62,10 +62,12 @@ pub(crate) fn lanes_times_blocked<T: Real, const K: usize, const W: usize>(
 /// add, never fused), so the same bits.
 ///
 /// # Safety
-/// The CPU must support AVX.
+/// The CPU must support AVX. Not a `#[target_feature]` function, so that it is inlined into its caller (as
+/// a target-feature function LLVM kept it out of line, and the call and the returned array through memory
+/// cost more than the product saves at K = 10); its AVX operations are inlined only into code compiled with
+/// AVX, the AVX-512 entry point.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn lanes_times_f32x8<const K: usize>(a: &[[f32; 8]; K], m: &[f32]) -> [[f32; 8]; K] {
     use std::arch::x86_64::{__m256, _mm256_storeu_ps};
     use std::arch::x86_64::{_mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps};
@@ -73,13 +75,13 @@ pub(crate) unsafe fn lanes_times_f32x8<const K: usize>(a: &[[f32; 8]; K], m: &[f
     let mut out = [[0.0f32; 8]; K];
     let full = K / COLUMNS * COLUMNS;
     for j0 in (0..full).step_by(COLUMNS) {
-        let mut acc: [__m256; COLUMNS] = [_mm256_setzero_ps(); COLUMNS];
+        let mut acc: [__m256; COLUMNS] = [unsafe { _mm256_setzero_ps() }; COLUMNS];
         for (i, a_i) in a.iter().enumerate() {
             // SAFETY: a_i holds 8 floats.
             let ai = unsafe { _mm256_loadu_ps(a_i.as_ptr()) };
             let row = &m[i * K + j0..i * K + j0 + COLUMNS];
             for (acc_c, &mij) in acc.iter_mut().zip(row) {
-                *acc_c = _mm256_add_ps(*acc_c, _mm256_mul_ps(ai, _mm256_set1_ps(mij)));
+                *acc_c = unsafe { _mm256_add_ps(*acc_c, _mm256_mul_ps(ai, _mm256_set1_ps(mij))) };
             }
         }
         for (out_c, acc_c) in out[j0..j0 + COLUMNS].iter_mut().zip(&acc) {
@@ -88,11 +90,11 @@ pub(crate) unsafe fn lanes_times_f32x8<const K: usize>(a: &[[f32; 8]; K], m: &[f
         }
     }
     for (j, out_j) in out.iter_mut().enumerate().skip(full) {
-        let mut acc = _mm256_setzero_ps();
+        let mut acc = unsafe { _mm256_setzero_ps() };
         for (i, a_i) in a.iter().enumerate() {
             // SAFETY: a_i holds 8 floats.
             let ai = unsafe { _mm256_loadu_ps(a_i.as_ptr()) };
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(ai, _mm256_set1_ps(m[i * K + j])));
+            acc = unsafe { _mm256_add_ps(acc, _mm256_mul_ps(ai, _mm256_set1_ps(m[i * K + j]))) };
         }
         // SAFETY: out_j holds 8 floats.
         unsafe { _mm256_storeu_ps(out_j.as_mut_ptr(), acc) };
