@@ -63,7 +63,7 @@ fn normal_pairs(isa: Isa, key: u64, draw: u64, first: u64, out: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Isa::Avx512 {
-            // SAFETY: the AVX-512 path is chosen only on CPUs with AVX-512F (`Isa::allowed`).
+            // SAFETY: the AVX-512 path is chosen only on CPUs with AVX-512F and VL (`Isa::allowed`).
             return unsafe { normal_pairs_avx512(key, draw, first, out) };
         }
         if isa == Isa::Avx2 {
@@ -82,7 +82,7 @@ unsafe fn normal_pairs_avx2(key: u64, draw: u64, first: u64, out: &mut [f64]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2")]
+#[target_feature(enable = "avx512f,avx512vl,avx2")]
 unsafe fn normal_pairs_avx512(key: u64, draw: u64, first: u64, out: &mut [f64]) {
     normal_pairs_loop(key, draw, first, out)
 }

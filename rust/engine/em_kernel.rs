@@ -339,9 +339,10 @@ fn move_packed<T: Real, const K: usize, const W: usize, const AVX512: bool>(
     }
 }
 
-/// The least K at which float32's whitening product on the AVX-512 path runs in 256-bit operations: measured
-/// faster at K = 16, 20 and 24 and slower at K = 10 (docs/performance.md, "Why the kernels are chosen").
-const F32X8_MIN_K: usize = 16;
+/// The least K at which float32's whitening product on the AVX-512 path runs in 256-bit operations: with the 32
+/// registers of AVX-512VL measured faster at K = 6 to 24, level at K = 2 and slower at K = 4 (docs/performance.md,
+/// "Why the kernels are chosen").
+const F32X8_MIN_K: usize = 6;
 
 /// Ā W per lane (`lanes_times`); on the AVX-512 path, float32 lanes of 8 at K ≥ [`F32X8_MIN_K`] in 256-bit
 /// operations (`lanes_times_f32x8`), where LLVM would join pairs of columns into 512-bit registers.
@@ -386,7 +387,7 @@ unsafe fn em_block_avx2<T: Real, const K: usize, const W: usize, const PACKED: b
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2")]
+#[target_feature(enable = "avx512f,avx512vl,avx2")]
 unsafe fn em_block_avx512<T: Real, const K: usize, const W: usize, const PACKED: bool>(
     io: &mut EmBlockIo<'_, T>,
     nb: usize,
@@ -417,7 +418,7 @@ fn em_block_avx512_entry<T: Real, const K: usize, const W: usize, const PACKED: 
     nb: usize,
 ) {
     // SAFETY: only handed out by `EmRowKernel::select` for `Isa::Avx512`, which `Isa::available` constructs
-    // only after detecting avx2 and avx512f.
+    // only after detecting avx2, avx512f and avx512vl.
     unsafe { em_block_avx512::<T, K, W, PACKED>(io, nb) }
 }
 

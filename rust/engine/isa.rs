@@ -1,7 +1,7 @@
 //! Which instruction set the row kernels run on, detected once at run time.
 //!
 //! Every row kernel is one generic source compiled several times: without target features (the portable
-//! path, for any x86-64 and for aarch64), and on x86-64 with AVX2 or with AVX-512F enabled. A kernel picks its
+//! path, for any x86-64 and for aarch64), and on x86-64 with AVX2 or with AVX-512 (F and VL) enabled. A kernel picks its
 //! lane count from the vector width (W = vector bytes / size of the storage type) and is resolved once per
 //! model to a plain function, so no per-call dispatch remains.
 //!
@@ -59,7 +59,9 @@ impl Isa {
             // The tiled products of the wide paths fuse multiply-adds on both vector paths: they need FMA too.
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 paths.push(Isa::Avx2);
-                if std::arch::is_x86_feature_detected!("avx512f") {
+                // VL gives the 256-bit operations of the AVX-512 kernels the 32 vector registers (every AVX-512
+                // CPU has it but the Xeon Phi, which then runs the AVX2 path).
+                if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vl") {
                     paths.push(Isa::Avx512);
                 }
             }

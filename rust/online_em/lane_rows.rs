@@ -76,7 +76,7 @@ pub(super) fn fill_block<T: Real, const K: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2")]
+#[target_feature(enable = "avx512f,avx512vl,avx2")]
 unsafe fn fill_block_avx512<T: Real, const K: usize>(
     m: &OnlineEm<T>,
     first: usize,

@@ -205,7 +205,7 @@ macro_rules! code_paths {
         }
 
         #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx512f,avx2")]
+        #[target_feature(enable = "avx512f,avx512vl,avx2")]
         unsafe fn $avx512<T: Real, const K: usize, const W: usize>($($arg: $ty),*) -> $ret {
             $kernel::<T, K, W>($($arg),*)
         }
