@@ -125,9 +125,11 @@ def null_deviations(module: torch.nn.Module, split: Split, n_draws: int, seed: i
     return draws
 
 
-def predictors(seed: int, split: Split, budget: Budget = BUDGET,
-               null_fraction: float = NULL_FRACTION) -> dict[str, Predictor]:
-    run = train_sgd(split, 10, budget, batch_orders(split.x_train.shape[0], budget, seed), init_seed=seed)
+def trained_with_baselines(seed: int, split: Split, n_classes: int, budget: Budget = BUDGET
+                           ) -> tuple[torch.nn.Module, Any, torch.Tensor, dict[str, Predictor]]:
+    """The benchmark's network trained on the fit rows, left at θ_SWA: (module, posterior, θ_SWA, predictors of
+    ``laplace`` (laplace-torch's default on the last iterate, when installed) and ``swa``)."""
+    run = train_sgd(split, n_classes, budget, batch_orders(split.x_train.shape[0], budget, seed), init_seed=seed)
     module, posterior = run.module, run.posterior
     found: dict[str, Predictor] = {}
     if importlib.util.find_spec("laplace") is not None:
@@ -146,6 +148,13 @@ def predictors(seed: int, split: Split, budget: Budget = BUDGET,
             return torch.softmax(module(inputs).double(), dim=-1).numpy()
 
     found["swa"] = swa
+    return module, posterior, mean, found
+
+
+def predictors(seed: int, split: Split, budget: Budget = BUDGET,
+               null_fraction: float = NULL_FRACTION) -> dict[str, Predictor]:
+    module, posterior, mean, found = trained_with_baselines(seed, split, 10, budget)
+    vector = ParameterVector(module)
     validation = linearized_predictions(module, posterior, [(split.x_val, split.y_val)], n_samples=N_DRAWS, seed=seed)
     scales = {"one_se": select_scale(validation).scale,
               "max": select_scale(validation, within_standard_error=False).scale}

@@ -12,7 +12,9 @@ Methods: ``swa``; ``laplace`` (laplace-torch's default, if installed); ``recipe`
 the input-null-space prior on every ``Linear`` (``calibration_dev_split.null_deviations``: δW ~ N(0, w σ₀² P) per
 unit, P the projector onto the directions the layer's inputs on the fit rows do not vary in, eigenvalues below
 f of the largest, σ₀² = 1/(3·fan_in)), its deviations pushed through the same linearisation and added to the
-recipe's before the temperature.
+recipe's before the temperature; ``recipe+null_<f>_typical``, the same with each layer's prior variance its
+weights' mean square at θ_SWA; and ``recipe+last_<f>_<v>``, the prior on the last ``Linear`` only, with
+variance v (laplace-torch's marginal likelihood puts its last-layer prior variance near 1 here).
 
     python experiments/studies/calibration_null_prior.py --seeds 3
 """
@@ -20,7 +22,6 @@ recipe's before the temperature.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -30,14 +31,14 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.model_selection import train_test_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calibration_dev_split import BUDGET, N_DRAWS, Predictor, null_deviations  # noqa: E402
+from calibration_dev_split import N_DRAWS, Predictor, null_deviations, trained_with_baselines  # noqa: E402
 
 from onlinefa.torch import ParameterVector, linearized_predictions, select_scale  # noqa: E402
 from onlinefa.torch._linearized import _Linearization  # noqa: E402
 from onlinefa_experiments._calibration import auroc, classification_nll, predictive_entropy  # noqa: E402
 from onlinefa_experiments._calibration_data import (FEATURE_NOISE_LEVELS, SPLIT_SEED,  # noqa: E402
                                                     TEST_FRACTION)
-from onlinefa_experiments._calibration_runs import Split, assign_mean, batch_orders, train_sgd  # noqa: E402
+from onlinefa_experiments._calibration_runs import Split  # noqa: E402
 
 #: (eigenvalue fraction, weight) of the null-space prior variants.
 NULL_VARIANTS = ((1e-3, 1.0), (1e-2, 1.0), (1e-3, 10.0), (1e-2, 10.0))
@@ -68,24 +69,8 @@ def development_sets(seed: int) -> tuple[Split, dict[str, tuple[torch.Tensor, np
 
 
 def predictors(seed: int, split: Split) -> dict[str, Predictor]:
-    run = train_sgd(split, 2, BUDGET, batch_orders(split.x_train.shape[0], BUDGET, seed), init_seed=seed)
-    module, posterior = run.module, run.posterior
-    found: dict[str, Predictor] = {}
-    if importlib.util.find_spec("laplace") is not None:
-        from onlinefa_experiments._calibration_peers import laplace_predictor
-
-        ParameterVector(module).assign(run.last)
-        found["laplace"], _ = laplace_predictor(module, split, BUDGET, False)
-    assign_mean(module, posterior)
+    module, posterior, mean, found = trained_with_baselines(seed, split, 2)
     vector = ParameterVector(module)
-    mean = vector.gather().clone()
-
-    def swa(inputs: torch.Tensor) -> np.ndarray:
-        vector.assign(mean)
-        with torch.no_grad():
-            return torch.softmax(module(inputs).double(), dim=-1).numpy()
-
-    found["swa"] = swa
     validation = linearized_predictions(module, posterior, [(split.x_val, split.y_val)], n_samples=N_DRAWS, seed=seed)
     chosen = select_scale(validation, temperature=True)
     print(f"seed {seed}: scale {chosen.scale:.3g}, temperature {chosen.temperature:.3g}", flush=True)
