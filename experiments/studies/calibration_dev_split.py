@@ -62,16 +62,23 @@ NULL_ALL_WEIGHTS = (1.0, 10.0, 30.0, 300.0, 1000.0, 3000.0)
 Predictor = Callable[[torch.Tensor], np.ndarray]
 
 
-def development_sets(seed: int) -> tuple[Split, dict[str, tuple[torch.Tensor, np.ndarray]]]:
-    """The fit/validation split and the development sets (clean and shifted), standardised by the fit rows."""
-    bunch = load_digits()
-    x = np.asarray(bunch.data, dtype=np.float64) / 16.0
-    y = np.asarray(bunch.target, dtype=np.int64)
+def development_split(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[np.ndarray, ...]:
+    """(x_fit, y_fit, x_val, y_val, x_dev, y_dev): the benchmark's training split (80 %) of (x, y) cut into fit
+    rows (70/80), validation rows (10/80) and development rows (20/80), stratified, by seeds of ``seed``."""
     x_tr, _, y_tr, _ = train_test_split(x, y, test_size=TEST_FRACTION, random_state=SPLIT_SEED, stratify=y)
     x_rest, x_dev, y_rest, y_dev = train_test_split(x_tr, y_tr, test_size=0.25, random_state=100 + seed,
                                                     stratify=y_tr)
     x_fit, x_val, y_fit, y_val = train_test_split(x_rest, y_rest, test_size=1 / 7, random_state=200 + seed,
                                                   stratify=y_rest)
+    return x_fit, y_fit, x_val, y_val, x_dev, y_dev
+
+
+def development_sets(seed: int) -> tuple[Split, dict[str, tuple[torch.Tensor, np.ndarray]]]:
+    """The fit/validation split and the development sets (clean and shifted), standardised by the fit rows."""
+    bunch = load_digits()
+    x = np.asarray(bunch.data, dtype=np.float64) / 16.0
+    y = np.asarray(bunch.target, dtype=np.int64)
+    x_fit, y_fit, x_val, y_val, x_dev, y_dev = development_split(x, y, seed)
     centre, spread = x_fit.mean(), x_fit.std()
 
     def scaled(values: np.ndarray) -> torch.Tensor:

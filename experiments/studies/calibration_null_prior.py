@@ -28,16 +28,15 @@ from pathlib import Path
 import numpy as np
 import torch
 from sklearn.datasets import load_breast_cancer
-from sklearn.model_selection import train_test_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calibration_dev_split import N_DRAWS, Predictor, null_deviations, trained_with_baselines  # noqa: E402
+from calibration_dev_split import (N_DRAWS, Predictor, development_split, null_deviations,  # noqa: E402
+                                   trained_with_baselines)
 
 from onlinefa.torch import ParameterVector, linearized_predictions, select_scale  # noqa: E402
 from onlinefa.torch._linearized import _Linearization  # noqa: E402
 from onlinefa_experiments._calibration import auroc, classification_nll, predictive_entropy  # noqa: E402
-from onlinefa_experiments._calibration_data import (FEATURE_NOISE_LEVELS, SPLIT_SEED,  # noqa: E402
-                                                    TEST_FRACTION)
+from onlinefa_experiments._calibration_data import FEATURE_NOISE_LEVELS  # noqa: E402
 from onlinefa_experiments._calibration_runs import Split  # noqa: E402
 
 #: (eigenvalue fraction, weight) of the null-space prior variants.
@@ -49,11 +48,7 @@ def development_sets(seed: int) -> tuple[Split, dict[str, tuple[torch.Tensor, np
     bunch = load_breast_cancer()
     x = np.asarray(bunch.data, dtype=np.float64)
     y = np.asarray(bunch.target, dtype=np.int64)
-    x_tr, _, y_tr, _ = train_test_split(x, y, test_size=TEST_FRACTION, random_state=SPLIT_SEED, stratify=y)
-    x_rest, x_dev, y_rest, y_dev = train_test_split(x_tr, y_tr, test_size=0.25, random_state=100 + seed,
-                                                    stratify=y_tr)
-    x_fit, x_val, y_fit, y_val = train_test_split(x_rest, y_rest, test_size=1 / 7, random_state=200 + seed,
-                                                  stratify=y_rest)
+    x_fit, y_fit, x_val, y_val, x_dev, y_dev = development_split(x, y, seed)
     centre, spread = x_fit.mean(axis=0), x_fit.std(axis=0)
     rng = np.random.default_rng(300 + seed)
 
