@@ -43,16 +43,27 @@ pub(crate) fn lanes_times_blocked<T: Real, const K: usize, const W: usize>(
         }
         out[j0..j0 + COLUMNS].copy_from_slice(&acc);
     }
-    for j in full..K {
-        let mut acc = [T::default(); W];
-        for (i, a_i) in a.iter().enumerate() {
-            let mij = m[i * K + j];
+    if full == K {
+        return;
+    }
+    // The last K − full < COLUMNS columns as one more block, M's missing columns taken as zero and their sums
+    // dropped. Summed one column at a time, LLVM vectorised the tail across its 1–3 columns (they are
+    // contiguous in M) and scattered each sum into the lane-arrays, whose reloads then waited on the scatters:
+    // online EM took 1.3–1.4× (K = 3) and 1.6× (K = 7, float64) the time of this form.
+    let rest = K - full;
+    let mut tail = [[T::default(); COLUMNS]; K];
+    for (i, row) in tail.iter_mut().enumerate() {
+        row[..rest].copy_from_slice(&m[i * K + full..i * K + K]);
+    }
+    let mut acc = [[T::default(); W]; COLUMNS];
+    for (a_i, row) in a.iter().zip(&tail) {
+        for (acc_c, &mij) in acc.iter_mut().zip(row) {
             for l in 0..W {
-                acc[l] = acc[l] + a_i[l] * mij;
+                acc_c[l] = acc_c[l] + a_i[l] * mij;
             }
         }
-        out[j] = acc;
     }
+    out[full..].copy_from_slice(&acc[..rest]);
 }
 
 /// [`lanes_times`] for float32 lanes of 8, written with 256-bit vector operations. Left to itself, LLVM joins two
