@@ -118,11 +118,9 @@ def typical_null_deviations(module: torch.nn.Module, split: Split, n_draws: int,
     for tensor in vector.parameters:
         count = tensor.numel()
         if tensor.dim() == 2:
-            prior_variance = 1.0 / (3.0 * tensor.shape[1])
-            draws[:, start:start + count] *= (float(tensor.detach().pow(2).mean()) / prior_variance) ** 0.5
-            bias_start = start + count
-            draws[:, bias_start:bias_start + tensor.shape[0]] *= (
-                float(tensor.detach().pow(2).mean()) / prior_variance) ** 0.5
+            # A Linear's weight, then its bias: both deviations scale with δW (δb = −δW ā).
+            ratio = float(tensor.detach().pow(2).mean()) * 3.0 * tensor.shape[1]
+            draws[:, start:start + count + tensor.shape[0]] *= ratio ** 0.5
         start += count
     return draws
 
@@ -131,9 +129,10 @@ def evaluate(seed: int) -> dict[str, dict[str, float]]:
     split, sets, ood = development_sets(seed)
     table: dict[str, dict[str, float]] = {}
     for method, predict in predictors(seed, split).items():
-        row = {name: classification_nll(predict(inputs), labels) for name, (inputs, labels) in sets.items()}
+        probabilities = {name: predict(inputs) for name, (inputs, _) in sets.items()}
+        row = {name: classification_nll(probabilities[name], labels) for name, (_, labels) in sets.items()}
         row["shifted"] = float(np.mean([value for name, value in row.items() if name != "clean"]))
-        row["auroc"] = auroc(predictive_entropy(predict(sets["clean"][0])), predictive_entropy(predict(ood)))
+        row["auroc"] = auroc(predictive_entropy(probabilities["clean"]), predictive_entropy(predict(ood)))
         table[method] = row
     return table
 
