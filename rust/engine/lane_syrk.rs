@@ -1,4 +1,5 @@
-//! S += Σ_rows y zᵀ (upper triangle) accumulated per lane by the online-EM row kernel, in register tiles.
+//! S += Σ_rows y zᵀ (upper triangle) accumulated per lane by the row kernels (online EM's S_z, online SGA's S,
+//! VIFA's next Fᵀ Ψ⁻¹ F), in register tiles.
 //!
 //! A row kernel holds W rows per lane group and, per group, K lane-vectors z (and y = z/ψ). Adding y zᵀ to
 //! K(K+1)/2 per-lane accumulators group by group reads and writes every accumulator once per group: with K = 10

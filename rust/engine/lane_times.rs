@@ -1,5 +1,5 @@
 //! A K×K map of rows held as lane-arrays, shared by the row kernels (online EM's whitening product, online
-//! SGA's g = f P, VIFA's line 12) and online EM's query rows.
+//! SGA's g = f P and its whitening step f L, VIFA's line 12) and online EM's query rows.
 
 use crate::scalar::Real;
 
@@ -29,11 +29,41 @@ pub(crate) fn lanes_times_blocked<T: Real, const K: usize, const W: usize>(
     m: &[T],
     out: &mut [[T; W]; K],
 ) {
+    column_blocks::<T, K, W, false>(a, m, out);
+}
+
+/// out = a · L per lane for L lower triangular (K×K row-major, at least K² values, **zero above the
+/// diagonal**): out_j = Σ_{i ≥ j} a_i L[i][j], summed over i in order (a: K lane-arrays of W rows, finite).
+///
+/// As [`lanes_times_blocked`], [`COLUMNS`] columns side by side, each block's sums starting at its first
+/// column's diagonal. The block's columns that start further down first add a_i · 0 = ±0 for the rows above
+/// their diagonal, which leaves their +0 start unchanged (+0 + −0 = +0), so each column is the same bits as
+/// its triangular sum one column at a time. Summed one column at a time, each column was one chain of
+/// dependent additions, and online SGA's whitening step waited on their latency.
+#[inline(always)]
+pub(crate) fn lanes_times_lower<T: Real, const K: usize, const W: usize>(a: &[[T; W]; K], l: &[T]) -> [[T; W]; K] {
+    let mut out = [[T::default(); W]; K];
+    column_blocks::<T, K, W, true>(a, l, &mut out);
+    out
+}
+
+/// The products of [`lanes_times_blocked`] (`LOWER` false: every i) and [`lanes_times_lower`] (`LOWER`
+/// true: i from the block's first column), block by block of [`COLUMNS`] output columns.
+#[inline(always)]
+fn column_blocks<T: Real, const K: usize, const W: usize, const LOWER: bool>(
+    a: &[[T; W]; K],
+    m: &[T],
+    out: &mut [[T; W]; K],
+) {
     assert!(m.len() >= K * K);
     let full = K / COLUMNS * COLUMNS;
     for j0 in (0..full).step_by(COLUMNS) {
         let mut acc = [[T::default(); W]; COLUMNS];
         for (i, a_i) in a.iter().enumerate() {
+            // A test of a constant where `LOWER` is false: that product compiles as if it were not there.
+            if LOWER && i < j0 {
+                continue;
+            }
             let row = &m[i * K + j0..i * K + j0 + COLUMNS];
             for (acc_c, &mij) in acc.iter_mut().zip(row) {
                 for l in 0..W {
@@ -56,7 +86,10 @@ pub(crate) fn lanes_times_blocked<T: Real, const K: usize, const W: usize>(
         row[..rest].copy_from_slice(&m[i * K + full..i * K + K]);
     }
     let mut acc = [[T::default(); W]; COLUMNS];
-    for (a_i, row) in a.iter().zip(&tail) {
+    for (i, (a_i, row)) in a.iter().zip(&tail).enumerate() {
+        if LOWER && i < full {
+            continue;
+        }
         for (acc_c, &mij) in acc.iter_mut().zip(row) {
             for l in 0..W {
                 acc_c[l] = acc_c[l] + a_i[l] * mij;
@@ -153,6 +186,35 @@ mod tests {
             let bits = |x: &[[f64; 8]; K]| x.as_flattened().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&blocked), bits(&column_product(&a, &m)), "K = {K}");
             assert_eq!(bits(&lanes_times(&a, &m)), bits(&blocked), "K = {K}");
+        }
+        each_k!(check);
+    }
+
+    #[test]
+    fn lower_product_equals_the_triangular_column_product_bit_for_bit() {
+        fn check<const K: usize>() {
+            // Lanes of both signs, so that the blocks' a_i · 0 terms include −0.
+            let a: [[f64; 8]; K] = std::array::from_fn(|i| std::array::from_fn(|l| ((i * 8 + l) as f64 * 0.37).sin()));
+            let l: Vec<f64> = (0..K * K)
+                .map(|v| {
+                    if v % K <= v / K {
+                        (v as f64 * 1.3).cos() / 3.0
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let reference: [[f64; 8]; K] = std::array::from_fn(|j| {
+                let mut acc = [0.0; 8];
+                for (i, a_i) in a.iter().enumerate().skip(j) {
+                    for v in 0..8 {
+                        acc[v] += a_i[v] * l[i * K + j];
+                    }
+                }
+                acc
+            });
+            let bits = |x: &[[f64; 8]; K]| x.as_flattened().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&lanes_times_lower(&a, &l)), bits(&reference), "K = {K}");
         }
         each_k!(check);
     }

@@ -45,7 +45,7 @@ use crate::scalar::{stored, Real};
 
 use super::isa::Isa;
 use super::lane_syrk::LaneSyrk;
-use super::lane_times::lanes_times;
+use super::lane_times::{lanes_times, lanes_times_lower};
 use super::prefetch::{Ahead, PREFETCH_GROUPS};
 
 use super::k_dispatch::for_k;
@@ -341,15 +341,7 @@ fn step_lanes<T: Real, const K: usize, const W: usize>(
 /// ascending.
 #[inline(always)]
 fn whiten_lanes<T: Real, const K: usize, const W: usize>(f: &mut [[T; W]; K], l: &[[T; K]; K], lo: T, hi: T) {
-    let mut out = [[T::default(); W]; K];
-    for j in 0..K {
-        for i in j..K {
-            let lij = l[i][j];
-            for v in 0..W {
-                out[j][v] = out[j][v] + f[i][v] * lij;
-            }
-        }
-    }
+    let out = lanes_times_lower::<T, K, W>(f, l.as_flattened());
     for j in 0..K {
         for v in 0..W {
             f[j][v] = bounded_lane(out[j][v], lo, hi);

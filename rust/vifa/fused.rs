@@ -14,6 +14,7 @@ use super::lanes::{self, Draws, Lanes, RuleT};
 use super::params::RowsMut;
 use super::update::{UpdateRule, LOG_NOISE_LIMIT};
 use crate::engine::isa::Isa;
+use crate::engine::lane_syrk::LaneSyrk;
 use crate::scalar::Real;
 
 /// Largest K the fused kernels handle (larger K runs the blocked path of `update`).
@@ -73,7 +74,7 @@ fn update_block<T: Real, const K: usize, const W: usize>(
     let (lr, adam_lr, scale, isb2) = (rule.lr, rule.adam_lr, rule.scale, rule.inv_sqrt_bias2);
     let rule_f = RuleT::<T>::new(lr[1], adam_lr[1], scale[1], isb2);
     let m_inv = lanes::square::<T, K>(consts.m_inv);
-    let mut s = [[[T::default(); W]; K]; K];
+    let mut s = LaneSyrk::<T, K, W>::new();
     let (mut nan_scalars, mut beta_max, mut nan_f) = ([0.0; W], [0.0; W], [T::default(); W]);
     let mut r0 = 0;
     while r0 < nb {
@@ -137,7 +138,7 @@ fn update_block<T: Real, const K: usize, const W: usize>(
         lanes::accumulate_gram::<T, K, W>(&f_new, &sqrt_new, &mut s);
         r0 += W;
     }
-    lanes::fold_gram::<T, K, W>(&s, gram);
+    lanes::fold_gram::<T, K, W>(&mut s, gram);
     (0..W).all(|l| nan_scalars[l] == 0.0 && beta_max[l] <= LOG_NOISE_LIMIT && nan_f[l].to_f64() == 0.0)
 }
 
@@ -177,7 +178,7 @@ fn norms_block<T: Real, const K: usize, const W: usize>(
 #[inline(always)]
 fn gram_block<T: Real, const K: usize, const W: usize>(f: &[T], sqrt_psi: &[f64], gram: &mut [f64]) {
     let nb = sqrt_psi.len();
-    let mut s = [[[T::default(); W]; K]; K];
+    let mut s = LaneSyrk::<T, K, W>::new();
     let mut r0 = 0;
     while r0 < nb {
         let n = (nb - r0).min(W);
@@ -187,7 +188,7 @@ fn gram_block<T: Real, const K: usize, const W: usize>(f: &[T], sqrt_psi: &[f64]
         lanes::accumulate_gram::<T, K, W>(&vals, &sp, &mut s);
         r0 += W;
     }
-    lanes::fold_gram::<T, K, W>(&s, gram);
+    lanes::fold_gram::<T, K, W>(&mut s, gram);
 }
 
 /// Compile `$kernel` (an `#[inline(always)]` block kernel generic over T, K, W) for each code path:

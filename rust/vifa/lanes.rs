@@ -27,6 +27,7 @@
 //! is reported as divergence).
 
 use super::config::{ADAM_BETA1, ADAM_BETA2, ADAM_EPS};
+use crate::engine::lane_syrk::LaneSyrk;
 use crate::engine::lane_times::lanes_times;
 use crate::scalar::{stored, Real};
 
@@ -391,31 +392,28 @@ pub(super) fn adam_column<T: Real, const W: usize>(
     out
 }
 
-/// S += a' f'ᵀ over the group (upper triangle, S[i][j] for j ≥ i, one W-lane partial sum each, in T) with
-/// a' = f' / ψ', ψ' = (ψ'^{1/2})².
+/// Keeps the group's terms of S += a' f'ᵀ (upper triangle, one W-lane partial sum per entry, in T) with
+/// a' = f' / ψ', ψ' = (ψ'^{1/2})², and adds the kept groups into S tile by tile once its slots are full
+/// (`LaneSyrk`: each lane adds the groups in order, so S is the same bits as adding group by group).
 #[inline(always)]
 pub(super) fn accumulate_gram<T: Real, const K: usize, const W: usize>(
     f: &[[T; W]; K],
     sqrt_psi: &[f64; W],
-    s: &mut [[[T; W]; K]; K],
+    s: &mut LaneSyrk<T, K, W>,
 ) {
     let mut inv_psi = [T::default(); W];
     for l in 0..W {
         inv_psi[l] = T::from_f64(1.0 / (sqrt_psi[l] * sqrt_psi[l]));
     }
-    let mut a = [[T::default(); W]; K];
+    let slot = s.kept;
     for j in 0..K {
         for l in 0..W {
-            a[j][l] = f[j][l] * inv_psi[l];
+            s.y[slot][j][l] = f[j][l] * inv_psi[l];
         }
+        s.z[slot][j] = f[j];
     }
-    for i in 0..K {
-        for j in i..K {
-            for l in 0..W {
-                s[i][j][l] = s[i][j][l] + a[i][l] * f[j][l];
-            }
-        }
-    }
+    s.kept += 1;
+    s.flush_if_full();
 }
 
 /// A K×K row-major f64 matrix as an array of rows, rounded to T.
@@ -430,9 +428,11 @@ pub(super) fn square<T: Real, const K: usize>(m: &[f64]) -> [[T; K]; K] {
     out
 }
 
-/// Add the W-lane partial sums of S (upper triangle, one block's worth) into `gram` (K×K row-major, both
+/// Add the W-lane partial sums of S (upper triangle, one block's worth, its kept groups added first) into `gram` (K×K row-major, both
 /// triangles) in f64: float32 lanes sum at most `BLOCK_ROWS` / W rows each before being widened.
-pub(super) fn fold_gram<T: Real, const K: usize, const W: usize>(s: &[[[T; W]; K]; K], gram: &mut [f64]) {
+pub(super) fn fold_gram<T: Real, const K: usize, const W: usize>(syrk: &mut LaneSyrk<T, K, W>, gram: &mut [f64]) {
+    syrk.flush();
+    let s = &syrk.s;
     for i in 0..K {
         for j in i..K {
             let v = s[i][j].iter().map(|x| x.to_f64()).sum::<f64>();
