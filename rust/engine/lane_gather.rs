@@ -8,7 +8,8 @@
 //! still computes bit-identical results.
 //!
 //! Only CPUs with AVX-512 gather (the online-EM row kernel's AVX-512 path, and online SGA's AVX2 code when it
-//! runs on them), where the gathers beat the element-wise moves (docs/performance.md, "Why the kernels are
+//! runs on them at K < 8 float32 or K < 4 float64, where `lane_transpose` has no whole tile), where the gathers
+//! beat the element-wise moves on an AVX-512 Xeon (docs/performance.md, "Why the kernels are
 //! chosen as they are"). Online EM stores Ā packed wherever its kernel runs 8 lanes (`engine::packed`), so
 //! there it gathers only the last D mod 8 rows, which stay row-major. CPUs with AVX2 alone include some whose
 //! gathers are slow, so they keep the element-wise moves. The updated lanes go back by element-wise stores:
@@ -122,13 +123,18 @@ pub(crate) unsafe fn store_packed_f64<const K: usize>(cols: &[[f64; 8]; K], stor
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn check<T: Real, const K: usize, const W: usize>(rows: &[T]) {
         let mut cols = [[T::default(); W]; K];
         // SAFETY: run only after AVX-512F was detected.
         unsafe { gather_columns::<T, K, W>(rows, &mut cols) };
+        assert_columns_are_rows(rows, &cols);
+    }
+
+    /// `cols[j][l]` is `rows[l·K + j]`, bit for bit, for every j < K and l < W.
+    pub(crate) fn assert_columns_are_rows<T: Real, const K: usize, const W: usize>(rows: &[T], cols: &[[T; W]; K]) {
         for (j, col) in cols.iter().enumerate() {
             for (l, v) in col.iter().enumerate() {
                 assert_eq!(

@@ -16,6 +16,7 @@ pub(crate) mod k_dispatch;
 pub(crate) mod lane_gather;
 pub(crate) mod lane_syrk;
 pub(crate) mod lane_times;
+pub(crate) mod lane_transpose;
 pub(crate) mod model;
 pub(crate) mod packed;
 pub(crate) mod partition;

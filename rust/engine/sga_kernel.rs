@@ -46,6 +46,7 @@ use crate::scalar::{stored, Real};
 use super::isa::Isa;
 use super::lane_syrk::LaneSyrk;
 use super::lane_times::{lanes_times, lanes_times_lower};
+use super::lane_transpose::{self, transposes};
 use super::prefetch::{Ahead, PREFETCH_GROUPS};
 
 use super::k_dispatch::for_k;
@@ -423,7 +424,7 @@ pub(crate) fn exp_lanes<const W: usize>(x: [f64; W]) -> [f64; W] {
 /// to every sum). Inlined twice by [`sga_block`], with n = W a constant for the full groups. Returns the
 /// number of diverged ψ steps.
 #[inline(always)]
-fn sga_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
+fn sga_group<T: Real, const K: usize, const W: usize, const GATHER: bool, const AVX: bool>(
     c: &SgaConsts<'_>,
     st: Option<&StepT<T, K>>,
     io: &mut SgaBlockIo<'_, T>,
@@ -443,8 +444,13 @@ fn sga_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
     let (mean_rows, x_rows) = (&mut io.mean[r0..r0 + n], &io.x[r0..r0 + n]);
     let mut d_prev = [zero; W];
     if n == W {
-        // SAFETY: GATHER is set only for CPUs with AVX-512 (so AVX2 as well), see `SgaRowKernel::select`.
-        unsafe { super::lane_gather::load_columns::<T, K, W, GATHER>(f_rows, &mut g.f) };
+        if AVX && transposes::<T, K, W>() {
+            // SAFETY: AVX is set only on the AVX2 code (see `pick`), which runs on CPUs with AVX2.
+            unsafe { lane_transpose::load_columns::<T, K, W, AVX>(f_rows, &mut g.f) };
+        } else {
+            // SAFETY: GATHER is set only for CPUs with AVX-512 (so AVX2 as well), see `SgaRowKernel::select`.
+            unsafe { super::lane_gather::load_columns::<T, K, W, GATHER>(f_rows, &mut g.f) };
+        }
     }
     for l in 0..n {
         if n < W {
@@ -464,10 +470,17 @@ fn sga_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
         overshoot = step_lanes::<T, K, W>(&mut g, (&d_prev, &d64), st, c, n);
     }
     if st.is_some() || c.start.is_some() {
-        for l in 0..n {
-            for j in 0..K {
-                f_rows[l * K + j] = g.f[j][l];
+        if n == W {
+            // SAFETY: as for the load above.
+            unsafe { lane_transpose::store_columns::<T, K, W, AVX>(&g.f, f_rows) };
+        } else {
+            for l in 0..n {
+                for j in 0..K {
+                    f_rows[l * K + j] = g.f[j][l];
+                }
             }
+        }
+        for l in 0..n {
             psi_rows[l] = T::from_f64(g.psi[l]);
         }
     }
@@ -510,7 +523,7 @@ fn sga_group<T: Real, const K: usize, const W: usize, const GATHER: bool>(
 /// The block: groups of W rows, the last one padded (see [`sga_group`]); the per-lane partial sums in T,
 /// added to the f64 totals lane by lane at the end.
 #[inline(always)]
-fn sga_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(
+fn sga_block<T: Real, const K: usize, const W: usize, const GATHER: bool, const AVX: bool>(
     c: &SgaConsts<'_>,
     io: &mut SgaBlockIo<'_, T>,
     nb: usize,
@@ -528,9 +541,9 @@ fn sga_block<T: Real, const K: usize, const W: usize, const GATHER: bool>(
     while r0 < nb {
         ahead.prefetch(r0, W, K);
         if nb - r0 >= W {
-            overshoot += sga_group::<T, K, W, GATHER>(c, st.as_ref(), io, r0, W, &mut acc);
+            overshoot += sga_group::<T, K, W, GATHER, AVX>(c, st.as_ref(), io, r0, W, &mut acc);
         } else {
-            overshoot += sga_group::<T, K, W, GATHER>(c, st.as_ref(), io, r0, nb - r0, &mut acc);
+            overshoot += sga_group::<T, K, W, GATHER, AVX>(c, st.as_ref(), io, r0, nb - r0, &mut acc);
         }
         acc.syrk.flush_if_full();
         r0 += W;
@@ -553,7 +566,7 @@ unsafe fn sga_block_avx2<T: Real, const K: usize, const W: usize, const GATHER: 
     io: &mut SgaBlockIo<'_, T>,
     nb: usize,
 ) {
-    sga_block::<T, K, W, GATHER>(c, io, nb)
+    sga_block::<T, K, W, GATHER, true>(c, io, nb)
 }
 
 fn sga_block_portable<T: Real, const K: usize, const W: usize>(
@@ -561,10 +574,11 @@ fn sga_block_portable<T: Real, const K: usize, const W: usize>(
     io: &mut SgaBlockIo<'_, T>,
     nb: usize,
 ) {
-    sga_block::<T, K, W, false>(c, io, nb)
+    sga_block::<T, K, W, false, false>(c, io, nb)
 }
 
-/// The AVX2 code, with the rows gathered into lanes when `GATHER` (see `lane_gather`; for CPUs with AVX-512).
+/// The AVX2 code: rows moved into lanes and back by in-register transposes where K has a whole tile
+/// (`lane_transpose`), else gathered when `GATHER` (see `lane_gather`; for CPUs with AVX-512).
 #[cfg(target_arch = "x86_64")]
 fn sga_block_avx2_entry<T: Real, const K: usize, const W: usize, const GATHER: bool>(
     c: &SgaConsts<'_>,
@@ -594,8 +608,8 @@ impl<T: Real> std::fmt::Debug for SgaRowKernel<T> {
 }
 
 /// The block function for K = `$kk` (a const of [`for_k`]) on `isa`: 4 f64 / 8 f32 lanes (one 256-bit vector) on every
-/// path, so all paths agree bit for bit. AVX-512 CPUs run the AVX2 build, with the rows gathered into lanes: the
-/// same source compiled for avx512f (8 f64 / 8 or 16 f32 lanes) is slower, its time going to the masked gathers,
+/// path, so all paths agree bit for bit. AVX-512 CPUs run the AVX2 build (with the rows gathered into lanes where
+/// K has no whole transpose tile): the same source compiled for avx512f (8 f64 / 8 or 16 f32 lanes) is slower, its time going to the masked gathers,
 /// scatters and 256/512-bit lane inserts LLVM generates for the row-to-lane transposition and the lane loops
 /// (docs/performance.md, "Why the kernels are chosen as they are").
 macro_rules! pick {

@@ -118,7 +118,7 @@ pub(super) struct SampleRows<'a, T> {
 }
 
 #[inline(always)]
-fn theta_block<T: Real, const K: usize, const W: usize>(
+fn theta_block<T: Real, const K: usize, const W: usize, const AVX: bool>(
     rows: &SampleRows<'_, T>,
     h: &[f64],
     z: &[f64],
@@ -130,7 +130,7 @@ fn theta_block<T: Real, const K: usize, const W: usize>(
     let mut r0 = 0;
     while r0 < nb {
         let n = (nb - r0).min(W);
-        let f = lanes::load_rows::<T, K, W>(rows.f, r0, n);
+        let f = lanes::load_rows::<T, K, W, AVX>(rows.f, r0, n);
         let c: [T; W] = lanes::load_values(rows.c, r0, n);
         let sp: [f64; W] = lanes::load_values(rows.sqrt_psi, r0, n);
         let zl: [f64; W] = lanes::load_values(z, r0, n);

@@ -61,7 +61,7 @@ pub(super) struct StepConsts<'a> {
 #[inline(always)]
 // `v − v` is the finiteness probe (NaN for NaN or ±∞, +0 otherwise), not a mistake.
 #[allow(clippy::eq_op)]
-fn update_block<T: Real, const K: usize, const W: usize>(
+fn update_block<T: Real, const K: usize, const W: usize, const AVX: bool>(
     p: &mut RowsMut<'_, T>,
     sqrt_psi: &mut [f64],
     mut moments: Option<&mut (RowsMut<'_, T>, RowsMut<'_, T>)>,
@@ -79,7 +79,7 @@ fn update_block<T: Real, const K: usize, const W: usize>(
     let mut r0 = 0;
     while r0 < nb {
         let n = (nb - r0).min(W);
-        let x: Lanes<T, K, W> = lanes::load(p.c, p.f, p.beta, sqrt_psi, r0, n);
+        let x: Lanes<T, K, W> = lanes::load::<T, K, W, AVX>(p.c, p.f, p.beta, sqrt_psi, r0, n);
         let g = lanes::gradient::<T, K, W>(&x, draws, &m_inv, consts.alpha, r0, n);
         // Lines 17–19 on c, β (f64) and each column of F (in T).
         let (c_new, b_new);
@@ -97,8 +97,8 @@ fn update_block<T: Real, const K: usize, const W: usize>(
                 let mut v_c = lanes::load_values(second.c, r0, n);
                 let mut m_b = lanes::load_values(first.beta, r0, n);
                 let mut v_b = lanes::load_values(second.beta, r0, n);
-                let mut m_f = lanes::load_rows::<T, K, W>(first.f, r0, n);
-                let mut v_f = lanes::load_rows::<T, K, W>(second.f, r0, n);
+                let mut m_f = lanes::load_rows::<T, K, W, AVX>(first.f, r0, n);
+                let mut v_f = lanes::load_rows::<T, K, W, AVX>(second.f, r0, n);
                 c_new = lanes::adam_lanes(&x.c, &g.c, &mut m_c, &mut v_c, adam_lr[0], scale[0], isb2);
                 b_new = lanes::adam_lanes(&x.beta, &g.beta, &mut m_b, &mut v_b, adam_lr[2], scale[2], isb2);
                 for j in 0..K {
@@ -108,8 +108,8 @@ fn update_block<T: Real, const K: usize, const W: usize>(
                 lanes::store_values(second.c, &v_c, r0, n);
                 lanes::store_values(first.beta, &m_b, r0, n);
                 lanes::store_values(second.beta, &v_b, r0, n);
-                lanes::store_rows::<T, K, W>(first.f, &m_f, r0, n);
-                lanes::store_rows::<T, K, W>(second.f, &v_f, r0, n);
+                lanes::store_rows::<T, K, W, AVX>(first.f, &m_f, r0, n);
+                lanes::store_rows::<T, K, W, AVX>(second.f, &v_f, r0, n);
             }
         }
         // Finiteness, checked once per block from lane-parallel sums (padded lanes, with zero state and zero
@@ -133,7 +133,7 @@ fn update_block<T: Real, const K: usize, const W: usize>(
         lanes::store_values(p.c, &c_new.stored, r0, n);
         lanes::store_values(p.beta, &b_new.stored, r0, n);
         lanes::store_values(sqrt_psi, &sqrt_new, r0, n);
-        lanes::store_rows::<T, K, W>(p.f, &f_new, r0, n);
+        lanes::store_rows::<T, K, W, AVX>(p.f, &f_new, r0, n);
         // Line 11 for the next step, from the values just stored.
         lanes::accumulate_gram::<T, K, W>(&f_new, &sqrt_new, &mut s);
         r0 += W;
@@ -144,7 +144,7 @@ fn update_block<T: Real, const K: usize, const W: usize>(
 
 /// ‖∇_c‖², ‖∇_F‖², ‖∇_β‖² over a block (read-only).
 #[inline(always)]
-fn norms_block<T: Real, const K: usize, const W: usize>(
+fn norms_block<T: Real, const K: usize, const W: usize, const AVX: bool>(
     p: (&[T], &[T], &[T]),
     sqrt_psi: &[f64],
     draws: &Draws<'_>,
@@ -158,7 +158,7 @@ fn norms_block<T: Real, const K: usize, const W: usize>(
     let mut r0 = 0;
     while r0 < nb {
         let n = (nb - r0).min(W);
-        let x: Lanes<T, K, W> = lanes::load(c, f, beta, sqrt_psi, r0, n);
+        let x: Lanes<T, K, W> = lanes::load::<T, K, W, AVX>(c, f, beta, sqrt_psi, r0, n);
         let g = lanes::gradient::<T, K, W>(&x, draws, &m_inv, alpha, r0, n);
         for l in 0..n {
             sq[0][l] += g.c[l] * g.c[l];
@@ -182,7 +182,7 @@ fn gram_block<T: Real, const K: usize, const W: usize>(f: &[T], sqrt_psi: &[f64]
     let mut r0 = 0;
     while r0 < nb {
         let n = (nb - r0).min(W);
-        let vals = lanes::load_rows::<T, K, W>(f, r0, n);
+        let vals = lanes::load_rows::<T, K, W, false>(f, r0, n);
         let mut sp = [1.0; W];
         sp[..n].copy_from_slice(&sqrt_psi[r0..r0 + n]);
         lanes::accumulate_gram::<T, K, W>(&vals, &sp, &mut s);
@@ -191,24 +191,25 @@ fn gram_block<T: Real, const K: usize, const W: usize>(f: &[T], sqrt_psi: &[f64]
     lanes::fold_gram::<T, K, W>(&mut s, gram);
 }
 
-/// Compile `$kernel` (an `#[inline(always)]` block kernel generic over T, K, W) for each code path:
-/// `$portable` without target features, `$avx2` and `$avx512` with them enabled.
+/// Compile `$kernel` (an `#[inline(always)]` block kernel generic over T, K, W and AVX, which says whether the
+/// rows may be moved by AVX instructions) for each code path: `$portable` without target features, `$avx2` and
+/// `$avx512` with them enabled.
 macro_rules! code_paths {
     ($kernel:ident, $portable:ident, $avx2:ident, $avx512:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
         fn $portable<T: Real, const K: usize, const W: usize>($($arg: $ty),*) -> $ret {
-            $kernel::<T, K, W>($($arg),*)
+            $kernel::<T, K, W, false>($($arg),*)
         }
 
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2")]
         unsafe fn $avx2<T: Real, const K: usize, const W: usize>($($arg: $ty),*) -> $ret {
-            $kernel::<T, K, W>($($arg),*)
+            $kernel::<T, K, W, true>($($arg),*)
         }
 
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx512f,avx512vl,avx2")]
         unsafe fn $avx512<T: Real, const K: usize, const W: usize>($($arg: $ty),*) -> $ret {
-            $kernel::<T, K, W>($($arg),*)
+            $kernel::<T, K, W, true>($($arg),*)
         }
     };
 }

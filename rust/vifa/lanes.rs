@@ -29,6 +29,7 @@
 use super::config::{ADAM_BETA1, ADAM_BETA2, ADAM_EPS};
 use crate::engine::lane_syrk::LaneSyrk;
 use crate::engine::lane_times::lanes_times;
+use crate::engine::lane_transpose;
 use crate::scalar::{stored, Real};
 
 /// −x in T (exact; written through f64 because `Real` has no negation: LLVM folds it to one sign flip).
@@ -61,7 +62,7 @@ pub(super) struct Lanes<T, const K: usize, const W: usize> {
 
 /// Load rows r0 … r0 + n − 1 (n ≤ W) of a block: c, β, ψ^{1/2} (one value per row), F (row-major, K wide).
 #[inline(always)]
-pub(super) fn load<T: Real, const K: usize, const W: usize>(
+pub(super) fn load<T: Real, const K: usize, const W: usize, const AVX: bool>(
     c: &[T],
     f: &[T],
     beta: &[T],
@@ -73,7 +74,7 @@ pub(super) fn load<T: Real, const K: usize, const W: usize>(
         c: [0.0; W],
         beta: [0.0; W],
         sqrt_psi: [1.0; W],
-        f: load_rows::<T, K, W>(f, r0, n),
+        f: load_rows::<T, K, W, AVX>(f, r0, n),
     };
     if n == W {
         // A whole group: constant bounds, so the lane-arrays are built in registers (no partial writes to
@@ -93,21 +94,17 @@ pub(super) fn load<T: Real, const K: usize, const W: usize>(
     x
 }
 
-/// Transpose K lane-arrays back into n row-major rows (K wide) of `dst` starting at row r0.
+/// Transpose K lane-arrays back into n row-major rows (K wide) of `dst` starting at row r0 (as [`load_rows`]).
 #[inline(always)]
-pub(super) fn store_rows<T: Copy, const K: usize, const W: usize>(
+pub(super) fn store_rows<T: Real, const K: usize, const W: usize, const AVX: bool>(
     dst: &mut [T],
     cols: &[[T; W]; K],
     r0: usize,
     n: usize,
 ) {
     if n == W {
-        let rows = &mut dst[r0 * K..(r0 + W) * K];
-        for l in 0..W {
-            for j in 0..K {
-                rows[l * K + j] = cols[j][l];
-            }
-        }
+        // SAFETY: as in `load_rows`.
+        unsafe { lane_transpose::store_columns::<T, K, W, AVX>(cols, &mut dst[r0 * K..(r0 + W) * K]) };
         return;
     }
     for l in 0..n {
@@ -140,17 +137,19 @@ pub(super) fn load_values<T: Real, const W: usize>(src: &[T], r0: usize, n: usiz
     out
 }
 
-/// K lane-arrays of n row-major rows (K wide) of `src` starting at row r0 (zeros past n).
+/// K lane-arrays of n row-major rows (K wide) of `src` starting at row r0 (zeros past n). A full group is
+/// transposed in registers on the AVX code paths (`AVX`, see `crate::engine::lane_transpose`), else moved value
+/// by value; the lanes hold the same numbers either way.
 #[inline(always)]
-pub(super) fn load_rows<T: Real, const K: usize, const W: usize>(src: &[T], r0: usize, n: usize) -> [[T; W]; K] {
+pub(super) fn load_rows<T: Real, const K: usize, const W: usize, const AVX: bool>(
+    src: &[T],
+    r0: usize,
+    n: usize,
+) -> [[T; W]; K] {
     let mut cols = [[T::default(); W]; K];
     if n == W {
-        let rows = &src[r0 * K..(r0 + W) * K];
-        for l in 0..W {
-            for j in 0..K {
-                cols[j][l] = rows[l * K + j];
-            }
-        }
+        // SAFETY: AVX is set only on the code paths compiled with AVX2 (`fused::code_paths`).
+        unsafe { lane_transpose::load_columns::<T, K, W, AVX>(&src[r0 * K..(r0 + W) * K], &mut cols) };
         return cols;
     }
     for l in 0..n {
