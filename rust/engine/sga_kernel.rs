@@ -607,11 +607,11 @@ impl<T: Real> std::fmt::Debug for SgaRowKernel<T> {
     }
 }
 
-/// The block function for K = `$kk` (a const of [`for_k`]) on `isa`: 4 f64 / 8 f32 lanes (one 256-bit vector) on every
-/// path, so all paths agree bit for bit. AVX-512 CPUs run the AVX2 build (with the rows gathered into lanes where
-/// K has no whole transpose tile): the same source compiled for avx512f (8 f64 / 8 or 16 f32 lanes) is slower, its time going to the masked gathers,
-/// scatters and 256/512-bit lane inserts LLVM generates for the row-to-lane transposition and the lane loops
-/// (docs/performance.md, "Why the kernels are chosen as they are").
+/// The block function for K = `$kk` (a const of [`for_k`]) on `isa`: 4 f64 / 8 f32 lanes (one 256-bit vector)
+/// on every path, so all paths agree bit for bit. AVX-512 CPUs run the AVX2 build (with the rows gathered into
+/// lanes where K has no whole transpose tile): the same source compiled for avx512f (8 f64 / 8 or 16 f32 lanes)
+/// is slower, its time going to the masked gathers, scatters and 256/512-bit lane inserts LLVM generates for the
+/// row-to-lane transposition and the lane loops (docs/performance.md, "Why the kernels are chosen as they are").
 macro_rules! pick {
     ($isa:expr, $kk:ident) => {
         match ($isa, T::SINGLE) {
